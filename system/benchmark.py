@@ -47,8 +47,11 @@ REPO = HERE.parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-#: PFLlib on this 2-core CPU for P1 (measured by the project, README configuration)
+#: PFLlib on this 2-core CPU for P1 (measured by the project, README configuration), shown when the
+#: same-run baseline (``--engines ... pfllib``) is not part of the run
 PFLLIB_P1 = {"s_per_round": 20.8, "eval_s_per_round": 7.9, "peak_rss_mb": 705.0}
+#: the engine name of PFLlib's procedure re-implemented (utils/pfllib_baseline.py)
+BASELINE = "pfllib"
 
 CONFIGS: dict[str, dict] = {
     "P1": {
@@ -270,6 +273,82 @@ class _Run:
         return out
 
 
+class _BaselineRun(_Run):
+    """``--engines pfllib``: PFLlib's FedAvg procedure (utils/pfllib_baseline.py) on the same data,
+    initial model, seed and threads, timed like the engines."""
+
+    def __init__(self, spec: dict):
+        import main
+        from flcore.registry import MODELS
+        from utils.data_utils import load_config
+        from utils.pfllib_baseline import PFLlibStyleFedAvg, memory_reader, npz_reader, npz_train_sizes
+        from utils.seeding import derive_seed, seed_everything
+
+        cfg = CONFIGS[spec["config"]]
+        if cfg["algorithm"] != "FedAvg" or spec["device"] != "cpu":
+            raise SystemExit(f"the pfllib baseline runs FedAvg on the CPU only, not {cfg['algorithm']} on {spec['device']}")
+        rounds = spec["warmup"] + spec["rounds"]
+        args = main.parse_args(["-algo", "FedAvg", "-m", "CNN", "-lbs", "10", "-ls", "1", "-lr", "0.005",
+                                "-jr", str(cfg["join_ratio"]), "-gr", str(rounds), "--seed", str(spec["seed"])])
+        args.eval_gap = cfg["eval_gap"] or spec.get("eval_gap") or rounds + 1
+        if spec.get("data_path"):  # files: read afresh whenever a client needs its data, as PFLlib
+            folder = Path(spec["data_path"])
+            config = load_config(folder, str(folder))
+            num_classes, sizes = int(config["num_classes"]), npz_train_sizes(folder, int(config["num_clients"]))
+            shape = config.get("input_shape") or list(npz_reader(folder)(0, "train")[0].shape[1:])
+            reader = npz_reader(folder)
+        else:
+            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2()
+            num_classes, sizes, shape = dataset.num_classes, [c.num_train for c in dataset.clients], dataset.input_shape
+            reader = memory_reader(dataset)
+        seed_everything(derive_seed(args.seed, "init"))  # the engines' initial model
+        module = MODELS.get(args.model)(tuple(shape), num_classes, args)
+        self.baseline = PFLlibStyleFedAvg(reader, sizes, num_classes, module, batch_size=args.batch_size, lr=args.local_learning_rate,
+                                          local_epochs=args.local_epochs, join_ratio=args.join_ratio, seed=args.seed)
+        super().__init__(None, args)
+
+    def round(self, rnd: int) -> None:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        self.baseline.send_models()
+        evaluated = 0.0
+        if rnd % self.args.eval_gap == 0:  # timed apart from training, as the engines' evaluation is
+            eval0 = time.perf_counter()
+            self.baseline.evaluate()
+            evaluated = time.perf_counter() - eval0
+        self.baseline.train_round()
+        self.wall.append(time.perf_counter() - wall0)
+        self.cpu.append(time.process_time() - cpu0)
+        self.eval_wall.append(evaluated)
+        self.cohorts.append(self.baseline.num_join)
+        self.samples.append(self.baseline.last_steps * int(self.args.batch_size))
+        self.trace.append({"round": rnd, "state_mb": 0.0, "rss_mb": _current_rss_mb(), "clients_with_state": 0})
+
+    def finish(self, rounds: int) -> None:
+        self.baseline.send_models()
+        self.baseline.evaluate()
+
+    def summary(self, warm: int) -> dict:
+        import torch
+
+        med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
+        totals, evals = self.wall[warm:], self.eval_wall[warm:]
+        trains = [t - e for t, e in zip(totals, evals)]
+        samples = med(self.samples[warm:])
+        params = sum(p.numel() for p in self.baseline.global_model.parameters())
+        return {
+            "algorithm": "FedAvg (PFLlib procedure)", "device": "cpu", "threads": torch.get_num_threads(),
+            "clients": self.baseline.num_clients, "cohort": med(self.cohorts), "params": params,
+            "model_mb": params * 4 / 1024**2, "timed_rounds": len(totals),
+            "s_per_round": med(totals), "train_s_per_round": med(trains), "eval_s_per_round": med(evals),
+            "cpu_s_per_round": med(self.cpu[warm:]),
+            "round_times": self.wall, "eval_times": self.eval_wall, "cpu_times": self.cpu,
+            "samples_per_round": samples, "train_samples_per_s": samples / med(trains) if trains and med(trains) else None,
+            "final_test_acc": self.baseline.test_acc[-1] if self.baseline.test_acc else None,
+            "test_acc": self.baseline.test_acc, "state_bytes": 0, "state_mb": 0.0, "clients_with_state": 0,
+            "state_bytes_per_client": 0, "state_trace": self.trace, "engine_stats": {}, "engine_fallback": None,
+        }
+
+
 def run_worker(spec: dict) -> dict:
     """Train warm-up + timed rounds of one configuration for each engine in ``spec["engines"]``.
 
@@ -287,10 +366,13 @@ def run_worker(spec: dict) -> dict:
     dataset = None
     rss_before = {}
     for engine in spec["engines"]:
-        server, args, dataset = _build_server(spec, engine, dataset)
+        if engine == BASELINE:
+            runs[engine] = _BaselineRun(spec)
+        else:
+            server, args, dataset = _build_server(spec, engine, dataset)
+            runs[engine] = _Run(server, args)
         rss_before[engine] = _current_rss_mb()
-        runs[engine] = _Run(server, args)
-    device = next(iter(runs.values())).server.device
+    device = torch.device(spec["device"] if spec["device"] == "cpu" or torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
@@ -358,12 +440,26 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
             if seq.get("final_test_acc") is not None and other.get("final_test_acc") is not None:
                 line += f", final accuracy {100 * (other['final_test_acc'] - seq['final_test_acc']):+.2f} points"
             lines.append(line)
-        if name == "P1" and not interleaved:
+        base = by.get((name, BASELINE))
+        for engine in ("sequential", "batched", "auto"):
+            other = by.get((name, engine))
+            if not (base and other and base["s_per_round"] and other["s_per_round"]):
+                continue
+            line = (f"  {name} {engine} vs PFLlib's procedure ({tag}): speed-up {base['s_per_round'] / other['s_per_round']:.2f}x "
+                    f"per round, {base['train_s_per_round'] / other['train_s_per_round']:.2f}x training")
+            if base["eval_s_per_round"] and other["eval_s_per_round"]:
+                line += f", {base['eval_s_per_round'] / other['eval_s_per_round']:.2f}x evaluation"
+            if not interleaved:
+                line += f", peak RSS {other['peak_rss_mb']:.0f} vs {base['peak_rss_mb']:.0f} MB"
+            if base.get("final_test_acc") is not None and other.get("final_test_acc") is not None:
+                line += f", final accuracy {100 * (other['final_test_acc'] - base['final_test_acc']):+.2f} points"
+            lines.append(line)
+        if name == "P1" and not interleaved and not base:
             for r in (x for x in results if x["config"] == "P1" and "error" not in x and x["s_per_round"]
-                      and not x.get("interleaved")):
+                      and not x.get("interleaved") and x["engine"] != BASELINE):
                 lines.append(f"  P1 {r['engine']} vs PFLlib ({PFLLIB_P1['s_per_round']} s/round, "
-                             f"{PFLLIB_P1['peak_rss_mb']:.0f} MB peak RSS, measured separately on this CPU): "
-                             f"speed-up {PFLLIB_P1['s_per_round'] / r['s_per_round']:.2f}x")
+                             f"{PFLLIB_P1['peak_rss_mb']:.0f} MB peak RSS, measured separately on this CPU on "
+                             f"another day): speed-up {PFLLIB_P1['s_per_round'] / r['s_per_round']:.2f}x")
     return lines
 
 
@@ -388,7 +484,7 @@ def print_table(results: list[dict], device: str, notes: dict[str, str]) -> None
               f"{_fmt(r['state_mb'], '8.1f')} {_fmt(r['final_test_acc'], '6.4f')} {r['threads']:3d} {_fmt(load, '5.1f')}")
     lines = _ratio_lines(results, list(notes), False) + _ratio_lines(results, list(notes), True)
     if lines:
-        print("ratios (batched/sequential; < 1 means the batched engine is faster):")
+        print("ratios (batched/sequential: < 1 means the batched engine is faster; speed-ups: > 1 means ours is faster):")
         print("\n".join(lines))
     for r in results:
         if r.get("state_trace") and r.get("clients_with_state") and not r.get("interleaved"):
@@ -408,7 +504,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--only", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="CFG",
                    help="configurations to run (P1 P2 P3)")
     p.add_argument("--engines", nargs="+", default=["sequential", "batched"],
-                   help="engines to compare (sequential, batched, auto)")
+                   help=f"engines to compare (sequential, batched, auto; {BASELINE}: PFLlib's FedAvg procedure "
+                        "re-implemented, the same-run baseline, P1/P2 on the CPU only)")
     p.add_argument("--chunk", type=int, default=0, help="--cohort_chunk of the batched engines (0 = whole cohort)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads in each run (0 = torch's default)")
     p.add_argument("--seed", type=int, default=0)

@@ -127,10 +127,25 @@ def _read_npz(file: Path, legacy_pickle: bool) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(data["x"]), np.asarray(data["y"])
 
 
-def _few_shot(x: np.ndarray, y: np.ndarray, per_label: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_npz_labels(file: Path, legacy_pickle: bool) -> np.ndarray:
+    """Only the labels of a client file (the inputs are not read, except from PFLlib pickles)."""
+    if file.exists():
+        try:
+            with np.load(file, allow_pickle=False) as archive:
+                if "x" in archive.files and "y" in archive.files:
+                    return archive["y"]
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            pass  # _read_npz says what is wrong with the file
+    return _read_npz(file, legacy_pickle)[1]
+
+
+def _few_shot_rows(y: np.ndarray, per_label: int) -> np.ndarray:
+    """The first ``per_label`` samples of every label, in file order."""
+    if len(y) == 0:
+        return np.zeros(0, dtype=np.int64)
     keep = np.concatenate([np.flatnonzero(y == label)[:per_label] for label in np.unique(y)])
     keep.sort()
-    return x[keep], y[keep]
+    return keep
 
 
 def load_federated_dataset(
@@ -169,51 +184,58 @@ def load_federated_dataset(
     if len(ids) < total and not legacy_pickle:
         missing = sorted(set(range(total)) - set(ids))[:5]
         raise FLError(f"client files missing in {path / 'train'} (e.g. {missing}); regenerate with --force")
-    clients = []
+    # Two passes, so the inputs are written once into one tensor per split: the peak is the data
+    # plus one client's file, not the data twice (the per-client arrays plus their concatenation).
+    keep: dict[tuple[str, int], np.ndarray | None] = {}
+    labels: dict[str, list[np.ndarray]] = {"train": [], "test": []}
     for cid in ids:
-        train_x, train_y = _read_npz(path / "train" / f"{cid}.npz", legacy_pickle)
-        test_x, test_y = _read_npz(path / "test" / f"{cid}.npz", legacy_pickle)
-        if few_shot > 0:
-            train_x, train_y = _few_shot(train_x, train_y, few_shot)
-        clients.append(
-            ClientData(
-                cid=cid,
-                train_x=torch.as_tensor(np.ascontiguousarray(train_x), dtype=torch.float32).to(device),
-                train_y=torch.as_tensor(train_y, dtype=torch.int64).to(device),
-                test_x=torch.as_tensor(np.ascontiguousarray(test_x), dtype=torch.float32).to(device),
-                test_y=torch.as_tensor(test_y, dtype=torch.int64).to(device),
-            )
-        )
+        for split in ("train", "test"):
+            y = _read_npz_labels(path / split / f"{cid}.npz", legacy_pickle)
+            if split == "train" and few_shot > 0:
+                keep[split, cid] = _few_shot_rows(y, few_shot)
+                y = y[keep[split, cid]]
+            labels[split].append(np.asarray(y, dtype=np.int64))
+    shape = tuple(int(d) for d in config["input_shape"]) if "input_shape" in config else None
+    merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    views: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for split in ("train", "test"):
+        sizes = [len(y) for y in labels[split]]
+        all_y = torch.as_tensor(np.concatenate(labels[split]), dtype=torch.int64).to(device)
+        owner = torch.repeat_interleave(torch.arange(len(ids), device=device), torch.tensor(sizes, device=device))
+        all_x: torch.Tensor | None = None
+        start = 0
+        views[split] = []
+        for cid, size in zip(ids, sizes):
+            x, _ = _read_npz(path / split / f"{cid}.npz", legacy_pickle)
+            if (split, cid) in keep:
+                x = x[keep[split, cid]]
+            if size:
+                if shape is None:
+                    shape = tuple(int(d) for d in x.shape[1:])
+                if tuple(x.shape[1:]) != shape:
+                    raise FLError(
+                        f"client {cid} inputs have shape {list(x.shape[1:])}, config.json says {list(shape)}; "
+                        "regenerate the dataset with --force"
+                    )
+            if all_x is None and shape is not None:
+                all_x = torch.empty((sum(sizes), *shape), dtype=torch.float32, device=device)
+            if size:
+                all_x[start : start + size].copy_(torch.as_tensor(np.ascontiguousarray(x), dtype=torch.float32))
+            del x
+            start += size
+        if all_x is None:  # no client has a sample of this split
+            all_x = torch.empty((0, *(shape or ())), dtype=torch.float32, device=device)
+        start = 0
+        for size in sizes:
+            views[split].append((all_x[start : start + size], all_y[start : start + size]))
+            start += size
+        merged[split] = (all_x, all_y, owner)
+    clients = [
+        ClientData(cid=cid, train_x=tx, train_y=ty, test_x=vx, test_y=vy)
+        for cid, (tx, ty), (vx, vy) in zip(ids, views["train"], views["test"])
+    ]
     if "input_shape" not in config:
-        config["input_shape"] = list(clients[0].train_x.shape[1:])
+        config["input_shape"] = list(shape or ())
     if "num_classes" not in config:
         config["num_classes"] = int(max(int(c.train_y.max()) for c in clients if c.num_train) + 1)
-    merged = _merge_storage(clients)
-    for client in clients:
-        if tuple(client.train_x.shape[1:]) != tuple(config["input_shape"]):
-            raise FLError(
-                f"client {client.cid} inputs have shape {list(client.train_x.shape[1:])}, config.json says "
-                f"{config['input_shape']}; regenerate the dataset with --force"
-            )
     return FederatedDataset(name=name, path=path, config=config, clients=clients, merged=merged)
-
-
-def _merge_storage(clients: list[ClientData]) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Put every client's data into one tensor per split and make the clients' tensors views of it.
-
-    Evaluation of a shared model runs over the merged tensors directly, so the data are held once
-    rather than once per client plus once concatenated."""
-    merged = {}
-    for split in ("train", "test"):
-        xs = [getattr(c, f"{split}_x") for c in clients]
-        ys = [getattr(c, f"{split}_y") for c in clients]
-        x, y = torch.cat(xs), torch.cat(ys)
-        owner = torch.cat([torch.full((len(t),), i, dtype=torch.long, device=t.device) for i, t in enumerate(ys)])
-        start = 0
-        for client, part in zip(clients, ys):
-            stop = start + len(part)
-            setattr(client, f"{split}_x", x[start:stop])
-            setattr(client, f"{split}_y", y[start:stop])
-            start = stop
-        merged[split] = (x, y, owner)
-    return merged
