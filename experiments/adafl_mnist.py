@@ -31,27 +31,17 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+import h5py
+import numpy as np
+import torch
 
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, run_variant,
+                    write_table)
+from flcore.registry import load_all  # importable once common has put system/ on the path
 
-import main  # noqa: E402
-from flcore.registry import ALGORITHMS, load_all  # noqa: E402
-
-OUT = REPO / "experiments" / "out"
-RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
-
-# (label, -algo, extra flags); the AdaFL schedule flags are appended in run_variant.
+# (label, -algo, extra flags); the AdaFL schedule flags are appended in run_and_summarise.
 VARIANTS: list[tuple[str, str, list[str]]] = [
     ("FedAvg 0.1", "FedAvg", ["-jr", "0.1"]),
     ("FedAvg 0.5", "FedAvg", ["-jr", "0.5"]),
@@ -83,16 +73,12 @@ def parse_args() -> argparse.Namespace:
                         help="N of 'average of the last N evaluations' (default min(100, rounds // 10))")
     parser.add_argument("--frac_step", type=int, default=None,
                         help="AdaFL fraction step s in rounds (default rounds // 5; the paper's 200 is for ~1000+ rounds)")
-    parser.add_argument("--lr", type=float, default=0.01, help="client learning rate")
-    parser.add_argument("--batch_size", type=int, default=10, help="local batch size B")
-    parser.add_argument("--local_epochs", type=int, default=1, help="local epochs E")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_training_flags(parser, lr=0.01, lr_help="client learning rate", batch_size=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest for this tiny model on a shared machine)")
-    parser.add_argument("--only", nargs="*", default=None, help="labels to run (default: all)")
-    parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: generated under out/)")
-    parser.add_argument("--raw_dir", type=Path, default=RAW, help="the four MNIST IDX files, for the generator")
+    add_only_and_data_flags(parser, "labels to run (default: all)")
+    parser.add_argument("--raw_dir", type=Path, default=MNIST_RAW, help="the four MNIST IDX files, for the generator")
     return parser.parse_args()
 
 
@@ -101,41 +87,23 @@ def ensure_data(args: argparse.Namespace) -> Path:
     if args.data is not None:
         return args.data
     folder = OUT / "data" / ("MNIST_shard100_quick" if args.quick else "MNIST_shard100")
-    if not (REPO / "dataset" / "generate_MNIST.py").is_file():
-        raise SystemExit("dataset/generate_MNIST.py is missing; generate the data first or pass --data")
-    command = [sys.executable, "generate_MNIST.py", "noniid", "-", "shard", "--num-clients", "100",
-               "--raw-dir", str(args.raw_dir), "--out-dir", str(folder)]
+    options = ["noniid", "-", "shard", "--num-clients", "100", "--raw-dir", str(args.raw_dir), "--out-dir", str(folder)]
     if args.quick:
-        command += ["--samples-per-client", "50"]
-    subprocess.run(command, cwd=REPO / "dataset", check=True, stdout=subprocess.DEVNULL)
+        options += ["--samples-per-client", "50"]
+    generate_data("generate_MNIST.py", options)
     return folder
 
 
-def run_variant(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
-                rounds: int, step: int, avg_last: int) -> dict[str, object] | str:
+def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
+                      rounds: int, step: int, avg_last: int) -> dict[str, object] | str:
     """One run through ``main.main``; its summary, or a note saying why there is none."""
-    if algo not in ALGORITHMS:
-        return f"skipped: algorithm {algo!r} is not registered"
-    tag = "".join(ch if ch.isalnum() else "_" for ch in label)
-    results = OUT / "results" / "adafl_mnist" / tag
-    for old in results.glob("*.h5"):
-        old.unlink()
-    argv = ["-data", str(data), "-algo", algo, "-m", "MLP", "-dev", args.device, "-gr", str(rounds),
-            "-lr", str(args.lr), "-lbs", str(args.batch_size), "-ls", str(args.local_epochs),
-            "--seed", str(args.seed), "-go", tag, "--results_dir", str(results), "--save_model", "False",
-            "--eval_auc", "False", "--eval_train_loss", "False", "--progress", "False", "-q", "True",
-            "--avg_last", str(avg_last), "--target_acc", str(args.target), *flags]
+    extra = ["--avg_last", str(avg_last), "--target_acc", str(args.target)]
     if algo == "AdaFL":
-        argv += ["--adafl_frac_step", str(step)]
-    started = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            code = main.main(argv)
-    except SystemExit as exc:  # argparse rejected a flag
-        return f"failed: command line rejected (exit {exc.code})"
-    if code != 0:
-        return f"failed: main.main exited with {code}"
-    (path,) = results.glob("*.h5")
+        extra += ["--adafl_frac_step", str(step)]
+    run = run_variant("adafl_mnist", label, algo, flags, data, args, "MLP", rounds, extra, quiet=True)
+    if isinstance(run, str):
+        return run
+    (path,) = run.paths
     with h5py.File(path) as f:
         attrs = dict(f.attrs)
         uploads = int(f["rs_clients_per_round"][()].sum())
@@ -146,7 +114,7 @@ def run_variant(label: str, algo: str, flags: list[str], data: Path, args: argpa
         "uploads": None if reached is None else float(attrs["uploads_to_target"]),
         "mb": None if reached is None else float(attrs["bytes_up_to_target"]) / 1e6,
         "total_uploads": uploads, "total_mb": float(attrs["total_bytes_up"]) / 1e6,
-        "time": time.perf_counter() - started,
+        "time": run.seconds(),
     }
 
 
@@ -189,7 +157,7 @@ def main_script() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, algo, flags in chosen:
-        outcome = run_variant(label, algo, flags, data, args, rounds, step, avg_last)
+        outcome = run_and_summarise(label, algo, flags, data, args, rounds, step, avg_last)
         row = format_row(label, flags, outcome)
         lines.append(row)
         print(row, flush=True)
@@ -201,9 +169,7 @@ def main_script() -> None:
         "|---|---|---|---|---|",
         *[f"| {label} | {' | '.join(PAPER[label])} |" for label, _, _ in chosen if label in PAPER],
     ]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "adafl_mnist.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table("adafl_mnist", lines)
 
 
 if __name__ == "__main__":

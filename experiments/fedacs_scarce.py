@@ -32,21 +32,14 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+import h5py
+import numpy as np
 
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
+from common import OUT, add_only_and_data_flags, add_training_flags, generate_data, run_variant, write_table
+from flcore.registry import load_all  # importable once common has put system/ on the path
 
-import main  # noqa: E402
-from flcore.registry import ALGORITHMS, load_all  # noqa: E402
-
-OUT = REPO / "experiments" / "out"
 RAW = Path("/usr/share/datasets/fashion-mnist")
 
 # (label, -algo, extra flags)
@@ -68,17 +61,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 20 clients (same Dirichlet 0.5 / 50 samples), 3 rounds, DNN model")
     parser.add_argument("--model", default=None, help="-m (default CNN; DNN with --quick)")
-    parser.add_argument("--lr", type=float, default=0.05, help="client learning rate for every method")
-    parser.add_argument("--batch_size", type=int, default=10, help="local batch size B")
-    parser.add_argument("--local_epochs", type=int, default=1, help="local epochs E")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_training_flags(parser, lr=0.05, lr_help="client learning rate for every method", batch_size=10)
     parser.add_argument("--engine", default="sequential", help="--engine of main.py (auto batches where it can)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (--num_threads)")
     parser.add_argument("--eval_gap", type=int, default=1, help="evaluate every N rounds (-eg)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--times", type=int, default=1, help="repeats with seeds seed..seed+times-1 (-t)")
-    parser.add_argument("--only", nargs="*", default=None, help="labels or -algo names to run (default: all)")
-    parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: generated under out/)")
+    add_only_and_data_flags(parser, "labels or -algo names to run (default: all)")
     return parser.parse_args()
 
 
@@ -90,14 +79,11 @@ def ensure_data(args: argparse.Namespace) -> Path:
     folder = OUT / "data" / f"FashionMNIST_dir0.5_{clients}c_50s"
     if (folder / "config.json").is_file():
         return folder
-    if not (REPO / "dataset" / "generate_FashionMNIST.py").is_file():
-        raise SystemExit("dataset/generate_FashionMNIST.py is missing; generate the data first or pass --data")
     if not RAW.is_dir():
         raise SystemExit(f"{RAW} not found: apt-get install dataset-fashion-mnist, or pass --data")
-    command = [sys.executable, "generate_FashionMNIST.py", "noniid", "-", "dir", "--alpha", "0.5",
-               "--num-clients", str(clients), "--samples-per-client", "50", "--raw-dir", str(RAW),
-               "--out-dir", str(folder)]
-    subprocess.run(command, cwd=REPO / "dataset", check=True, stdout=subprocess.DEVNULL)
+    generate_data("generate_FashionMNIST.py", ["noniid", "-", "dir", "--alpha", "0.5", "--num-clients", str(clients),
+                                               "--samples-per-client", "50", "--raw-dir", str(RAW),
+                                               "--out-dir", str(folder)])
     return folder
 
 
@@ -121,30 +107,16 @@ def summarise(paths: list[Path]) -> dict[str, float]:
     return out
 
 
-def run_variant(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
-                rounds: int, model: str) -> dict[str, float] | str:
+def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
+                      rounds: int, model: str) -> dict[str, float] | str:
     """``-t`` runs through ``main.main``; the summary numbers, or a note on why there are none."""
-    if algo not in ALGORITHMS:
-        return f"skipped: algorithm {algo!r} is not registered"
-    tag = "".join(ch if ch.isalnum() else "_" for ch in label)
-    results = OUT / "results" / "fedacs_scarce" / tag
-    for old in results.glob("*.h5"):
-        old.unlink()
-    argv = ["-data", str(data), "-algo", algo, "-m", model, "-dev", args.device, "-gr", str(rounds),
-            "-lr", str(args.lr), "-lbs", str(args.batch_size), "-ls", str(args.local_epochs), "-jr", "1",
-            "--seed", str(args.seed), "-t", str(args.times), "-go", tag, "--results_dir", str(results),
-            "--engine", args.engine, "--save_model", "False", "--eval_auc", "False", "--eval_train_loss", "False",
-            "--progress", "False", "-q", "True", "--num_threads", str(args.threads), "-eg", str(args.eval_gap),
-            *flags]
-    started = time.perf_counter()
-    try:
-        code = main.main(argv)
-    except SystemExit as exc:  # argparse rejects a flag the algorithm does not (yet) declare
-        return f"failed: command line rejected (exit {exc.code})"
-    if code != 0:
-        return f"failed: main.main exited with {code}"
-    numbers = summarise(sorted(results.glob("*.h5")))
-    numbers["time"] = time.perf_counter() - started
+    extra = ["-jr", "1", "-t", str(args.times), "--engine", args.engine, "--num_threads", str(args.threads),
+             "-eg", str(args.eval_gap)]
+    run = run_variant("fedacs_scarce", label, algo, flags, data, args, model, rounds, extra)
+    if isinstance(run, str):
+        return run
+    numbers = summarise(run.paths)
+    numbers["time"] = run.seconds()
     return numbers
 
 
@@ -176,7 +148,7 @@ def main_script() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, algo, flags in chosen:
-        outcome = run_variant(label, algo, flags, data, args, rounds, model)
+        outcome = run_and_summarise(label, algo, flags, data, args, rounds, model)
         if isinstance(outcome, str):
             row = f"| {label} | {' '.join(flags)} | {outcome} | | | | | | |"
         else:
@@ -188,9 +160,7 @@ def main_script() -> None:
         print(row, flush=True)
     lines += ["", "Paper (FMNIST, Dir 0.5, 50 samples/client): Local 75.98, Ditto-P 78.79, Ditto-G 76.34, "
               "PerAvg-P 74.07, PerAvg-G 69.14 (Table 1); FedACS 84.33 ± 0.35 (Table 2)."]
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fedacs_scarce.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table("fedacs_scarce", lines)
 
 
 if __name__ == "__main__":

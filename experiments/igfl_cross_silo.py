@@ -21,23 +21,15 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "system"))
+import h5py
+import numpy as np
+import torch
 
-import h5py  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-import main  # noqa: E402
-from flcore.registry import ALGORITHMS, load_all  # noqa: E402
-
-OUT = REPO / "experiments" / "out"
-RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
+from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, run_variant,
+                    write_table)
+from flcore.registry import load_all  # importable once common has put system/ on the path
 
 # (label, -algo, extra flags)
 VARIANTS: list[tuple[str, str, list[str]]] = [
@@ -64,15 +56,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 5 rounds, 300 training samples per client")
     parser.add_argument("--model", default="MLP", help="-m (MLP = McMahan's 2NN; CNN is slower on a CPU)")
-    parser.add_argument("--lr", type=float, default=0.05, help="client learning rate for every algorithm")
-    parser.add_argument("--batch_size", type=int, default=50, help="local batch size B")
-    parser.add_argument("--local_epochs", type=int, default=1, help="local epochs E")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    add_training_flags(parser, lr=0.05, lr_help="client learning rate for every algorithm", batch_size=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 avoids oversubscription on a shared machine)")
-    parser.add_argument("--only", nargs="*", default=None, help="labels or -algo names to run (default: all)")
-    parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: generated under out/)")
+    add_only_and_data_flags(parser, "labels or -algo names to run (default: all)")
     return parser.parse_args()
 
 
@@ -81,42 +69,25 @@ def ensure_data(args: argparse.Namespace) -> Path:
     if args.data is not None:
         return args.data
     folder = OUT / "data" / ("MNIST_shard10_quick" if args.quick else "MNIST_shard10")
-    command = [sys.executable, "generate_MNIST.py", "noniid", "-", "shard", "--num-clients", "10",
-               "--raw-dir", str(RAW), "--out-dir", str(folder)]
+    options = ["noniid", "-", "shard", "--num-clients", "10", "--raw-dir", str(MNIST_RAW), "--out-dir", str(folder)]
     if args.quick:
-        command += ["--samples-per-client", "300"]
-    if not (REPO / "dataset" / "generate_MNIST.py").is_file():
-        raise SystemExit("dataset/generate_MNIST.py is missing; generate the data first or pass --data")
-    subprocess.run(command, cwd=REPO / "dataset", check=True, stdout=subprocess.DEVNULL)
+        options += ["--samples-per-client", "300"]
+    generate_data("generate_MNIST.py", options)
     return folder
 
 
-def run_variant(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
-                rounds: int) -> dict[str, float] | str:
+def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
+                      rounds: int) -> dict[str, float] | str:
     """One run through ``main.main``; the summary numbers, or a note on why there are none."""
-    if algo not in ALGORITHMS:
-        return f"skipped: algorithm {algo!r} is not registered"
-    tag = "".join(ch if ch.isalnum() else "_" for ch in label)
-    results = OUT / "results" / "igfl_cross_silo" / tag
-    for old in results.glob("*.h5"):
-        old.unlink()
-    argv = ["-data", str(data), "-algo", algo, "-m", args.model, "-dev", args.device, "-gr", str(rounds),
-            "-lr", str(args.lr), "-lbs", str(args.batch_size), "-ls", str(args.local_epochs), "-jr", "1",
-            "--seed", str(args.seed), "-go", tag, "--results_dir", str(results), "--save_model", "False",
-            "--eval_auc", "False", "--eval_train_loss", "False", "--progress", "False", "-q", "True", *flags]
-    started = time.perf_counter()
-    try:
-        code = main.main(argv)
-    except SystemExit as exc:  # argparse rejects a flag the algorithm does not (yet) declare
-        return f"failed: command line rejected (exit {exc.code})"
-    if code != 0:
-        return f"failed: main.main exited with {code}"
-    (path,) = results.glob("*.h5")
+    run = run_variant("igfl_cross_silo", label, algo, flags, data, args, args.model, rounds, ["-jr", "1"])
+    if isinstance(run, str):
+        return run
+    (path,) = run.paths
     with h5py.File(path) as f:
         acc = f["rs_test_acc"][()]
     tail = max(1, int(np.ceil(0.1 * acc.size)))
     return {"last10": float(acc[-tail:].mean()), "best": float(acc.max()), "final": float(acc[-1]),
-            "time": time.perf_counter() - started}
+            "time": run.seconds()}
 
 
 def main_script() -> None:
@@ -136,7 +107,7 @@ def main_script() -> None:
         "|---|---|---|---|---|---|",
     ]
     for label, algo, flags in chosen:
-        outcome = run_variant(label, algo, flags, data, args, rounds)
+        outcome = run_and_summarise(label, algo, flags, data, args, rounds)
         if isinstance(outcome, str):
             row = f"| {label} | {' '.join(flags)} | {outcome} | | | |"
         else:
@@ -144,9 +115,7 @@ def main_script() -> None:
                    f"{100 * outcome['final']:.2f} | {outcome['time']:.1f} |")
         lines.append(row)
         print(row, flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "igfl_cross_silo.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_table("igfl_cross_silo", lines)
 
 
 if __name__ == "__main__":

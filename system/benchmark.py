@@ -4,8 +4,14 @@ Run from ``system/``::
 
     python benchmark.py                       # P1 P2 P3, sequential and batched, 5 timed rounds each
     python benchmark.py --quick               # smoke run: 1 warm-up + 2 timed rounds
-    python benchmark.py --only P1 --rounds 20 --engines sequential batched
+    python benchmark.py --only P1 --engines sequential threaded pfllib   # against PFLlib's procedure
+    python benchmark.py --only P3 --engines threaded --fill-state --state-dtype float16
     python benchmark.py --device cuda         # GPU (peak GPU memory reported too)
+
+Engines: ``sequential``, ``threaded``, ``batched``, ``auto`` (the platform's engines, see
+``flcore/engines``) and ``pfllib``: PFLlib's FedAvg procedure re-implemented
+(``utils/pfllib_baseline.py``), run on the same data, initial model, seed and threads, so that the
+speed-up over PFLlib is measured in one run rather than against a figure from another day.
 
 Configurations (the issue's):
 
@@ -21,7 +27,9 @@ Configurations (the issue's):
   the times compare training).
 * **P3**: scale: P2's clients with SCAFFOLD (per-client control variates in the state store).
   The JSON records, round by round, the state bytes and the process RSS, so one sees that memory
-  grows with the per-client state, not with model copies.
+  grows with the per-client state, not with model copies. ``--fill-state`` gives every client its
+  control variate after the warm-up (as after a long run; needs ``--warmup`` >= 1), so the timed
+  rounds show the memory of the full state; ``--state-dtype float16`` stores it in half the bytes.
 
 Each (configuration, engine) runs in a fresh subprocess so that the peak RSS is its own. Only
 rounds are timed (``Server.train``'s per-round times: evaluation + training + aggregation); the
@@ -178,8 +186,12 @@ def _build_server(spec: dict, engine: str, dataset=None):
         "--engine", engine, "--seed", str(spec["seed"]), "--progress", "False", "-q", "True",
         "--save_model", "False",
     ]
-    if engine != "sequential" and spec.get("chunk"):
+    if engine in ("batched", "auto") and spec.get("chunk"):
         argv += ["--cohort_chunk", str(spec["chunk"])]
+    if engine in ("threaded", "auto") and spec.get("workers"):
+        argv += ["--workers", str(spec["workers"])]
+    if spec.get("state_dtype"):
+        argv += ["--state_dtype", spec["state_dtype"]]
     if spec.get("data_path"):
         argv += ["-data", spec["data_path"]]
     args = main.parse_args(argv + list(spec.get("extra", [])))
@@ -237,6 +249,19 @@ class _Run:
 
     def finish(self, rounds: int) -> None:
         self.server.evaluate(rounds)  # the final evaluation Server.train does (not timed)
+
+    def fill_state(self) -> None:
+        """Give every client the per-client vectors some client has now, as after a long run in which
+        every client has participated (``--fill-state``), so the timed rounds show the full memory."""
+        store = self.server.state
+        for name in list(store._data):
+            owners = store.indices(name)
+            if not owners:
+                continue
+            template = store.get(name, owners[0])
+            for index in range(len(self.server.clients)):
+                if not store.has(name, index):
+                    store.set(name, index, template)
 
     def summary(self, warm: int) -> dict:
         import torch
@@ -327,6 +352,9 @@ class _BaselineRun(_Run):
         self.baseline.send_models()
         self.baseline.evaluate()
 
+    def fill_state(self) -> None:
+        """PFLlib's FedAvg has no per-client state."""
+
     def summary(self, warm: int) -> dict:
         import torch
 
@@ -379,6 +407,8 @@ def run_worker(spec: dict) -> dict:
     for rnd in range(rounds):
         for run in runs.values():
             run.round(rnd)
+            if spec.get("fill_state") and rnd == spec["warmup"] - 1:
+                run.fill_state()
     for run in runs.values():
         run.finish(rounds)
     wall = time.perf_counter() - started
@@ -426,7 +456,7 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
     tag = "interleaved" if interleaved else "separate runs"
     for name in names:
         seq = by.get((name, "sequential"))
-        for engine in ("batched", "auto"):
+        for engine in ("threaded", "batched", "auto"):
             other = by.get((name, engine))
             if not (seq and other and seq["s_per_round"] and other["s_per_round"]):
                 continue
@@ -441,7 +471,7 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
                 line += f", final accuracy {100 * (other['final_test_acc'] - seq['final_test_acc']):+.2f} points"
             lines.append(line)
         base = by.get((name, BASELINE))
-        for engine in ("sequential", "batched", "auto"):
+        for engine in ("sequential", "threaded", "batched", "auto"):
             other = by.get((name, engine))
             if not (base and other and base["s_per_round"] and other["s_per_round"]):
                 continue
@@ -508,6 +538,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "re-implemented, the same-run baseline, P1/P2 on the CPU only)")
     p.add_argument("--chunk", type=int, default=0, help="--cohort_chunk of the batched engines (0 = whole cohort)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads in each run (0 = torch's default)")
+    p.add_argument("--workers", type=int, default=0, help="--workers of the threaded/auto engines (0 = one per core)")
+    p.add_argument("--state-dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="--state_dtype of the runs (per-client state storage; P3)")
+    p.add_argument("--fill-state", action="store_true",
+                   help="after the warm-up, give every client the state vectors (P3: SCAFFOLD's control variate) "
+                        "as after a long run, so the timed rounds show the memory of the full state")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", type=Path, default=REPO / "dataset" / "benchmark",
                    help="where P1's generated MNIST folder is kept")
@@ -557,6 +593,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, engines in jobs:
         spec = {"config": name, "engines": engines, "device": args.device, "rounds": args.rounds,
                 "warmup": args.warmup, "seed": args.seed, "chunk": args.chunk, "threads": args.threads,
+                "workers": args.workers, "state_dtype": args.state_dtype, "fill_state": args.fill_state,
                 "data_path": data_paths[name], "eval_gap": args.p2_eval_gap or None}
         load_before = os.getloadavg()
         print(f"running {name} with {' and '.join(engines)}{' interleaved' if len(engines) > 1 else ''} ...",

@@ -48,7 +48,7 @@ def _probe(argv: list[str]) -> argparse.Namespace:
 
     argparse would treat an algorithm's short flags as prefixes of generic ones in a first pass
     (``-al`` as ``-algo``, ``-tau`` as ``-t au``), so this pass does not use it."""
-    found = {"algorithm": "FedAvg", "select": "uniform", "engine": "sequential"}
+    found = {"algorithm": "FedAvg", "select": "uniform", "engine": "auto"}
     names = {"-algo": "algorithm", "--algorithm": "algorithm", "--select": "select", "--engine": "engine"}
     for i, token in enumerate(argv):
         key, sep, value = token.partition("=")

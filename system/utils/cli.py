@@ -92,10 +92,15 @@ def generic_parser() -> argparse.ArgumentParser:
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
-    add_flag(o, "--engine", type=str, default="sequential", help="training engine (sequential, ...)")
+    add_flag(o, "--engine", type=str, default="auto",
+             help="training engine: auto (batched on a GPU, threaded on a multi-core CPU, else sequential), "
+                  "sequential, threaded, batched")
     add_flag(o, "--select", type=str, default="uniform", help="client selection policy")
     add_flag(o, "--state_device", type=str, default="auto",
              help="where per-client state lives: auto (the compute device) or cpu")
+    add_flag(o, "--state_dtype", type=str, default="float32", choices=["float32", "float16", "bfloat16"],
+             help="storage dtype of per-client state vectors (control variates, personal models); float16 "
+                  "halves their memory, rounding what persists between participations to 11 significant bits")
     add_flag(o, "--num_threads", type=int, default=0,
              help="torch CPU threads (0 = torch's default); 1 is often fastest for small models on a busy machine")
     add_flag(o, "--eval_batch_size", type=int, default=256, help="batch size of evaluation passes")

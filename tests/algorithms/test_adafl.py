@@ -10,20 +10,8 @@ import torch
 import main
 from flcore.registry import ALGORITHMS, load_all
 from flcore.selectors.adafl import attention_update, clients_for_fraction, scheduled_fraction
-from fltest import build_server, make_args, random_dataset
+from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
 from toydata import make_dataset
-
-
-def run_round(server, rnd):
-    """One round as the base loop runs it (no evaluation)."""
-    cohort = server.select_clients(rnd)
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    updates = server.drop_uploads(rnd, updates)
-    if updates:
-        server.aggregate(updates, package)
-    server.after_round(rnd, package, updates)
-    return cohort, package, updates
 
 
 # ------------------------------------------------------------------ score update
@@ -184,15 +172,9 @@ def test_dropped_uploads_count_as_unselected():
 
 # ------------------------------------------------------------------ main runs
 def _run_main(tmp_path, algo, *extra):
-    root = tmp_path / "data"
-    make_dataset(root, num_clients=6, input_shape=(1, 8, 8))
-    out = tmp_path / f"res_{algo}"
-    argv = ["-data", str(root / "Toy"), "-m", "DNN", "-algo", algo, "-dev", "cpu", "-gr", "2", "--progress", "False",
-            "-q", "True", "--results_dir", str(out), "--save_model", "False", "--target_acc", "0.0",
-            "--adafl_frac_step", "1", "--adafl_frac_start", "0.3", "--adafl_frac_end", "0.5",
-            "--adafl_num_fracs", "3", *extra]
-    assert main.main(argv) == 0
-    (path,) = sorted(out.glob("*.h5"))
+    path = run_main_two_rounds(tmp_path, algo, "--target_acc", "0.0", "--adafl_frac_step", "1",
+                               "--adafl_frac_start", "0.3", "--adafl_frac_end", "0.5", "--adafl_num_fracs", "3",
+                               *extra, num_clients=6)
     with h5py.File(path, "r") as f:
         probs = f["rs_selection_probs"][()]
         frac = f["rs_join_fraction"][()]

@@ -5,47 +5,25 @@ from __future__ import annotations
 import h5py
 import pytest
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
+from fltest import (build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round,
+                    trained_server, two_client_server)
 from utils.errors import FLError
-
-
-def run_round(server, rnd):
-    cohort = server.select_clients(rnd)
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    return cohort, updates
-
-
-def full_batch_grad(w, x, y, num_classes):
-    """∇ of the mean cross-entropy of the linear model w = [W.flatten(), b] at w (float64)."""
-    w = w.detach().clone().requires_grad_(True)
-    dim = x.shape[1]
-    logits = x @ w[: dim * num_classes].view(num_classes, dim).T + w[dim * num_classes:]
-    (grad,) = torch.autograd.grad(F.cross_entropy(logits, y), w)
-    return grad
 
 
 def apfl_steps(w, v, alpha, x, y, lr, steps, num_classes, adaptive=True):
     """The paper's local steps, written out: all three updates use the values before the step."""
     for _ in range(steps):
-        g_w = full_batch_grad(w, x, y, num_classes)
-        g_mix = full_batch_grad(alpha * v + (1 - alpha) * w, x, y, num_classes)
+        g_w = linear_grad(w, x, y, num_classes)
+        g_mix = linear_grad(alpha * v + (1 - alpha) * w, x, y, num_classes)
         new_alpha = alpha - lr * float(torch.dot(v - w, g_mix)) if adaptive else alpha
         w, v, alpha = w - lr * g_w, v - lr * alpha * g_mix, min(1.0, max(0.0, new_alpha))
     return w, v, alpha
 
 
 def test_two_rounds_by_hand():
-    data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 6], seed=1)
     lr, alpha0 = 0.5, 0.3
-    args = make_args("APFL", "--alpha", str(alpha0), local_learning_rate=lr, batch_size=6, local_epochs=2,
-                     drop_last=False)
-    server = build_server(args, data)
+    data, server = two_client_server("APFL", "--alpha", str(alpha0), seed=1, local_learning_rate=lr)
     w = server.global_params.double()
     personal = [(w.clone(), alpha0), (w.clone(), alpha0)]
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
@@ -56,7 +34,7 @@ def test_two_rounds_by_hand():
             uploads.append(w_i)
             personal[i] = (v_i, a_i)
         w = 0.4 * uploads[0] + 0.6 * uploads[1]
-        _, updates = run_round(server, rnd)
+        updates = run_round(server, rnd).updates
         for i in range(2):
             v_i, a_i = personal[i]
             assert torch.allclose(updates[i].params.double(), uploads[i], atol=1e-5)
@@ -70,12 +48,9 @@ def test_two_rounds_by_hand():
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
 def test_alpha_zero_evaluates_the_global_model(join_ratio):
     data = random_dataset(num_clients=4, dim=4, num_classes=3, seed=2)
-    runs = {}
-    for algo, extra in (("FedAvg", ()), ("APFL", ("--alpha", "0", "--apfl_adaptive_alpha", "False"))):
-        server = build_server(make_args(algo, *extra, global_rounds=2, join_ratio=join_ratio, batch_size=4,
-                                        local_epochs=2), data)
-        server.train(progress=False)
-        runs[algo] = server
+    runs = {algo: trained_server(data, algo, *extra, global_rounds=2, join_ratio=join_ratio, batch_size=4,
+                                 local_epochs=2)
+            for algo, extra in (("FedAvg", ()), ("APFL", ("--alpha", "0", "--apfl_adaptive_alpha", "False")))}
     apfl = runs["APFL"]
     assert torch.equal(apfl.global_params, runs["FedAvg"].global_params)
     for i in range(4):
@@ -86,12 +61,8 @@ def test_alpha_zero_evaluates_the_global_model(join_ratio):
 
 def test_alpha_one_fixed_is_local_training():
     data = random_dataset(num_clients=4, dim=4, num_classes=3, seed=3)
-    runs = {}
-    for algo, extra in (("Local", ()), ("APFL", ("--alpha", "1", "--apfl_adaptive_alpha", "False"))):
-        server = build_server(make_args(algo, *extra, global_rounds=2, join_ratio=0.5, batch_size=4,
-                                        local_epochs=2), data)
-        server.train(progress=False)
-        runs[algo] = server
+    runs = {algo: trained_server(data, algo, *extra, global_rounds=2, join_ratio=0.5, batch_size=4, local_epochs=2)
+            for algo, extra in (("Local", ()), ("APFL", ("--alpha", "1", "--apfl_adaptive_alpha", "False")))}
     for i in range(4):
         assert torch.equal(runs["APFL"].eval_params(i), runs["Local"].eval_params(i))
 
@@ -102,14 +73,14 @@ def test_partial_participation_keeps_state_and_first_timers_start_from_init():
     server = build_server(make_args("APFL", "--alpha", str(alpha0), join_ratio=0.5, batch_size=50, drop_last=False,
                                     local_learning_rate=lr), data)
     init = server.global_params.clone()
-    cohort0, _ = run_round(server, 0)
+    cohort0 = run_round(server, 0).cohort
     for i in set(range(4)) - set(cohort0):
         assert server.state.get("personal", i) is None and server.state.get("alpha", i) is None
         assert torch.allclose(server.eval_params(i), alpha0 * init + (1 - alpha0) * server.global_params)
     before = {i: (server.state.get("personal", i), server.state.get("alpha", i)) for i in range(4)}
     before = {i: (v.clone(), a.clone()) for i, (v, a) in before.items() if v is not None}
     w1 = server.global_params.double()
-    cohort1, _ = run_round(server, 1)
+    cohort1 = run_round(server, 1).cohort
     for i in range(4):
         if i not in cohort1 and i in before:
             assert torch.equal(server.state.get("personal", i), before[i][0])
@@ -129,11 +100,7 @@ def test_alpha_flag_is_checked():
 
 
 def test_two_round_run_through_main(tmp_path):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", "APFL", "--progress", "False", "-q", "True", "--save_model", "False"])
-    assert rc == 0
-    (path,) = (tmp_path / "res").glob("*.h5")
+    path = run_main_two_rounds(tmp_path, "APFL")
     with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
         assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

@@ -1,52 +1,19 @@
 """Ditto: two rounds by hand, λ = 0 is Local (personal) and FedAvg (global), partial participation, main."""
 from __future__ import annotations
 
-import logging
-
 import h5py
 import pytest
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
+from fltest import (build_server, fl_log_messages, gradient_descent, linear_grad, make_args, random_dataset,
+                    run_main_two_rounds, run_round, trained_server, two_client_server)
 from utils.errors import FLError
 
 
-def run_round(server, rnd):
-    cohort = server.select_clients(rnd)
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    return cohort, updates
-
-
-def full_batch_grad(w, x, y, num_classes):
-    """∇ of the mean cross-entropy of the linear model w = [W.flatten(), b] at w (float64)."""
-    w = w.detach().clone().requires_grad_(True)
-    dim = x.shape[1]
-    logits = x @ w[: dim * num_classes].view(num_classes, dim).T + w[dim * num_classes:]
-    (grad,) = torch.autograd.grad(F.cross_entropy(logits, y), w)
-    return grad
-
-
-class Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def test_two_rounds_by_hand():
-    # Two clients, one full batch per epoch, 2 global and 3 personal epochs, λ = 0.5.
-    data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 6], seed=1)
+    # 2 global and 3 personal epochs, λ = 0.5.
     lr, lam = 0.1, 0.5
-    args = make_args("Ditto", "-mu", str(lam), "-pls", "3", local_learning_rate=lr, batch_size=6, local_epochs=2,
-                     drop_last=False)
-    server = build_server(args, data)
+    data, server = two_client_server("Ditto", "-mu", str(lam), "-pls", "3", seed=1, local_learning_rate=lr)
     w = server.global_params.double()
     personal = [w.clone(), w.clone()]
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
@@ -55,14 +22,11 @@ def test_two_rounds_by_hand():
         for i, (x, y) in enumerate(xy):
             v = personal[i]
             for _ in range(3):
-                v = v - lr * (full_batch_grad(v, x, y, 2) + lam * (v - w))
+                v = v - lr * (linear_grad(v, x, y, 2) + lam * (v - w))
             personal[i] = v
-            g = w.clone()
-            for _ in range(2):
-                g = g - lr * full_batch_grad(g, x, y, 2)
-            trained.append(g)
+            trained.append(gradient_descent(w, x, y, 2, 2, lr))
         w = 0.4 * trained[0] + 0.6 * trained[1]
-        _, updates = run_round(server, rnd)
+        updates = run_round(server, rnd).updates
         assert [u.num_steps for u in updates] == [2, 2]
         for i in range(2):
             assert torch.allclose(updates[i].params.double(), trained[i], atol=1e-5)
@@ -73,12 +37,9 @@ def test_two_rounds_by_hand():
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
 def test_lambda_zero_is_local_and_fedavg(join_ratio):
     data = random_dataset(num_clients=4, dim=4, num_classes=3, seed=2)
-    runs = {}
-    for algo, extra in (("Local", ()), ("FedAvg", ()), ("Ditto", ("-mu", "0", "-pls", "2"))):
-        server = build_server(make_args(algo, *extra, global_rounds=2, join_ratio=join_ratio, batch_size=4,
-                                        local_epochs=2), data)
-        server.train(progress=False)
-        runs[algo] = server
+    runs = {algo: trained_server(data, algo, *extra, global_rounds=2, join_ratio=join_ratio, batch_size=4,
+                                 local_epochs=2)
+            for algo, extra in (("Local", ()), ("FedAvg", ()), ("Ditto", ("-mu", "0", "-pls", "2")))}
     for i in range(4):
         assert torch.equal(runs["Ditto"].eval_params(i), runs["Local"].eval_params(i))
     assert torch.equal(runs["Ditto"].global_params, runs["FedAvg"].global_params)
@@ -92,46 +53,37 @@ def test_partial_participation_keeps_state_and_first_timers_start_from_init():
     server = build_server(make_args("Ditto", "-mu", str(lam), join_ratio=0.5, batch_size=50, drop_last=False,
                                     local_learning_rate=lr), data)
     init = server.global_params.clone()
-    cohort0, _ = run_round(server, 0)
+    cohort0 = run_round(server, 0).cohort
     for i in set(range(4)) - set(cohort0):
         assert server.state.get("personal", i) is None and torch.equal(server.eval_params(i), init)
     before = {i: server.eval_params(i).clone() for i in range(4)}
     w1 = server.global_params.double()
-    cohort1, _ = run_round(server, 1)
+    cohort1 = run_round(server, 1).cohort
     for i in range(4):
         if i not in cohort1:
             assert torch.equal(server.eval_params(i), before[i])
         elif i not in cohort0:  # first time: one full-batch step from the initial model, proximal to w^1
             c = data.clients[i]
             v = init.double()
-            v = v - lr * (full_batch_grad(v, c.train_x.double(), c.train_y, 3) + lam * (v - w1))
+            v = v - lr * (linear_grad(v, c.train_x.double(), c.train_y, 3) + lam * (v - w1))
             assert torch.allclose(server.eval_params(i).double(), v, atol=1e-6)
 
 
 def test_warnings_and_flags():
     data = random_dataset(num_clients=2, dim=2, num_classes=2)
-    handler, logger = Capture(), logging.getLogger("fl")
-    logger.addHandler(handler)
-    try:
+    with fl_log_messages() as messages:
         build_server(make_args("Ditto"), data)
-        assert any("Local" in m for m in handler.messages)
-        handler.messages.clear()
+        assert any("Local" in m for m in messages)
+        messages.clear()
         server = build_server(make_args("Ditto", "-mu", "0.1"), data)
-        assert handler.messages == []
-    finally:
-        logger.removeHandler(handler)
+        assert messages == []
     assert server.summary() == {"mu": 0.1, "plocal_epochs": 1}
     with pytest.raises(FLError):
         build_server(make_args("Ditto", "-pls", "0"), data)
 
 
 def test_two_round_run_through_main(tmp_path):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", "Ditto", "-mu", "0.1", "--progress", "False", "-q", "True",
-                    "--save_model", "False"])
-    assert rc == 0
-    (path,) = (tmp_path / "res").glob("*.h5")
+    path = run_main_two_rounds(tmp_path, "Ditto", "-mu", "0.1")
     with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
         assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

@@ -4,69 +4,25 @@ from __future__ import annotations
 import logging
 
 import h5py
-import pytest
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: intra-op threads only add overhead (tens of ms per step on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run_round(server, rnd, cohort=None):
-    cohort = server.select_clients(rnd) if cohort is None else cohort
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    server.after_round(rnd, package, updates)
-    return updates
-
-
-def grad_linear(w, x, y, num_classes):
-    """∇ of the mean cross-entropy of the linear model w = [W.flatten(), b] (float64)."""
-    w = w.detach().clone().requires_grad_(True)
-    dim = x.shape[1]
-    logits = x @ w[: dim * num_classes].view(num_classes, dim).T + w[dim * num_classes:]
-    (grad,) = torch.autograd.grad(F.cross_entropy(logits, y), w)
-    return grad
-
-
-class Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
+from fltest import (build_server, fl_log_messages, gradient_descent, linear_grad, make_args, random_dataset,
+                    run_main_two_rounds, run_round, trained_server, two_client_server)
+from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 
 
 def test_ala_and_local_training_match_hand_computation():
     # Two clients (4 and 6 samples), one full batch (-lbs 6), two local epochs; W covers the bias
     # only (-p 1), is learned on all data (-s 100) and the start phase stops after 2 epochs.
-    data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 6], seed=3)
     lr, eta = 0.5, 3.0
-    args = make_args("FedALA", "-et", str(eta), "--rand_percent", "100", "-p", "1", "--ala_num_pre_loss", "1",
-                     "--ala_threshold", "10", local_learning_rate=lr, batch_size=6, local_epochs=2, drop_last=False)
-    server = build_server(args, data)
+    data, server = two_client_server("FedALA", "-et", str(eta), "--rand_percent", "100", "-p", "1",
+                                     "--ala_num_pre_loss", "1", "--ala_threshold", "10", seed=3,
+                                     local_learning_rate=lr)
     g = server.global_params.double()
     xs = [(c.train_x.double(), c.train_y) for c in data.clients]
 
-    def train(w, x, y):
-        for _ in range(2):
-            w = w - lr * grad_linear(w, x, y, 2)
-        return w
-
     # Round 0: no local model yet, so no ALA; plain FedAvg.
-    local = [train(g, x, y) for x, y in xs]
+    local = [gradient_descent(g, x, y, 2, 2, lr) for x, y in xs]
     g1 = 0.4 * local[0] + 0.6 * local[1]
     run_round(server, 0)
     assert torch.allclose(server.global_params.double(), g1, atol=1e-6, rtol=0)
@@ -79,12 +35,12 @@ def test_ala_and_local_training_match_hand_computation():
         weights = torch.ones(2, dtype=torch.float64)
         for _ in range(2):  # start phase: 2 epochs of one batch each
             mixed = torch.cat([g1[:4], mine[4:] + gap * weights])
-            weights = torch.clamp(weights - eta * grad_linear(mixed, x, y, 2)[4:] * gap, 0, 1)
+            weights = torch.clamp(weights - eta * linear_grad(mixed, x, y, 2)[4:] * gap, 0, 1)
         mixed = torch.cat([g1[:4], mine[4:] + gap * weights])
         expected_w.append(weights)
-        expected_local.append(train(mixed, x, y))
+        expected_local.append(gradient_descent(mixed, x, y, 2, 2, lr))
     assert not torch.equal(expected_w[0], torch.ones(2, dtype=torch.float64))  # W moved
-    updates = run_round(server, 1)
+    updates = run_round(server, 1).updates
     for i, update in enumerate(updates):
         assert torch.allclose(server.state.get("ala_weights", i).double(), expected_w[i], atol=1e-6, rtol=0)
         assert torch.allclose(update.params.double(), expected_local[i], atol=1e-6, rtol=0)
@@ -96,13 +52,11 @@ def test_ala_and_local_training_match_hand_computation():
 
 def test_eta_zero_is_fedavg_over_three_rounds():
     data = random_dataset(num_clients=3, dim=4, num_classes=3, sizes=[8, 6, 7], seed=2)
-    finals = {}
-    for name, algo, extra in (("fedavg", "FedAvg", ()), ("all", "FedALA", ("-et", "0", "-p", "0")),
-                              ("top", "FedALA", ("-et", "0")), ("learned", "FedALA", ("--ala_max_init_epochs", "3"))):
-        server = build_server(make_args(algo, *extra, global_rounds=3, batch_size=4, local_epochs=2,
-                                        local_learning_rate=0.1), data)
-        server.train(progress=False)
-        finals[name] = server.global_params
+    finals = {name: trained_server(data, algo, *extra, global_rounds=3, batch_size=4, local_epochs=2,
+                                   local_learning_rate=0.1).global_params
+              for name, algo, extra in (("fedavg", "FedAvg", ()), ("all", "FedALA", ("-et", "0", "-p", "0")),
+                                        ("top", "FedALA", ("-et", "0")),
+                                        ("learned", "FedALA", ("--ala_max_init_epochs", "3")))}
     assert torch.equal(finals["fedavg"], finals["all"])
     assert torch.equal(finals["fedavg"], finals["top"])
     assert not torch.equal(finals["fedavg"], finals["learned"])
@@ -185,18 +139,10 @@ def test_start_phase_is_capped():
     args = make_args("FedALA", "--ala_threshold", "0", "--ala_max_init_epochs", "3", local_learning_rate=0.3,
                      batch_size=3)
     server = build_server(args, data)
-    handler = Capture()
-    logger = logging.getLogger("fl")
-    logger.addHandler(handler)
-    old = logger.level
-    logger.setLevel(logging.INFO)
-    try:
+    with fl_log_messages(logging.INFO) as messages:
         run_round(server, 0, [0, 1])
         run_round(server, 1, [0, 1])
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old)
-    assert any("--ala_max_init_epochs 3" in m for m in handler.messages)
+    assert any("--ala_max_init_epochs 3" in m for m in messages)
 
 
 def test_pfllib_short_flags():
@@ -209,13 +155,8 @@ def test_short_flag_s():
 
 
 def test_two_round_run_through_main(tmp_path):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", "FedALA", "--progress", "False", "-q", "True", "--save_model", "False"])
-    assert rc == 0
-    files = list((tmp_path / "res").glob("*.h5"))
-    assert len(files) == 1
-    with h5py.File(files[0], "r") as f:
+    path = run_main_two_rounds(tmp_path, "FedALA")
+    with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
         acc_global = f["rs_test_acc_global"][:]
     assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

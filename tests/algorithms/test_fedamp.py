@@ -1,35 +1,14 @@
 """FedAMP: server message passing and client step by hand, Local reductions, partial participation, main."""
 from __future__ import annotations
 
-import logging
 import math
 
 import h5py
 import pytest
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
-
-
-def run_round(server, rnd):
-    cohort = server.select_clients(rnd)
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    server.after_round(rnd, package, updates)
-    return cohort, updates
-
-
-def full_batch_grad(w, x, y, num_classes):
-    """∇ of the mean cross-entropy of the linear model w = [W.flatten(), b] at w (float64)."""
-    w = w.detach().clone().requires_grad_(True)
-    dim = x.shape[1]
-    logits = x @ w[: dim * num_classes].view(num_classes, dim).T + w[dim * num_classes:]
-    (grad,) = torch.autograd.grad(F.cross_entropy(logits, y), w)
-    return grad
+from fltest import (build_server, fl_log_messages, linear_grad, make_args, random_dataset, run_main_two_rounds,
+                    run_round, trained_server, two_client_server)
 
 
 def hand_cloud_model(i, models, pool, alpha_k, sigma):
@@ -42,11 +21,9 @@ def hand_cloud_model(i, models, pool, alpha_k, sigma):
 def test_two_rounds_by_hand(prox):
     # Two clients, one full batch per epoch, two local epochs; round 0 has no previous uploads
     # (u_i = w_0), round 1 mixes the round-0 models.
-    data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 6], seed=1)
     lr, lam, alpha_k, sigma = 0.1, 0.6, 0.4, 2.0
-    args = make_args("FedAMP", "-lam", str(lam), "-alk", str(alpha_k), "-sg", str(sigma), "--fedamp_prox", prox,
-                     local_learning_rate=lr, batch_size=6, local_epochs=2, drop_last=False)
-    server = build_server(args, data)
+    data, server = two_client_server("FedAMP", "-lam", str(lam), "-alk", str(alpha_k), "-sg", str(sigma),
+                                     "--fedamp_prox", prox, seed=1, local_learning_rate=lr)
     w0 = server.global_params.double()
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
 
@@ -59,7 +36,7 @@ def test_two_rounds_by_hand(prox):
             else:
                 n = float(d.norm())
                 extra = 0.5 * lam / alpha_k * d / n if n > 0 else torch.zeros_like(d)
-            w = w - lr * (full_batch_grad(w, x, y, 2) + extra)
+            w = w - lr * (linear_grad(w, x, y, 2) + extra)
         return w
 
     models = {i: train(w0, x, y) for i, (x, y) in enumerate(xy)}
@@ -92,25 +69,12 @@ def test_cloud_models_over_previous_or_all():
             assert torch.allclose(u[i].double(), want, atol=1e-6)
 
 
-class Capture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
 def test_negative_self_weight_warns():
     data = random_dataset(num_clients=4, dim=2, num_classes=2)
     server = build_server(make_args("FedAMP", "--fedamp_pool", "all"), data)  # ξ = 1 for 3 identical others
-    handler, logger = Capture(), logging.getLogger("fl")
-    logger.addHandler(handler)
-    try:
+    with fl_log_messages() as messages:
         u = server.cloud_models([0])
-    finally:
-        logger.removeHandler(handler)
-    assert any("self weight" in m for m in handler.messages)
+    assert any("self weight" in m for m in messages)
     assert torch.allclose(u[0], server.global_params)  # −2·w + 3·w
 
 
@@ -119,12 +83,8 @@ def test_lambda_zero_is_local_training(extra):
     # λ = 0 removes the proximal pull: from the client's own model (PFLlib's start) or with
     # α_K → 0 (u_i = w_i) FedAMP is Local training step for step, also under partial participation.
     data = random_dataset(num_clients=4, dim=4, num_classes=3, seed=5)
-    servers = []
-    for algo, flags in (("Local", ()), ("FedAMP", ("-lam", "0", *extra))):
-        server = build_server(make_args(algo, *flags, global_rounds=2, join_ratio=0.5, batch_size=4,
-                                        local_epochs=2), data)
-        server.train(progress=False)
-        servers.append(server)
+    servers = [trained_server(data, algo, *flags, global_rounds=2, join_ratio=0.5, batch_size=4, local_epochs=2)
+               for algo, flags in (("Local", ()), ("FedAMP", ("-lam", "0", *extra)))]
     for i in range(4):
         assert torch.equal(servers[0].eval_params(i), servers[1].eval_params(i))
 
@@ -133,7 +93,7 @@ def test_partial_participation_keeps_state_and_first_timers_start_from_init():
     data = random_dataset(num_clients=4, dim=3, num_classes=3, seed=4)
     server = build_server(make_args("FedAMP", "-alk", "0.2", join_ratio=0.5, batch_size=4), data)
     init = server.global_params.clone()
-    cohort0, _ = run_round(server, 0)
+    cohort0 = run_round(server, 0).cohort
     for i in set(range(4)) - set(cohort0):
         assert server.state.get("latest", i) is None and torch.equal(server.eval_params(i), init)
     before = {i: server.eval_params(i).clone() for i in range(4)}
@@ -151,12 +111,7 @@ def test_partial_participation_keeps_state_and_first_timers_start_from_init():
 
 
 def test_two_round_run_through_main(tmp_path):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", "FedAMP", "-alk", "0.2", "--progress", "False", "-q", "True",
-                    "--save_model", "False"])
-    assert rc == 0
-    (path,) = (tmp_path / "res").glob("*.h5")
+    path = run_main_two_rounds(tmp_path, "FedAMP", "-alk", "0.2")
     with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
         assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

@@ -4,30 +4,9 @@ from __future__ import annotations
 import h5py
 import pytest
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
-
-
-def run_round(server, rnd):
-    cohort = server.select_clients(rnd)
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    return updates
-
-
-def local_gd(w, x, y, num_classes, steps, lr):
-    """Full-batch gradient descent on the mean cross-entropy of the linear model [W.flatten(), b]."""
-    dim = x.shape[1]
-    for _ in range(steps):
-        leaf = w.detach().clone().requires_grad_(True)
-        logits = x @ leaf[: dim * num_classes].view(num_classes, dim).T + leaf[dim * num_classes:]
-        (grad,) = torch.autograd.grad(F.cross_entropy(logits, y), leaf)
-        w = w - lr * grad
-    return w.detach()
+from fltest import (build_server, gradient_descent, make_args, random_dataset, run_main_two_rounds, run_round,
+                    two_client_server)
 
 
 def second_moment(variant, v, d2, beta2):
@@ -39,11 +18,8 @@ def second_moment(variant, v, d2, beta2):
 
 
 def setting(variant, *extra):
-    # Two clients (4 and 6 samples: weights 0.4 / 0.6), one full batch each, two local epochs.
-    data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 6], seed=6)
-    args = make_args(variant, "--server_lr", "0.05", "--beta1", "0.8", "--beta2", "0.9", "--tau", "0.01", *extra,
-                     local_learning_rate=0.5, batch_size=6, local_epochs=2, drop_last=False)
-    return data, build_server(args, data)
+    return two_client_server(variant, "--server_lr", "0.05", "--beta1", "0.8", "--beta2", "0.9", "--tau", "0.01",
+                             *extra, seed=6, local_learning_rate=0.5)
 
 
 @pytest.mark.parametrize("variant", ["FedAdam", "FedYogi", "FedAdagrad"])
@@ -53,7 +29,7 @@ def test_server_step_matches_hand_computation(variant):
     w = server.global_params.double()
     m, v = torch.zeros_like(w), torch.full_like(w, tau**2)
     for rnd in range(2):
-        local = [local_gd(w, c.train_x.double(), c.train_y, 2, 2, 0.5) for c in data.clients]
+        local = [gradient_descent(w, c.train_x.double(), c.train_y, 2, 2, 0.5) for c in data.clients]
         delta = 0.4 * local[0] + 0.6 * local[1] - w
         m = beta1 * m + (1 - beta1) * delta
         v = second_moment(variant, v, delta**2, beta2)
@@ -83,7 +59,7 @@ def test_bias_correction_flag():
     data, plain = setting("FedAdam")
     _, corrected = setting("FedAdam", "--fedopt_bias_correction", "True")
     w = plain.global_params.double()
-    local = [local_gd(w, c.train_x.double(), c.train_y, 2, 2, 0.5) for c in data.clients]
+    local = [gradient_descent(w, c.train_x.double(), c.train_y, 2, 2, 0.5) for c in data.clients]
     delta = 0.4 * local[0] + 0.6 * local[1] - w
     m_hat = (0.2 * delta) / (1 - 0.8)
     v_hat = (0.9 * 1e-4 + 0.1 * delta**2) / (1 - 0.9)
@@ -103,12 +79,8 @@ def test_defaults_follow_the_paper():
 
 @pytest.mark.parametrize("variant", ["FedAdam", "FedYogi", "FedAdagrad"])
 def test_two_round_run_through_main(tmp_path, variant):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", variant, "--progress", "False", "-q", "True", "--save_model", "False"])
-    assert rc == 0
-    files = list((tmp_path / "res").glob("*.h5"))
-    assert len(files) == 1 and variant in files[0].name
-    with h5py.File(files[0], "r") as f:
+    path = run_main_two_rounds(tmp_path, variant)
+    assert variant in path.name
+    with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
     assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

@@ -11,9 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import main
-from fltest import build_server, dataset_from_arrays, make_args, random_dataset, TinyLinear
-from toydata import make_dataset
+from fltest import (build_server, dataset_from_arrays, make_args, random_dataset, run_main_two_rounds, run_round,
+                    TinyLinear)
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.clients.clientigfl import DELTA_KEY, SERVER_STEP_KEY, igfl_direction, igfl_terms
 from flcore.registry import ALGORITHMS, list_algorithms, load_all
@@ -24,16 +23,6 @@ F64 = torch.float64
 
 
 # ---------------------------------------------------------------- helpers
-def run_round(server, rnd: int, cohort: list[int] | None = None):
-    """One round of the base loop without evaluation; returns the uploads."""
-    cohort = server.select_clients(rnd) if cohort is None else cohort
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    server.after_round(rnd, package, updates)
-    return updates
-
-
 def pure_client(w0: float, c: float, prev: float | None, server_step: float, lr=0.5, steps=2, denom=2) -> float:
     """IGFL-C on f(w) = ½(w − c)² using only the pure functions."""
     step = torch.tensor([server_step], dtype=F64)
@@ -193,11 +182,11 @@ def test_cosine_ignores_scale():
 # ------------------------------------------- end to end on the quadratic
 def test_igfl_c_end_to_end_hand_example():
     server = quadratic_server("IGFL-C")
-    updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     assert [float(u.params[0]) for u in updates] == pytest.approx([15 / 8, -15 / 16], abs=1e-12)
     assert float(server.global_params[0]) == pytest.approx(15 / 32, abs=1e-12)
     assert float(server.server_step[0]) == pytest.approx(15 / 32, abs=1e-12)
-    updates = run_round(server, 1)
+    updates = run_round(server, 1).updates
     assert [float(u.params[0]) - 15 / 32 for u in updates] == pytest.approx([585 / 512, -405 / 512], abs=1e-12)
     assert float(server.global_params[0]) == pytest.approx(165 / 256, abs=1e-12)
     assert float(server.state.get(DELTA_KEY, 0)[0]) == pytest.approx(585 / 512, abs=1e-12)
@@ -206,7 +195,7 @@ def test_igfl_c_end_to_end_hand_example():
 def test_igfl_c_partial_participation_keeps_stale_delta():
     server = quadratic_server("IGFL-C")
     run_round(server, 0)
-    updates = run_round(server, 1, cohort=[0])
+    updates = run_round(server, 1, cohort=[0]).updates
     assert float(updates[0].params[0]) - 15 / 32 == pytest.approx(53 / 64, abs=1e-12)
     assert float(server.state.get(DELTA_KEY, 1)[0]) == pytest.approx(-15 / 16, abs=1e-12)  # stale, kept
     assert float(server.global_params[0]) == pytest.approx(15 / 32 + 53 / 64, abs=1e-12)
@@ -215,7 +204,7 @@ def test_igfl_c_partial_participation_keeps_stale_delta():
 def test_igfl_c_denominator_p_uses_all_clients():
     server = quadratic_server("IGFL-C", "--igfl_c_denominator", "P")
     run_round(server, 0)
-    updates = run_round(server, 1, cohort=[0])
+    updates = run_round(server, 1, cohort=[0]).updates
     assert float(updates[0].params[0]) - 15 / 32 == pytest.approx(585 / 512, abs=1e-12)
 
 
@@ -233,7 +222,7 @@ def test_igfl_time_attention_end_to_end(mode, step):
 def test_igfl_s_uses_plain_sgd_clients_and_attention():
     server = quadratic_server("IGFL-S", "--attention", "self")
     assert issubclass(server.client_cls, FedAvgClient)
-    updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     assert [float(u.params[0]) for u in updates] == pytest.approx([3 / 2, -3 / 4], abs=1e-12)
     u = np.array([[1.5], [-0.75]])
     assert float(server.global_params[0]) == pytest.approx(algorithm3_literal(u, 0 * u, "self")[0], abs=1e-12)
@@ -298,7 +287,7 @@ def test_igfl_matches_independent_rederivation(scheme):
 def test_round0_time_attention_is_the_uniform_mean():
     dataset = random_dataset(num_clients=3, sizes=[8, 12, 20])
     server = build_server(make_args("IGFL", "-lbs", "4"), dataset)
-    updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     mean = torch.stack([u.params for u in updates]).mean(0)
     assert torch.allclose(server.global_params, mean, atol=1e-6)
 
@@ -306,7 +295,7 @@ def test_round0_time_attention_is_the_uniform_mean():
 def test_huge_temperature_server_is_the_uniform_mean():
     dataset = random_dataset(num_clients=3, sizes=[8, 12, 20])
     server = build_server(make_args("IGFL-S", "-lbs", "4", "--attention", "self", "--igfl_attn_temp", "1e12"), dataset)
-    updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     assert torch.allclose(server.global_params, torch.stack([u.params for u in updates]).mean(0), atol=1e-6)
 
 
@@ -318,7 +307,7 @@ def test_buffers_are_averaged_not_attended():
     n = server.model.num_params
     assert server.global_params.numel() > n
     old = server.global_params.clone()
-    updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     uploads = torch.stack([u.params for u in updates])
     beta = torch.tensor(server.history.extra_series["igfl_weights"][0], dtype=torch.float32)
     assert torch.allclose(server.global_params[n:], uploads[:, n:].mean(0), atol=1e-6)
@@ -367,13 +356,7 @@ def test_flags_and_registration():
 
 @pytest.mark.parametrize("name", ["IGFL-C", "IGFL-S", "IGFL"])
 def test_two_round_run_writes_results(tmp_path, name):
-    make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    results = tmp_path / "results"
-    code = main.main(["-data", str(tmp_path / "Toy"), "-algo", name, "-m", "DNN", "-dev", "cpu", "-gr", "2",
-                      "--progress", "False", "-q", "True", "--results_dir", str(results), "--save_model", "False",
-                      "-jr", "0.5"])
-    assert code == 0
-    (path,) = results.glob("*.h5")
+    path = run_main_two_rounds(tmp_path, name, "-jr", "0.5")
     with h5py.File(path) as f:
         acc = f["rs_test_acc"][()]
         assert len(acc) == 3 and np.isfinite(acc).all()

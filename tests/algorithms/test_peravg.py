@@ -4,46 +4,15 @@ from __future__ import annotations
 import h5py
 import pytest
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
+from fltest import (build_server, linear_grad, linear_loss, make_args, random_dataset, run_main_two_rounds,
+                    run_round, trained_server)
+from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 from utils.seeding import torch_generator
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: intra-op threads only add overhead (tens of ms per step on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run_round(server, rnd, cohort=None):
-    cohort = server.select_clients(rnd) if cohort is None else cohort
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    server.after_round(rnd, package, updates)
-    return updates
-
-
-def loss_linear(w, x, y, num_classes=2):
-    dim = x.shape[1]
-    logits = x @ w[: dim * num_classes].view(num_classes, dim).T + w[dim * num_classes:]
-    return F.cross_entropy(logits, y)
-
-
-def grad_linear(w, x, y):
-    w = w.detach().clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(loss_linear(w, x, y), w)
-    return grad
-
-
 def hvp_linear(w, x, y, v):
-    _, product = torch.autograd.functional.hvp(lambda p: loss_linear(p, x, y), w, v)
+    _, product = torch.autograd.functional.hvp(lambda p: linear_loss(p, x, y, 2), w, v)
     return product
 
 
@@ -76,19 +45,20 @@ def test_local_steps_match_hand_computation(beta_flag, order):
             if order != "first" and len(epoch) < 3:
                 continue
             d1, d2 = epoch[0], epoch[1]
-            temp = w - alpha * grad_linear(w, x[d1], y[d1])
-            outer = grad_linear(temp, x[d2], y[d2])
+            temp = w - alpha * linear_grad(w, x[d1], y[d1], 2)
+            outer = linear_grad(temp, x[d2], y[d2], 2)
             if order == "second":
                 d3 = epoch[2]
                 outer = outer - alpha * hvp_linear(w, x[d3], y[d3], outer)
             elif order == "hessian_free":
                 d3 = epoch[2]
-                difference = grad_linear(w + delta * outer, x[d3], y[d3]) - grad_linear(w - delta * outer, x[d3], y[d3])
+                difference = (linear_grad(w + delta * outer, x[d3], y[d3], 2)
+                              - linear_grad(w - delta * outer, x[d3], y[d3], 2))
                 outer = outer - alpha * difference / (2 * delta)
             w = w - beta * outer
             steps += 1
         expected.append((w, steps))
-    updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     for update, (want, steps) in zip(updates, expected):
         assert update.num_steps == steps
         assert torch.allclose(update.params.double(), want, atol=1e-5 if order == "hessian_free" else 1e-6, rtol=0)
@@ -100,12 +70,8 @@ def test_local_steps_match_hand_computation(beta_flag, order):
 
 def test_beta_zero_means_the_learning_rate():
     data = random_dataset(num_clients=3, dim=3, num_classes=2, seed=2)
-    finals = []
-    for beta in ("0", "0.05"):
-        server = build_server(make_args("PerAvg", "-bt", beta, global_rounds=2, batch_size=2, local_learning_rate=0.05),
-                              data)
-        server.train(progress=False)
-        finals.append(server.global_params)
+    finals = [trained_server(data, "PerAvg", "-bt", beta, global_rounds=2, batch_size=2,
+                             local_learning_rate=0.05).global_params for beta in ("0", "0.05")]
     assert torch.equal(finals[0], finals[1])
 
 
@@ -119,7 +85,7 @@ def test_evaluation_adapts_the_global_model_on_one_training_batch():
     for i, client in enumerate(server.clients):
         x, y = client.data.train_x.double(), client.data.train_y
         idx = torch.randperm(client.num_train, generator=torch_generator(7, "peravg-adapt", 1, client.cid))[:3]
-        want = g - alpha * grad_linear(g, x[idx], y[idx])
+        want = g - alpha * linear_grad(g, x[idx], y[idx], 2)
         assert torch.allclose(server.eval_params(i).double(), want, atol=1e-6, rtol=0)
         # Only training data is used: scrambling the test split changes nothing.
         client.data.test_y.copy_(1 - client.data.test_y)
@@ -145,7 +111,7 @@ def test_nothing_is_kept_per_client_under_partial_participation():
     client = server.clients[2]
     g = server.global_params.double()
     idx = torch.randperm(4, generator=torch_generator(0, "peravg-adapt", 2, client.cid))[:2]
-    want = g - 0.2 * grad_linear(g, client.data.train_x.double()[idx], client.data.train_y[idx])
+    want = g - 0.2 * linear_grad(g, client.data.train_x.double()[idx], client.data.train_y[idx], 2)
     assert torch.allclose(server.eval_params(2).double(), want, atol=1e-6, rtol=0)
 
 
@@ -155,18 +121,13 @@ def test_client_smaller_than_a_batch_keeps_the_global_model():
     server.evaluate(0)
     assert server.eval_params(0) is server.global_params
     start = server.global_params.clone()
-    small, _ = run_round(server, 0)
+    small, _ = run_round(server, 0).updates
     assert small.num_steps == 0 and torch.equal(small.params, start)
 
 
 def test_two_round_run_through_main(tmp_path):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", "PerAvg", "--progress", "False", "-q", "True", "--save_model", "False"])
-    assert rc == 0
-    files = list((tmp_path / "res").glob("*.h5"))
-    assert len(files) == 1
-    with h5py.File(files[0], "r") as f:
+    path = run_main_two_rounds(tmp_path, "PerAvg")
+    with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
         acc_global = f["rs_test_acc_global"][:]
     assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

@@ -3,36 +3,15 @@ from __future__ import annotations
 
 import h5py
 import torch
-import torch.nn.functional as F
 
-import main
-from fltest import build_server, make_args, random_dataset
-from toydata import make_dataset
-
-
-def run_round(server, rnd):
-    cohort = server.select_clients(rnd)
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    server.aggregate(updates, package)
-    return package, updates
-
-
-def grad(w, x, y, num_classes):
-    """∇ of the mean cross-entropy of the linear model w = [W.flatten(), b] (full batch)."""
-    dim = x.shape[1]
-    leaf = w.detach().clone().requires_grad_(True)
-    logits = x @ leaf[: dim * num_classes].view(num_classes, dim).T + leaf[dim * num_classes:]
-    return torch.autograd.grad(F.cross_entropy(logits, y), leaf)[0]
+from fltest import (build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round,
+                    two_client_server)
 
 
 def test_controls_and_global_step_match_hand_computation_over_two_rounds():
-    # Two clients (4 and 6 samples), one full batch each, K = 2 local steps, η_g = 0.7.
-    data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 6], seed=7)
+    # K = 2 local steps, η_g = 0.7.
     lr, slr, steps = 0.3, 0.7, 2
-    args = make_args("SCAFFOLD", "-slr", str(slr), local_learning_rate=lr, batch_size=6, local_epochs=steps,
-                     drop_last=False)
-    server = build_server(args, data)
+    data, server = two_client_server("SCAFFOLD", "-slr", str(slr), seed=7, local_learning_rate=lr, local_epochs=steps)
     x = server.global_params.double()
     c = torch.zeros_like(x)
     c_i = [torch.zeros_like(x), torch.zeros_like(x)]
@@ -41,14 +20,14 @@ def test_controls_and_global_step_match_hand_computation_over_two_rounds():
         for k, client in enumerate(data.clients):
             y = x.clone()
             for _ in range(steps):
-                y = y - lr * (grad(y, client.train_x.double(), client.train_y, 2) - c_i[k] + c)
+                y = y - lr * (linear_grad(y, client.train_x.double(), client.train_y, 2) - c_i[k] + c)
             new_c = c_i[k] - c + (x - y) / (steps * lr)
             ys.append(y)
             dcs.append(new_c - c_i[k])
             c_i[k] = new_c
         x = x + slr * ((ys[0] - x) + (ys[1] - x)) / 2  # uniform mean over the received uploads
         c = c + (dcs[0] + dcs[1]) / 2  # 1/N with N = 2 clients
-        _, updates = run_round(server, rnd)
+        updates = run_round(server, rnd).updates
         for k, update in enumerate(updates):
             assert torch.allclose(update.params.double(), ys[k], atol=1e-6, rtol=0)
             assert torch.allclose(update.extras["delta_control"].double(), dcs[k], atol=1e-5, rtol=0)
@@ -78,11 +57,11 @@ def test_client_without_local_steps_keeps_its_control():
     # Client 1 has 2 samples < batch size 4: with drop_last it takes K = 0 steps.
     data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[8, 2], seed=9)
     server = build_server(make_args("SCAFFOLD", batch_size=4), data)
-    _, updates = run_round(server, 0)
+    updates = run_round(server, 0).updates
     assert [u.num_steps for u in updates] == [2, 0]
     assert torch.equal(updates[1].extras["delta_control"], torch.zeros_like(server.control))
     assert torch.equal(server.state.get("control", 1), torch.zeros_like(server.control))
-    _, updates = run_round(server, 1)  # now c ≠ 0: c_1 still unchanged, nothing is NaN
+    updates = run_round(server, 1).updates  # now c ≠ 0: c_1 still unchanged, nothing is NaN
     assert torch.equal(server.state.get("control", 1), torch.zeros_like(server.control))
     assert torch.isfinite(server.global_params).all() and torch.isfinite(server.control).all()
 
@@ -93,7 +72,7 @@ def test_controls_survive_partial_participation():
     seen: set[int] = set()
     for rnd in range(4):
         before = {i: server.state.get("control", i).clone() for i in server.state.indices("control")}
-        package, updates = run_round(server, rnd)
+        _, package, updates = run_round(server, rnd)
         assert len(package.cohort) == 2
         for i in range(4):
             if i in package.cohort:
@@ -112,7 +91,7 @@ def test_controls_survive_partial_participation():
 def test_traffic_counts_the_controls():
     data = random_dataset(num_clients=2, dim=2, num_classes=2, sizes=[4, 4])
     server = build_server(make_args("SCAFFOLD", batch_size=4), data)
-    package, updates = run_round(server, 0)
+    _, package, updates = run_round(server, 0)
     model_bytes = server.global_params.numel() * 4
     control_bytes = server.control.numel() * 4
     assert package.nbytes() == model_bytes + control_bytes
@@ -120,14 +99,8 @@ def test_traffic_counts_the_controls():
 
 
 def test_two_round_run_through_main(tmp_path):
-    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "2",
-                    "-m", "DNN", "-algo", "SCAFFOLD", "-jr", "0.5", "--progress", "False", "-q", "True",
-                    "--save_model", "False"])
-    assert rc == 0
-    files = list((tmp_path / "res").glob("*.h5"))
-    assert len(files) == 1
-    with h5py.File(files[0], "r") as f:
+    path = run_main_two_rounds(tmp_path, "SCAFFOLD", "-jr", "0.5")
+    with h5py.File(path, "r") as f:
         acc = f["rs_test_acc"][:]
     assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
 

@@ -17,24 +17,12 @@ from torch import nn
 from flcore.clients.clientbase import Client
 from flcore.engines.batched import BatchedEngine, client_is_vectorisable
 from flcore.registry import ALGORITHMS, MODELS, list_algorithms
-from flcore.servers.serverbase import Server
-from fltest import build_server, dataset_from_arrays, make_args, random_dataset
+from fltest import (OwnLoopServer, assert_same_training, build_server, engine_run, image_dataset, make_args, random_dataset,
+                    sequential_reference)
+from fltest import notices, one_thread  # noqa: F401  (fixtures: importing them switches them on here)
 from utils.errors import FLError
 
-#: flags that make an algorithm's extra terms non-trivial in the comparison (only if it has them)
-EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"]}
-#: ragged sizes with batch 5: 0 steps (3 < 5), and 2..8 steps
-SIZES = [3, 12, 25, 40, 17]
 ATOL, RTOL = 2e-5, 1e-4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one intra-op thread is fastest, and immune to a busy machine's descheduling."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _vectorisable(name: str) -> bool:
@@ -47,70 +35,21 @@ VECTORISABLE = [a for a in ALGOS if _vectorisable(a)]
 SEQUENTIAL_ONLY = [a for a in ALGOS if not _vectorisable(a)]
 
 
-def _args(algo: str, engine: str, *extra: str, **flags):
-    base = dict(engine=engine, global_rounds=3, batch_size=5, local_learning_rate=0.05, join_ratio=0.6,
-                eval_auc=False, save_model=False)
-    base.update(flags)
-    try:
-        return make_args(algo, *EXTRA_FLAGS.get(algo, []), "-ld", "True", *extra, **base)
-    except SystemExit:  # an algorithm without the extra flag
-        return make_args(algo, "-ld", "True", *extra, **base)
-
-
-def _run(algo: str, engine: str, dataset=None, module_fn=None, **flags):
-    dataset = dataset or random_dataset(num_clients=5, dim=6, num_classes=3, sizes=SIZES, seed=1)
-    args = _args(algo, engine, **flags)
-    module = None
-    if module_fn is not None:
-        torch.manual_seed(0)
-        module = module_fn(dataset)
-    server = build_server(args, dataset, module)
-    server.train(progress=False)
-    return server
-
-
-def _state(server) -> dict[tuple[str, int], torch.Tensor]:
-    store = server.state
-    return {(name, i): store.get(name, i) for name in list(store._data) for i in store.indices(name)}
-
-
-def _compare(ref, other, exact: bool = False) -> None:
-    check = (lambda a, b: torch.equal(a, b)) if exact else (
-        lambda a, b: torch.allclose(a, b, atol=ATOL, rtol=RTOL)
-    )
-    assert check(ref.global_params, other.global_params), (ref.global_params - other.global_params).abs().max()
-    for i in range(len(ref.clients)):
-        assert check(ref.eval_params(i), other.eval_params(i)), f"client {i}'s evaluated model differs"
-        assert ref.clients[i].participations == other.clients[i].participations
-    ref_state, other_state = _state(ref), _state(other)
-    assert ref_state.keys() == other_state.keys()
-    for key, value in ref_state.items():
-        assert check(value, other_state[key]), f"state {key} differs"
-    assert ref.history.test_acc == pytest.approx(other.history.test_acc, abs=1e-6)
-
-
-def _sequential_or_skip(algo: str, **kwargs):
-    try:
-        return _run(algo, "sequential", **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the algorithm itself fails here, not the engine
-        pytest.skip(f"{algo} does not run with the sequential engine on this toy set-up: {exc!r}")
-
-
 @pytest.mark.parametrize("algo", VECTORISABLE)
 def test_vectorisable_algorithm_matches_sequential(algo):
-    ref = _sequential_or_skip(algo)
-    batched = _run(algo, "batched")
+    ref = sequential_reference(algo)
+    batched = engine_run(algo, "batched")
     assert batched.engine.stats["batched_clients"] > 0
     assert batched.engine.stats["sequential_clients"] == 0
-    _compare(ref, batched)
+    assert_same_training(ref, batched, atol=ATOL, rtol=RTOL)
 
 
 @pytest.mark.parametrize("algo", SEQUENTIAL_ONLY)
 def test_non_vectorisable_algorithm_falls_back_exactly(algo):
-    ref = _sequential_or_skip(algo)
-    batched = _run(algo, "batched")
+    ref = sequential_reference(algo)
+    batched = engine_run(algo, "batched")
     assert batched.engine.stats["batched_clients"] == 0
-    _compare(ref, batched, exact=True)
+    assert_same_training(ref, batched, exact=True)
 
 
 def test_some_algorithms_are_vectorisable():
@@ -118,13 +57,6 @@ def test_some_algorithms_are_vectorisable():
 
 
 # ------------------------------------------------------------------ a conv net, chunks, padding
-def _image_dataset(sizes, shape=(1, 16, 16), num_classes=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    clients = []
-    for n in sizes:
-        clients.append((torch.randn(n, *shape, generator=g), torch.randint(0, num_classes, (n,), generator=g),
-                        torch.randn(4, *shape, generator=g), torch.randint(0, num_classes, (4,), generator=g)))
-    return dataset_from_arrays(clients, num_classes)
 
 
 def _cnn(dataset):
@@ -144,7 +76,7 @@ def _cnn_server(engine, dataset, **flags):
 
 
 def test_cnn_round_matches_sequential_and_chunks_match_whole_cohort():
-    dataset = _image_dataset([2, 9, 14, 5, 21])  # 0, 2, 3, 1, 5 steps
+    dataset = image_dataset([2, 9, 14, 5, 21])  # 0, 2, 3, 1, 5 steps
     seq = _one_round(_cnn_server("sequential", dataset))
     whole = _one_round(_cnn_server("batched", dataset))
     chunked = _one_round(_cnn_server("batched", dataset, cohort_chunk=2))
@@ -190,35 +122,14 @@ def test_partial_batches_are_masked_like_sequential():
 def test_per_client_learning_rates_and_context_are_stacked():
     # FedProx's anchor is shared (passed unbatched); -ld gives clients different rates after round 0
     algo = "FedProx" if "FedProx" in ALGOS else "FedAvg"
-    ref = _run(algo, "sequential", join_ratio=0.6)
-    out = _run(algo, "batched", join_ratio=0.6)
+    ref = engine_run(algo, "sequential", join_ratio=0.6)
+    out = engine_run(algo, "batched", join_ratio=0.6)
     lrs = {c.learning_rate() for c in out.clients}
     assert len(lrs) > 1
-    _compare(ref, out)
+    assert_same_training(ref, out, atol=ATOL, rtol=RTOL)
 
 
 # ------------------------------------------------------------------ fallbacks
-class _Notices(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
-@pytest.fixture
-def notices():
-    handler = _Notices()
-    logger = logging.getLogger("fl")
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield handler.records
-    logger.removeHandler(handler)
-    logger.setLevel(old_level)
-
-
 class _BNNet(nn.Module):
     def __init__(self, dim, classes):
         super().__init__()
@@ -245,45 +156,37 @@ def _lenet(dataset):
 @pytest.mark.parametrize("kind", ["lenet", "batchnorm", "functional-dropout"])
 def test_unqualified_models_fall_back_exactly_with_one_notice(kind, notices):
     if kind == "lenet":
-        dataset, fn = _image_dataset([9, 14, 6], shape=(1, 28, 28)), _lenet
+        dataset, fn = image_dataset([9, 14, 6], shape=(1, 28, 28)), _lenet
     else:
         dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 6], seed=4)
         net = _BNNet if kind == "batchnorm" else _FunctionalDropout
         fn = lambda d: net(d.input_shape[0], d.num_classes)  # noqa: E731
-    ref = _run("FedAvg", "sequential", dataset, fn, global_rounds=2, join_ratio=1.0)
-    out = _run("FedAvg", "batched", dataset, fn, global_rounds=2, join_ratio=1.0)
+    ref = engine_run("FedAvg", "sequential", dataset, fn, global_rounds=2, join_ratio=1.0)
+    out = engine_run("FedAvg", "batched", dataset, fn, global_rounds=2, join_ratio=1.0)
     assert out.engine.stats["batched_clients"] == 0
     assert out.engine.model_fallback_reason() is not None
-    _compare(ref, out, exact=True)
+    assert_same_training(ref, out, exact=True)
     mine = [r for r in notices if "training sequentially" in r.getMessage()]
     assert len(mine) == 1 and mine[0].levelno == logging.WARNING
     assert out.engine.flat.vector.shape == ref.engine.server.model.vector.shape
 
 
-class _OwnLoopClient(Client):
-    vectorisable = False
-
-
-class _OwnLoopServer(Server):
-    client_cls = _OwnLoopClient
-
-
-def test_auto_engine_picks_batched_or_sequential(notices):
+def test_own_loop_clients_are_trained_sequentially_with_one_notice(notices):
     dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 6], seed=5)
-    auto = build_server(make_args("FedAvg", engine="auto", batch_size=5), dataset)
-    _one_round(auto)
-    assert auto.engine.stats == {"batched_clients": 3, "sequential_clients": 0}
-    args = make_args("FedAvg", engine="auto", batch_size=5)
+    batched = build_server(make_args("FedAvg", engine="batched", batch_size=5), dataset)
+    _one_round(batched)
+    assert batched.engine.stats == {"batched_clients": 3, "sequential_clients": 0}
+    args = make_args("FedAvg", engine="batched", batch_size=5)
     torch.manual_seed(0)
     from fltest import TinyLinear
 
-    own = _OwnLoopServer(args, dataset, TinyLinear(6, 3), torch.device("cpu"))
+    own = OwnLoopServer(args, dataset, TinyLinear(6, 3), torch.device("cpu"))
     assert not client_is_vectorisable(own.clients[0])
     _one_round(own)
     _one_round(own)
     assert own.engine.stats == {"batched_clients": 0, "sequential_clients": 6}
     mine = [r for r in notices if "not vectorisable" in r.getMessage()]
-    assert len(mine) == 1 and mine[0].levelno == logging.INFO
+    assert len(mine) == 1 and mine[0].levelno == logging.WARNING
 
 
 def test_nan_loss_raises_like_sequential():
@@ -306,3 +209,29 @@ def test_cohort_chunk_flag():
     with pytest.raises(FLError):
         build_server(make_args("FedAvg", engine="batched", cohort_chunk=-1), dataset)
     assert isinstance(build_server(make_args("FedAvg", engine="batched"), dataset).engine, BatchedEngine)
+
+
+def test_out_of_memory_halves_the_chunk_and_gives_the_same_models(notices, monkeypatch):
+    from flcore.engines import batched as batched_module
+
+    dataset = image_dataset([2, 9, 14, 5, 21])
+    whole = _one_round(_cnn_server("batched", dataset))
+    server = _cnn_server("batched", dataset)
+    real = BatchedEngine._run_steps
+    sizes = []
+
+    def small_device(self, clients, *rest):
+        sizes.append(len(clients))
+        if len(clients) > 2:
+            raise batched_module.OUT_OF_MEMORY("CUDA out of memory (simulated)")
+        return real(self, clients, *rest)
+
+    monkeypatch.setattr(BatchedEngine, "_run_steps", small_device)
+    out = _one_round(server)
+    assert sizes == [5, 3, 2, 1, 2]  # 5 and 3 fail; halves of 3 then the other half of 5 fit
+    assert server.engine.chunk == 2
+    for w, o in zip(whole, out):
+        assert (w.index, w.num_steps) == (o.index, o.num_steps)
+        torch.testing.assert_close(o.params, w.params, atol=ATOL, rtol=RTOL)
+        assert o.loss == pytest.approx(w.loss, rel=1e-4, abs=1e-5)
+    assert any("out of memory" in r.getMessage() and r.levelno == logging.WARNING for r in notices)

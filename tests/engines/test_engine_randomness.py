@@ -13,16 +13,9 @@ from flcore.clients.clientbase import Client, ClientUpdate
 from flcore.registry import MODELS
 from flcore.servers.serverbase import Server
 from fltest import TinyLinear, build_server, dataset_from_arrays, make_args, random_dataset
+from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 
 ATOL, RTOL = 2e-5, 1e-4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _dataset():

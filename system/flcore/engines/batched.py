@@ -46,6 +46,9 @@ Design (what a reader should know before changing it):
   functorch's grouped convolution (``groups=K``) is no faster per client than K plain ones:
   measured on the project's 2-core EPYC (1 thread, shared machine) the MNIST CNN step is about as
   fast batched as sequential and the CIFAR-shaped CNN step is slower (see ``benchmark.py``).
+* **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
+  runs out of memory anyway, the chunk is halved and retried from its start points (a warning
+  says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
 * **Who is batched.** A client is batched when its class says ``vectorisable = True`` and keeps
   the base ``local_train``, ``sgd`` and ``compute_gradient`` (the batched step re-implements
   exactly those three); other clients are trained by their own ``local_train`` on the server's
@@ -91,6 +94,9 @@ if TYPE_CHECKING:
     from flcore.servers.serverbase import Server
 
 log = logging.getLogger("fl")
+
+#: raised by an allocation the device cannot serve (``torch.OutOfMemoryError`` from torch 2.5 on)
+OUT_OF_MEMORY: type[Exception] = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
 def client_is_vectorisable(client: Client) -> bool:
@@ -371,7 +377,7 @@ class BatchedEngine:
         losses = torch.zeros(count, dtype=weights.dtype, device=device)
         max_steps = max(steps) if steps else 0
         if max_steps:
-            self._run_steps(clients, plans, steps, ctxs, lrs, weights, losses)
+            self._run_steps_fitting(clients, plans, steps, ctxs, lrs, weights, losses, starts)
 
         out = []
         for j in cohort_order:
@@ -383,6 +389,41 @@ class BatchedEngine:
             out.append((j, client.end_round(weights[j], package, ctxs[j], steps[j], loss)))
             self._rng_after[client.index] = _rng_state(device)
         return out
+
+    def _run_steps_fitting(
+        self,
+        clients: list[Client],
+        plans: list[list[torch.Tensor]],
+        steps: list[int],
+        ctxs: list[dict[str, Any]],
+        lrs: list[float],
+        weights: torch.Tensor,
+        losses: torch.Tensor,
+        starts: list[torch.Tensor],
+    ) -> None:
+        """``_run_steps``, in halves when the device runs out of memory (and with half the chunk
+        from then on), so that ``auto`` on a GPU never fails for a cohort too large to train at once.
+        Each half restarts from its clients' start points, so the result is that of a smaller
+        ``--cohort_chunk``. The halves are contiguous, hence still sorted by step count."""
+        try:
+            self._run_steps(clients, plans, steps, ctxs, lrs, weights, losses)
+            return
+        except OUT_OF_MEMORY:
+            if len(clients) == 1:
+                raise
+        if weights.device.type == "cuda":
+            torch.cuda.empty_cache()
+        half = (len(clients) + 1) // 2
+        self.chunk = half if self.chunk <= 0 else min(self.chunk, half)
+        log.warning("engine %s: out of memory training %d clients at once; continuing with --cohort_chunk %d",
+                    self.registered_name, len(clients), self.chunk)
+        for part in (slice(0, half), slice(half, len(clients))):
+            rows = weights[part]
+            for row, start in zip(rows, starts[part]):
+                row.copy_(start)
+            losses[part] = 0
+            self._run_steps_fitting(clients[part], plans[part], steps[part], ctxs[part], lrs[part], rows,
+                                    losses[part], starts[part])
 
     def _run_steps(
         self,

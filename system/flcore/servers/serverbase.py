@@ -33,7 +33,7 @@ from torch import nn
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
-from flcore.state import ClientStateStore
+from flcore.state import STATE_DTYPES, ClientStateStore
 from utils.data_utils import FederatedDataset
 from utils.errors import FLError
 from utils.metrics import EvalResult, combine, micro_auc
@@ -73,7 +73,7 @@ class Server:
         self.model = FlatModel(module, device)
         self.global_params = self.model.snapshot()
         state_device = device if args.state_device == "auto" else torch.device(args.state_device)
-        self.state = ClientStateStore(state_device)
+        self.state = ClientStateStore(state_device, STATE_DTYPES[args.state_dtype])
         self.clients = [self.client_cls(i, data, args, self.state) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)

@@ -1,0 +1,152 @@
+"""The threaded engine (``--engine threaded``, ``auto`` on a multi-core CPU) against the sequential one.
+
+Each worker trains on one intra-op thread, and these tests run the sequential engine on one
+thread too (the ``one_thread`` fixture), so the two must agree to the last bit: global model,
+personalised models, per-client state, curves.
+"""
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flcore.clients.clientbase import Client
+from flcore.engines.auto import AutoEngine, choose_engine
+from flcore.engines.batched import BatchedEngine
+from flcore.engines.sequential import SequentialEngine
+from flcore.engines.threaded import ThreadedEngine
+from flcore.registry import ALGORITHMS, MODELS, list_algorithms
+from fltest import (OwnLoopServer, TinyLinear, assert_same_training, build_server, engine_run, image_dataset, make_args, random_dataset,
+                    sequential_reference)
+from fltest import notices, one_thread  # noqa: F401  (fixtures: importing them switches them on here)
+from utils.errors import FLError
+
+ALGOS = list_algorithms()
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_every_algorithm_gives_the_sequential_numbers_exactly(algo):
+    ref = sequential_reference(algo)
+    out = engine_run(algo, "threaded", workers=3)
+    stats = out.engine.stats
+    client_cls = ALGORITHMS.get(algo).client_cls
+    if client_cls.vectorisable and client_cls.local_train is Client.local_train:
+        # only a cohort of one is trained on the main thread (3 rounds: at most 3 such clients)
+        assert stats["sequential_clients"] <= 3
+    else:
+        assert stats["threaded_clients"] == 0
+    assert_same_training(ref, out, exact=True)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_cnn_matches_sequential_for_any_worker_count(workers):
+    dataset = image_dataset([2, 9, 14, 5, 21, 11])
+    cnn = lambda d: MODELS.get("CNN")(d.input_shape, d.num_classes, None)  # noqa: E731
+    ref = engine_run("FedAvg", "sequential", dataset, cnn, batch_size=4, join_ratio=1.0, global_rounds=2)
+    out = engine_run("FedAvg", "threaded", dataset, cnn, batch_size=4, join_ratio=1.0, global_rounds=2,
+                     workers=workers)
+    assert out.engine.stats == {"threaded_clients": 12, "sequential_clients": 0}
+    assert_same_training(ref, out, exact=True)
+    # the server's working model ends where the sequential engine leaves it: the last client's model
+    assert torch.equal(out.model.vector, ref.model.vector)
+
+
+def test_order_of_the_cohort_does_not_change_an_update():
+    dataset = random_dataset(num_clients=5, dim=6, num_classes=3, sizes=[7, 12, 25, 40, 17], seed=11)
+
+    def train(cohort):
+        server = build_server(make_args("FedAvg", engine="threaded", workers=2, batch_size=5), dataset)
+        package = server.make_package(1, sorted(cohort))
+        updates = server.engine.train([server.clients[i] for i in cohort], package)
+        return {u.index: u.params for u in updates}, [u.index for u in updates]
+
+    forward, order = train([0, 1, 2, 3, 4])
+    backward, border = train([4, 3, 2, 1, 0])
+    assert order == [0, 1, 2, 3, 4] and border == [4, 3, 2, 1, 0]
+    for i in range(5):
+        assert torch.equal(forward[i], backward[i])
+
+
+def test_global_rng_is_left_as_the_sequential_engine_leaves_it():
+    dataset = random_dataset(num_clients=4, dim=6, num_classes=3, sizes=[9, 14, 6, 20], seed=2)
+    states = []
+    for engine in ("sequential", "threaded"):
+        server = build_server(make_args("FedAvg", engine=engine, batch_size=5), dataset)
+        torch.manual_seed(123)
+        package = server.make_package(2, [0, 1, 2, 3])
+        server.engine.train(server.clients, package)
+        states.append(torch.get_rng_state())
+    assert torch.equal(*states)
+
+
+class _DropoutNet(nn.Module):
+    def __init__(self, dim, classes):
+        super().__init__()
+        self.head = nn.Linear(dim, classes)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.head(self.drop(x))
+
+
+def test_dropout_model_is_trained_sequentially_with_one_notice(notices):
+    dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 6], seed=4)
+    fn = lambda d: _DropoutNet(d.input_shape[0], d.num_classes)  # noqa: E731
+    ref = engine_run("FedAvg", "sequential", dataset, fn, global_rounds=2, join_ratio=1.0)
+    out = engine_run("FedAvg", "threaded", dataset, fn, global_rounds=2, join_ratio=1.0, workers=3)
+    assert out.engine.stats["threaded_clients"] == 0
+    assert_same_training(ref, out, exact=True)
+    mine = [r for r in notices if "training sequentially" in r.getMessage()]
+    assert len(mine) == 1 and mine[0].levelno == logging.WARNING
+
+
+def test_nan_loss_in_a_worker_is_the_sequential_error():
+    dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 30], seed=6)
+    messages = []
+    for engine in ("sequential", "threaded"):
+        server = build_server(make_args("FedAvg", engine=engine, batch_size=5), dataset)
+        server.global_params[4] = float("nan")
+        with pytest.raises(FLError) as info:
+            server.engine.train(server.clients, server.make_package(0, [0, 1, 2]))
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "lower the learning rate" in messages[0]
+
+
+def test_workers_flag():
+    dataset = random_dataset(num_clients=2, sizes=[8, 9])
+    assert build_server(make_args("FedAvg", engine="threaded", workers=3), dataset).engine.num_workers == 3
+    with pytest.raises(FLError, match="--workers"):
+        build_server(make_args("FedAvg", engine="threaded", workers=-1), dataset)
+
+
+def test_auto_is_the_default_and_picks_by_device():
+    assert make_args("FedAvg").engine == "auto"
+
+    def fake(device, workers):
+        return SimpleNamespace(model=SimpleNamespace(device=torch.device(device)), args=SimpleNamespace(workers=workers))
+
+    assert choose_engine(fake("cpu", 4)) is ThreadedEngine
+    assert choose_engine(fake("cpu", 1)) is SequentialEngine
+    assert choose_engine(fake("cuda", 0)) is BatchedEngine
+    dataset = random_dataset(num_clients=3, sizes=[8, 9, 12])
+    server = build_server(make_args("FedAvg", engine="auto", workers=2), dataset)
+    assert isinstance(server.engine, AutoEngine) and isinstance(server.engine.delegate, ThreadedEngine)
+    server.engine.train(server.clients, server.make_package(0, [0, 1, 2]))
+    assert server.engine.stats["threaded_clients"] == 3
+    single = build_server(make_args("FedAvg", engine="auto", workers=1), dataset)
+    assert isinstance(single.engine.delegate, SequentialEngine)
+
+
+def test_auto_informs_rather_than_warns_about_sequential_clients(notices):
+    dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 6], seed=5)
+    torch.manual_seed(0)
+    own = OwnLoopServer(make_args("FedAvg", engine="auto", workers=2, batch_size=5), dataset, TinyLinear(6, 3),
+                        torch.device("cpu"))
+    own.engine.train(own.clients, own.make_package(0, [0, 1, 2]))
+    assert own.engine.stats == {"threaded_clients": 0, "sequential_clients": 3}
+    mine = [r for r in notices if "not vectorisable" in r.getMessage()]
+    assert len(mine) == 1 and mine[0].levelno == logging.INFO

@@ -1,0 +1,83 @@
+"""Per-client state: lazy creation, storage dtype (``--state_dtype``), and the rule that callers
+persist what they change with ``set`` (never by modifying what ``get`` returned)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fltest import build_server, make_args, random_dataset
+from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
+from flcore.registry import list_algorithms
+from flcore.state import STATE_DTYPES, ClientStateStore
+
+EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"]}
+
+
+def test_float16_storage_halves_memory_and_returns_float32():
+    store = ClientStateStore("cpu", torch.float16)
+    value = torch.tensor([1.0, 1 / 3, -2.5e-3, 1e-9])
+    store.set("control", 4, value)
+    assert store.nbytes() == 4 * 2
+    got = store.get("control", 4)
+    assert got.dtype == torch.float32
+    assert torch.equal(got, value.half().float())  # exactly what float16 keeps (1e-9 underflows to 0)
+    store.set("control", 4, 2 * value)  # same shape: written into the existing float16 storage
+    assert torch.equal(store.get("control", 4), (2 * value).half().float())
+    created = store.get("personal", 1, init=lambda: torch.full((3,), 0.1))
+    assert created.dtype == torch.float32 and torch.equal(created, torch.full((3,), 0.1).half().float())
+    alpha = torch.tensor([0.25], dtype=torch.float64)  # only float32 vectors are stored compactly
+    store.set("alpha", 0, alpha)
+    assert store.get("alpha", 0).dtype == torch.float64
+    assert store.nbytes() == 4 * 2 + 3 * 2 + 8
+
+
+def test_without_a_dtype_get_returns_the_stored_tensor():
+    store = ClientStateStore("cpu")
+    store.set("u", 0, torch.ones(3))
+    assert store.get("u", 0) is store.get("u", 0)
+    assert store.get("v", 0) is None and not store.has("v", 0)
+
+
+def test_flag_choices():
+    assert make_args("FedAvg").state_dtype == "float32"
+    assert make_args("SCAFFOLD", state_dtype="float16").state_dtype == "float16"
+    assert set(STATE_DTYPES) == {"float32", "float16", "bfloat16"}
+    with pytest.raises(SystemExit):
+        make_args("FedAvg", state_dtype="int8")
+
+
+def _train(algo: str, state_dtype: str):
+    dataset = random_dataset(num_clients=5, dim=6, num_classes=3, sizes=[9, 12, 25, 30, 17], seed=1)
+    flags = dict(global_rounds=3, batch_size=5, local_learning_rate=0.05, join_ratio=0.6, eval_auc=False,
+                 save_model=False, engine="sequential")
+    try:
+        args = make_args(algo, *EXTRA_FLAGS.get(algo, []), **flags)
+    except SystemExit:
+        args = make_args(algo, **flags)
+    args.state_dtype = state_dtype
+    server = build_server(args, dataset)
+    server.train(progress=False)
+    return server
+
+
+@pytest.mark.parametrize("algo", list_algorithms())
+def test_every_algorithm_persists_its_state_through_set(algo, monkeypatch):
+    """Stored as float64, state round-trips float32 exactly but ``get`` returns a copy: an algorithm
+    that changed the returned tensor in place instead of calling ``set`` would lose the change."""
+    monkeypatch.setitem(STATE_DTYPES, "float64", torch.float64)
+    try:
+        ref = _train(algo, "float32")
+    except Exception as exc:  # noqa: BLE001 - the algorithm itself fails on this toy set-up
+        pytest.skip(f"{algo} does not run on this toy set-up: {exc!r}")
+    copy = _train(algo, "float64")
+    assert torch.equal(ref.global_params, copy.global_params)
+    for i in range(len(ref.clients)):
+        assert torch.equal(ref.eval_params(i), copy.eval_params(i)), f"client {i}'s model differs"
+    assert ref.history.test_acc == copy.history.test_acc
+
+
+def test_scaffold_with_float16_state_stays_close_and_uses_half_the_memory():
+    full, half = _train("SCAFFOLD", "float32"), _train("SCAFFOLD", "float16")
+    assert half.state.nbytes() * 2 == full.state.nbytes() > 0
+    torch.testing.assert_close(half.global_params, full.global_params, atol=1e-3, rtol=1e-3)
+    assert not torch.equal(half.global_params, full.global_params)  # the rounding is real
