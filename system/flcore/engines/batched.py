@@ -88,6 +88,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.registry import register_engine
+from flcore.trainmodel.layout import plain_convolutions
 from utils.cli import add_flag
 
 if TYPE_CHECKING:
@@ -226,7 +227,8 @@ class BatchedEngine:
                 return "the model's forward pass is random in train mode (dropout), which only the sequential engine reproduces per client"
             y = torch.zeros(2, len(x), dtype=torch.long, device=x.device)
             rows = flat.params.detach().unsqueeze(0).repeat(2, 1)
-            self._step(False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
+            with plain_convolutions():
+                self._step(False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
         except Exception as exc:  # noqa: BLE001 - any failure means: train it sequentially
             return f"the model cannot run under torch.func.vmap ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         finally:
@@ -473,7 +475,7 @@ class BatchedEngine:
         module.train()
         step_plain, step_masked = self._step(False), (self._step(True) if mask is not None else None)
         single_plain, single_masked = self._step(False, False), (self._step(True, False) if mask is not None else None)
-        with torch.no_grad():
+        with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
             for t in range(max_steps):
                 a = active[t]
                 w = views if a == count else {n: v[:a] for n, v in views.items()}

@@ -34,6 +34,7 @@ from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import STATE_DTYPES, ClientStateStore
+from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
 from utils.data_utils import FederatedDataset
 from utils.errors import FLError
 from utils.metrics import EvalResult, combine, micro_auc
@@ -70,6 +71,8 @@ class Server:
         self.dataset = dataset
         self.device = device
         self.num_classes = dataset.num_classes
+        if resolve_conv_layout(args.conv_layout, device) == "channels_last":
+            use_channels_last(module)
         self.model = FlatModel(module, device)
         self.global_params = self.model.snapshot()
         state_device = device if args.state_device == "auto" else torch.device(args.state_device)
