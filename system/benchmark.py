@@ -6,6 +6,7 @@ Run from ``system/``::
     python benchmark.py --quick               # smoke run: 1 warm-up + 2 timed rounds
     python benchmark.py --only P1 --engines sequential threaded pfllib   # against PFLlib's procedure
     python benchmark.py --only P3 --engines threaded --fill-state --state-dtype float16
+    python benchmark.py --only P3 --engines threaded --fill-state --state-device disk
     python benchmark.py --device cuda         # GPU (peak GPU memory reported too)
 
 Engines: ``sequential``, ``threaded``, ``batched``, ``auto`` (the platform's engines, see
@@ -29,7 +30,8 @@ Configurations (the issue's):
   The JSON records, round by round, the state bytes and the process RSS, so one sees that memory
   grows with the per-client state, not with model copies. ``--fill-state`` gives every client its
   control variate after the warm-up (as after a long run; needs ``--warmup`` >= 1), so the timed
-  rounds show the memory of the full state; ``--state-dtype float16`` stores it in half the bytes.
+  rounds show the memory of the full state; ``--state-dtype float16`` stores it in half the bytes
+  and ``--state-device disk`` in files, outside the process's memory.
 
 Each (configuration, engine) runs in a fresh subprocess so that the peak RSS is its own. Only
 rounds are timed (``Server.train``'s per-round times: evaluation + training + aggregation); the
@@ -79,7 +81,10 @@ CONFIGS: dict[str, dict] = {
 
 # ---------------------------------------------------------------------------- data
 def _synthetic_clients(sizes_train, sizes_test, labels_of, shape, num_classes, seed):
-    """Class-prototype images plus noise, one (train_x, train_y, test_x, test_y) per client."""
+    """Class-prototype images plus noise, written client by client into one tensor per split.
+
+    Returns (clients, merged) as ``load_federated_dataset`` does: the clients' tensors are views of
+    the merged ones, so the data are held once (P2/P3's 60,000 CIFAR-shaped samples: 737 MB)."""
     import numpy as np
     import torch
 
@@ -87,15 +92,25 @@ def _synthetic_clients(sizes_train, sizes_test, labels_of, shape, num_classes, s
 
     rng = np.random.default_rng(seed)
     prototypes = rng.normal(size=(num_classes, *shape)).astype(np.float32)
-    clients = []
+    merged, views = {}, {}
+    for split, sizes in (("train", sizes_train), ("test", sizes_test)):
+        total = int(sum(sizes))
+        merged[split] = (torch.empty((total, *shape)), torch.empty(total, dtype=torch.long),
+                         torch.repeat_interleave(torch.arange(len(sizes)), torch.as_tensor(sizes, dtype=torch.long)))
+        views[split] = []
+    starts = {"train": 0, "test": 0}
     for cid, (n_train, n_test) in enumerate(zip(sizes_train, sizes_test)):
-        arrays = []
-        for n in (n_train, n_test):
+        for split, n in (("train", n_train), ("test", n_test)):
             y = labels_of(cid, n, rng)
             x = prototypes[y] + rng.normal(scale=1.0, size=(n, *shape)).astype(np.float32)
-            arrays += [torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(y.astype(np.int64))]
-        clients.append(ClientData(cid, *arrays))
-    return clients
+            all_x, all_y, _ = merged[split]
+            lo, hi = starts[split], starts[split] + n
+            all_x[lo:hi].copy_(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+            all_y[lo:hi].copy_(torch.from_numpy(y.astype(np.int64)))
+            views[split].append((all_x[lo:hi], all_y[lo:hi]))
+            starts[split] = hi
+    clients = [ClientData(cid, *views["train"][cid], *views["test"][cid]) for cid in range(len(sizes_train))]
+    return clients, merged
 
 
 def synthetic_mnist(seed: int = 1):
@@ -117,9 +132,9 @@ def synthetic_mnist(seed: int = 1):
         p = client_props[:, cid] if sizes[cid] else np.full(num_classes, 1 / num_classes)
         return r.choice(num_classes, size=n, p=p / p.sum())
 
-    clients = _synthetic_clients(train, sizes - train, labels_of, (1, 28, 28), num_classes, seed)
+    clients, merged = _synthetic_clients(train, sizes - train, labels_of, (1, 28, 28), num_classes, seed)
     config = {"num_clients": num_clients, "num_classes": num_classes, "input_shape": [1, 28, 28]}
-    return FederatedDataset(name="MNIST-synthetic", path=Path("."), config=config, clients=clients)
+    return FederatedDataset(name="MNIST-synthetic", path=Path("."), config=config, clients=clients, merged=merged)
 
 
 def synthetic_p2(seed: int = 2, num_clients: int = 1000, n_train: int = 50, n_test: int = 10):
@@ -135,10 +150,25 @@ def synthetic_p2(seed: int = 2, num_clients: int = 1000, n_train: int = 50, n_te
     def labels_of(cid, n, r):
         return r.choice(num_classes, size=n, p=label_props[cid])
 
-    clients = _synthetic_clients([n_train] * num_clients, [n_test] * num_clients, labels_of, (3, 32, 32),
-                                 num_classes, seed)
+    clients, merged = _synthetic_clients([n_train] * num_clients, [n_test] * num_clients, labels_of, (3, 32, 32),
+                                         num_classes, seed)
     config = {"num_clients": num_clients, "num_classes": num_classes, "input_shape": [3, 32, 32]}
-    return FederatedDataset(name="CIFAR10-shaped-synthetic", path=Path("."), config=config, clients=clients)
+    return FederatedDataset(name="CIFAR10-shaped-synthetic", path=Path("."), config=config, clients=clients,
+                            merged=merged)
+
+
+def _move_dataset(dataset, device) -> None:
+    """Move the merged tensors to ``device`` and make the clients' tensors views of them again."""
+    starts = {"train": 0, "test": 0}
+    moved = {split: tuple(t.to(device) for t in tensors) for split, tensors in dataset.merged.items()}
+    for client in dataset.clients:
+        for split in ("train", "test"):
+            n, lo = len(getattr(client, f"{split}_y")), starts[split]
+            all_x, all_y, _ = moved[split]
+            setattr(client, f"{split}_x", all_x[lo : lo + n])
+            setattr(client, f"{split}_y", all_y[lo : lo + n])
+            starts[split] = lo + n
+    dataset.merged = moved
 
 
 def prepare_mnist(data_dir: Path, raw_dir: Path) -> tuple[Path | None, str]:
@@ -192,18 +222,19 @@ def _build_server(spec: dict, engine: str, dataset=None):
         argv += ["--workers", str(spec["workers"])]
     if spec.get("state_dtype"):
         argv += ["--state_dtype", spec["state_dtype"]]
+    if spec.get("state_device"):
+        argv += ["--state_device", spec["state_device"]]
     if spec.get("data_path"):
         argv += ["-data", spec["data_path"]]
     args = main.parse_args(argv + list(spec.get("extra", [])))
     device = main.resolve_device(args)
     if dataset is None:
         if spec.get("data_path"):
-            dataset = load_federated_dataset(spec["data_path"], device)
+            dataset = load_federated_dataset(spec["data_path"], device, compact=args.compact_inputs)
         else:
             dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2()
-            for c in dataset.clients:
-                c.train_x, c.train_y = c.train_x.to(device), c.train_y.to(device)
-                c.test_x, c.test_y = c.test_x.to(device), c.test_y.to(device)
+            if device.type != "cpu":
+                _move_dataset(dataset, device)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     seed_everything(derive_seed(args.seed, "init"))
     module = main.build_model(args, dataset, device)
@@ -245,7 +276,7 @@ class _Run:
         self.samples.append(sum(u.num_steps for u in updates) * int(args.batch_size))
         store = server.state
         self.trace.append({"round": rnd, "state_mb": store.nbytes() / 1024**2, "rss_mb": _current_rss_mb(),
-                           "clients_with_state": len({i for n in store._data for i in store.indices(n)})})
+                           "clients_with_state": len({i for n in store.names() for i in store.indices(n)})})
 
     def finish(self, rounds: int) -> None:
         self.server.evaluate(rounds)  # the final evaluation Server.train does (not timed)
@@ -254,7 +285,7 @@ class _Run:
         """Give every client the per-client vectors some client has now, as after a long run in which
         every client has participated (``--fill-state``), so the timed rounds show the full memory."""
         store = self.server.state
-        for name in list(store._data):
+        for name in store.names():
             owners = store.indices(name)
             if not owners:
                 continue
@@ -288,6 +319,7 @@ class _Run:
             "final_test_acc": server.history.test_acc[-1] if server.history.test_acc else None,
             "test_acc": server.history.test_acc,
             "state_bytes": store.nbytes(), "state_mb": store.nbytes() / 1024**2, "clients_with_state": with_state,
+            "state_resident_mb": store.resident_nbytes() / 1024**2, "state_store": type(store).__name__,
             "state_bytes_per_client": store.nbytes() / with_state if with_state else 0,
             "state_trace": self.trace,
             "engine_stats": dict(getattr(engine, "stats", {})),
@@ -518,7 +550,8 @@ def print_table(results: list[dict], device: str, notes: dict[str, str]) -> None
         print("\n".join(lines))
     for r in results:
         if r.get("state_trace") and r.get("clients_with_state") and not r.get("interleaved"):
-            print(f"  {r['config']} {r['engine']}: state {r['state_mb']:.1f} MB for {r['clients_with_state']} clients "
+            where = " on disk" if r.get("state_store") == "DiskStateStore" else ""
+            print(f"  {r['config']} {r['engine']}: state {r['state_mb']:.1f} MB{where} for {r['clients_with_state']} clients "
                   f"({r['state_bytes_per_client'] / 1024**2:.2f} MB each; all {r['clients']}: "
                   f"{r.get('state_mb_if_all_clients', 0):.0f} MB); model {r['model_mb']:.2f} MB; "
                   "after each round: state " + ", ".join(f"{t['state_mb']:.0f}" for t in r["state_trace"])
@@ -541,6 +574,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="--workers of the threaded/auto engines (0 = one per core)")
     p.add_argument("--state-dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="--state_dtype of the runs (per-client state storage; P3)")
+    p.add_argument("--state-device", default=None, choices=["auto", "cpu", "disk"],
+                   help="--state_device of the runs (disk: per-client state in files, P3)")
     p.add_argument("--fill-state", action="store_true",
                    help="after the warm-up, give every client the state vectors (P3: SCAFFOLD's control variate) "
                         "as after a long run, so the timed rounds show the memory of the full state")
@@ -594,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = {"config": name, "engines": engines, "device": args.device, "rounds": args.rounds,
                 "warmup": args.warmup, "seed": args.seed, "chunk": args.chunk, "threads": args.threads,
                 "workers": args.workers, "state_dtype": args.state_dtype, "fill_state": args.fill_state,
+                "state_device": args.state_device,
                 "data_path": data_paths[name], "eval_gap": args.p2_eval_gap or None}
         load_before = os.getloadavg()
         print(f"running {name} with {' and '.join(engines)}{' interleaved' if len(engines) > 1 else ''} ...",

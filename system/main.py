@@ -153,7 +153,7 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     factory = MODELS.get(args.model)
     try:
         module = factory(dataset.input_shape, dataset.num_classes, args)
-        probe = dataset.clients[0].train_x[:2].to("cpu")
+        probe = dataset.clients[0].inputs("train", slice(0, 2)).to("cpu")
         with torch.no_grad():
             module.eval()
             out = module(probe if len(probe) else torch.zeros(2, *dataset.input_shape))
@@ -196,7 +196,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         with warnings.catch_warnings(record=True) as caught:
             dataset = load_federated_dataset(
                 args.dataset, device, data_root=args.data_root, num_clients=args.num_clients,
-                legacy_pickle=args.legacy_pickle, few_shot=args.few_shot,
+                legacy_pickle=args.legacy_pickle, few_shot=args.few_shot, compact=args.compact_inputs,
             )
     for w in caught:
         log.warning("warning: %s", w.message)

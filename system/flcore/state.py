@@ -12,10 +12,18 @@ stored, so computations keep their precision and only what persists between part
 rounded (float16 keeps 11 significant bits; values below 6e-8 in magnitude become 0). Callers
 must therefore always ``set`` what they change, never rely on modifying the tensor ``get``
 returned; that is already required when the state lives on another device than the model.
+
+``--state_device disk`` (:class:`DiskStateStore`) keeps the vectors in files instead, so the
+process holds only the vectors of the clients being trained: memory no longer grows with the
+number of clients, whatever the dtype, and values are stored exactly. The files are anonymous
+(unlinked at creation), so they vanish when the run ends, even if it is killed.
 """
 from __future__ import annotations
 
-from typing import Callable
+import os
+import tempfile
+from argparse import Namespace
+from typing import IO, Callable
 
 import torch
 
@@ -34,15 +42,21 @@ class ClientStateStore:
         self._data: dict[str, dict[int, torch.Tensor]] = {}
         self._dtypes: dict[str, torch.dtype] = {}  # the dtype callers gave and get back, per name
 
+    def _storage_dtype(self, value: torch.Tensor) -> torch.dtype:
+        return self.dtype if self.dtype is not None and value.dtype == torch.float32 else value.dtype
+
     def _stored(self, name: str, value: torch.Tensor) -> torch.Tensor:
         """A new storage copy of ``value`` for ``name``."""
         self._dtypes.setdefault(name, value.dtype)
-        dtype = self.dtype if self.dtype is not None and value.dtype == torch.float32 else value.dtype
-        return value.to(self.device, dtype=dtype, copy=True)
+        return value.to(self.device, dtype=self._storage_dtype(value), copy=True)
 
     def _returned(self, name: str, stored: torch.Tensor) -> torch.Tensor:
         dtype = self._dtypes.get(name, stored.dtype)
         return stored if stored.dtype == dtype else stored.to(dtype)
+
+    def names(self) -> list[str]:
+        """The state names some client has a vector for."""
+        return [name for name in self._data if self._data[name]]
 
     def has(self, name: str, index: int) -> bool:
         return index in self._data.get(name, {})
@@ -68,4 +82,123 @@ class ClientStateStore:
         return sorted(self._data.get(name, {}))
 
     def nbytes(self) -> int:
+        """Bytes of state held (in memory here; on disk for :class:`DiskStateStore`)."""
         return sum(t.numel() * t.element_size() for table in self._data.values() for t in table.values())
+
+    def resident_nbytes(self) -> int:
+        """Bytes of state held in this process's memory."""
+        return self.nbytes()
+
+    def close(self) -> None:
+        """Release what the store holds outside the process (nothing for the in-memory store)."""
+
+
+class _SlotFile:
+    """Fixed-size records (one vector each) in an anonymous file, read and written in place."""
+
+    def __init__(self, shape: torch.Size, dtype: torch.dtype, directory: str | None):
+        self.shape, self.dtype = shape, dtype
+        self.record = torch.empty(shape, dtype=dtype).numel() * torch.empty((), dtype=dtype).element_size()
+        self.file: IO[bytes] = tempfile.TemporaryFile(prefix="fl-state-", dir=directory)
+        self.slots = 0
+
+    def write(self, slot: int, value: torch.Tensor) -> None:
+        data = memoryview(value.contiguous().view(-1).view(torch.uint8).numpy())
+        offset, done = slot * self.record, 0
+        while done < len(data):  # a single pwrite may stop short of a large record
+            done += os.pwrite(self.file.fileno(), data[done:], offset + done)
+
+    def read(self, slot: int) -> torch.Tensor:
+        out = torch.empty(self.shape, dtype=self.dtype)
+        view = memoryview(out.view(-1).view(torch.uint8).numpy())
+        offset, done = slot * self.record, 0
+        while done < len(view):
+            got = os.preadv(self.file.fileno(), [view[done:]], offset + done)
+            if got <= 0:
+                raise OSError(f"state file ended early (slot {slot}, {done} of {len(view)} bytes read)")
+            done += got
+        return out
+
+
+class DiskStateStore(ClientStateStore):
+    """The same interface, with every vector in an anonymous file under ``directory``.
+
+    One file per (name, shape, storage dtype) holds one fixed-size record per client, written in
+    place by ``set``. ``get`` reads the record and returns a fresh tensor on ``device`` (the
+    compute device). Reads and writes go through the operating system's page cache, which the
+    kernel may drop under memory pressure, unlike the process's own memory."""
+
+    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                 directory: str | os.PathLike | None = None):
+        super().__init__(device, dtype)
+        self.directory = os.fspath(directory) if directory else None
+        if self.directory and not os.path.isdir(self.directory):
+            from utils.errors import FLError
+
+            raise FLError(f"--state_dir {self.directory} is not a directory; create it or pick another")
+        self._files: dict[tuple, _SlotFile] = {}
+        self._where: dict[str, dict[int, tuple[_SlotFile, int]]] = {}
+
+    def names(self) -> list[str]:
+        return [name for name in self._where if self._where[name]]
+
+    def has(self, name: str, index: int) -> bool:
+        return index in self._where.get(name, {})
+
+    def get(self, name: str, index: int, init: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        table = self._where.setdefault(name, {})
+        if index not in table:
+            if init is None:
+                return None
+            value = init().detach()
+            self.set(name, index, value)
+            rounded = value.to(self._storage_dtype(value))
+            return self._returned(name, rounded).to(self.device, copy=True)
+        file, slot = table[index]
+        return self._returned(name, file.read(slot)).to(self.device)
+
+    def set(self, name: str, index: int, value: torch.Tensor) -> None:
+        value = value.detach()
+        self._dtypes.setdefault(name, value.dtype)
+        storage = self._storage_dtype(value)
+        table = self._where.setdefault(name, {})
+        key = (name, tuple(value.shape), storage)
+        current = table.get(index)
+        if current is None or current[0] is not self._files.get(key):
+            file = self._files.get(key)
+            if file is None:
+                file = self._files[key] = _SlotFile(value.shape, storage, self.directory)
+            current = table[index] = (file, file.slots)
+            file.slots += 1
+        current[0].write(current[1], value.to("cpu", dtype=storage))
+
+    def indices(self, name: str) -> list[int]:
+        return sorted(self._where.get(name, {}))
+
+    def nbytes(self) -> int:
+        return sum(file.record for table in self._where.values() for file, _ in table.values())
+
+    def resident_nbytes(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        for file in self._files.values():
+            file.file.close()
+        self._files.clear()
+        self._where.clear()
+
+
+def make_state_store(args: Namespace, device: torch.device) -> ClientStateStore:
+    """The store ``--state_device`` (auto | cpu | cuda... | disk) and ``--state_dtype`` ask for."""
+    dtype = STATE_DTYPES[args.state_dtype]
+    where = str(args.state_device)
+    if where == "disk":
+        return DiskStateStore(device, dtype, getattr(args, "state_dir", None))
+    if where == "auto":
+        return ClientStateStore(device, dtype)
+    try:
+        return ClientStateStore(torch.device(where), dtype)
+    except RuntimeError:
+        from utils.errors import FLError
+
+        raise FLError(f"--state_device {where!r} is not a device; use auto, cpu, cuda or disk") from None

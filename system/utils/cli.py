@@ -97,12 +97,18 @@ def generic_parser() -> argparse.ArgumentParser:
                   "sequential, threaded, batched")
     add_flag(o, "--select", type=str, default="uniform", help="client selection policy")
     add_flag(o, "--state_device", type=str, default="auto",
-             help="where per-client state lives: auto (the compute device) or cpu")
+             help="where per-client state lives: auto (the compute device), cpu, or disk (anonymous files "
+                  "under --state_dir: memory stops growing with the number of clients)")
+    add_flag(o, "--state_dir", type=str, default=None,
+             help="directory of the --state_device disk files (default: the system's temporary directory)")
     add_flag(o, "--state_dtype", type=str, default="float32", choices=["float32", "float16", "bfloat16"],
              help="storage dtype of per-client state vectors (control variates, personal models); float16 "
                   "halves their memory, rounding what persists between participations to 11 significant bits")
     add_flag(o, "--num_threads", type=int, default=0,
              help="torch CPU threads (0 = torch's default); 1 is often fastest for small models on a busy machine")
+    add_flag(o, "--compact_inputs", type=bool, default=True,
+             help="hold inputs with at most 256 distinct values (8-bit images) as uint8 codes plus a table of "
+                  "their float values: a quarter of the memory, decoded per batch to the same floats")
     add_flag(o, "--eval_batch_size", type=int, default=128,
              help="batch size of evaluation passes (128: fastest measured for the CNNs with channels-last on a CPU)")
     add_flag(o, "--conv_layout", type=str, default="auto", choices=["auto", "nchw", "channels_last"],

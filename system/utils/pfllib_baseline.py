@@ -67,7 +67,7 @@ def memory_reader(dataset: FederatedDataset) -> ClientReader:
 
     def read(index: int, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         data = dataset.clients[index]
-        return getattr(data, f"{split}_x").detach().cpu().clone(), getattr(data, f"{split}_y").detach().cpu().clone()
+        return data.inputs(split).detach().cpu().clone(), getattr(data, f"{split}_y").detach().cpu().clone()
 
     return read
 

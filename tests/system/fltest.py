@@ -247,8 +247,8 @@ def assert_same_training(ref, other, exact: bool = False, atol: float = 0.0, rto
     for i in range(len(ref.clients)):
         assert check(ref.eval_params(i), other.eval_params(i)), f"client {i}'s evaluated model differs"
         assert ref.clients[i].participations == other.clients[i].participations
-    names = set(ref.state._data)
-    assert names == set(other.state._data)
+    names = set(ref.state.names())
+    assert names == set(other.state.names())
     for name in names:
         assert ref.state.indices(name) == other.state.indices(name)
         for i in ref.state.indices(name):

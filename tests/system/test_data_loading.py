@@ -26,8 +26,8 @@ def test_clients_are_views_of_the_merged_split_and_equal_their_files(tmp_path):
         for index, client in enumerate(dataset.clients):
             x, y = _file(folder, split, client.cid)
             cx, cy = getattr(client, f"{split}_x"), getattr(client, f"{split}_y")
-            assert cx.dtype == torch.float32 and cy.dtype == torch.int64
-            assert torch.equal(cx, torch.from_numpy(x)) and torch.equal(cy, torch.from_numpy(y))
+            assert client.inputs(split).dtype == torch.float32 and cy.dtype == torch.int64
+            assert torch.equal(client.inputs(split), torch.from_numpy(x)) and torch.equal(cy, torch.from_numpy(y))
             if len(y):  # shares the merged storage at its own rows: no second copy of the data
                 assert cx.data_ptr() == x_all[start:].data_ptr() and cy.data_ptr() == y_all[start:].data_ptr()
             assert torch.equal(owner[start : start + len(y)], torch.full((len(y),), index))
@@ -42,7 +42,7 @@ def test_few_shot_keeps_the_first_samples_of_each_label_in_file_order(tmp_path):
         x, y = _file(folder, "train", client.cid)
         rows = sorted(i for label in set(y.tolist()) for i in np.flatnonzero(y == label)[:2])
         assert torch.equal(client.train_y, torch.from_numpy(y[rows]))
-        assert torch.equal(client.train_x, torch.from_numpy(x[rows]))
+        assert torch.equal(client.inputs("train"), torch.from_numpy(x[rows]))
         assert client.num_test == 12  # the test split is never cut
 
 

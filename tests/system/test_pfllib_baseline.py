@@ -73,6 +73,6 @@ def test_memory_reader_copies_like_a_file_read(tmp_path):
     folder, _ = _setup(tmp_path)
     dataset = load_federated_dataset(str(folder))
     x, y = memory_reader(dataset)(1, "train")
-    assert torch.equal(x, dataset.clients[1].train_x) and x.data_ptr() != dataset.clients[1].train_x.data_ptr()
+    assert torch.equal(x, dataset.clients[1].inputs("train")) and x.data_ptr() != dataset.clients[1].train_x.data_ptr()
     fx, fy = npz_reader(folder)(1, "train")
     assert torch.equal(fx, x) and torch.equal(fy, y)

@@ -16,8 +16,12 @@ def make_dataset(
     train_sizes: list[int] | None = None,
     test_size: int = 12,
     seed: int = 0,
+    eight_bit: bool = False,
 ) -> Path:
-    """Write ``root/name`` with learnable class-dependent inputs; returns the folder."""
+    """Write ``root/name`` with learnable class-dependent inputs; returns the folder.
+
+    ``eight_bit``: inputs are normalised 8-bit pixels as the image generators write them
+    (``k / 127.5 - 1`` in float32, k = 0..255)."""
     rng = np.random.default_rng(seed)
     folder = root / name
     (folder / "train").mkdir(parents=True, exist_ok=True)
@@ -31,6 +35,9 @@ def make_dataset(
             # Each client sees a skewed subset of labels so algorithms differ.
             y = rng.choice(np.arange(cid, cid + 3) % num_classes, size=size).astype(np.int64)
             x = (prototypes[y] + 0.5 * rng.normal(size=(size, *input_shape))).astype(np.float32)
+            if eight_bit:
+                pixels = np.clip(np.round((x + 3) / 6 * 255), 0, 255)
+                x = (pixels.astype(np.float32) / np.float32(127.5) - np.float32(1)).astype(np.float32)
             np.savez_compressed(folder / split / f"{cid}.npz", x=x, y=y)
             for label in y:
                 labels_seen[int(label)] = labels_seen.get(int(label), 0) + 1

@@ -148,7 +148,7 @@ class Client:
     def compute_gradient(self, model: FlatModel, idx: torch.Tensor) -> torch.Tensor:
         """Cross-entropy on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         model.zero_grad()
-        loss = F.cross_entropy(model.module(self.data.train_x[idx]), self.data.train_y[idx])
+        loss = F.cross_entropy(model.module(self.data.inputs("train", idx)), self.data.train_y[idx])
         loss.backward()
         return loss.detach()
 

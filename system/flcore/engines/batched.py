@@ -90,6 +90,7 @@ from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.registry import register_engine
 from flcore.trainmodel.layout import plain_convolutions
 from utils.cli import add_flag
+from utils.data_utils import decode_inputs
 
 if TYPE_CHECKING:
     from flcore.servers.serverbase import Server
@@ -201,7 +202,7 @@ class BatchedEngine:
     def _probe_input(self) -> torch.Tensor:
         for client in self.server.clients:
             if client.num_train:
-                return client.data.train_x[:2]
+                return client.data.inputs("train", slice(0, 2))
         shape = tuple(self.server.dataset.input_shape)
         return torch.randn(2, *shape, device=self.flat.device)
 
@@ -442,6 +443,7 @@ class BatchedEngine:
         count, max_steps = len(clients), max(steps)
         bs = max(len(b) for p in plans for b in p)
         x_all, y_all, offsets = self._data_for(clients)
+        table = clients[0].data.table  # uint8 input codes are decoded after the gather
 
         # [K, T_max, B] rows into x_all; a mask only where some batch is partial (--drop_last False)
         index = torch.zeros(count, max_steps, bs, dtype=torch.long, device=device)
@@ -485,12 +487,12 @@ class BatchedEngine:
                     # one client left: the same function without vmap
                     one = {n: v[0] for n, v in w.items()}
                     if masked:
-                        grads, loss = single_masked(one, x_all[rows[0]], y_all[rows[0]], mask[0, t])
+                        grads, loss = single_masked(one, decode_inputs(x_all[rows[0]], table), y_all[rows[0]], mask[0, t])
                     else:
-                        grads, loss = single_plain(one, x_all[rows[0]], y_all[rows[0]])
+                        grads, loss = single_plain(one, decode_inputs(x_all[rows[0]], table), y_all[rows[0]])
                     grads, loss = {n: g.unsqueeze(0) for n, g in grads.items()}, loss.unsqueeze(0)
                 else:
-                    x, y = x_all[rows.t()], y_all[rows]  # x: [B, a, ...] (client axis second)
+                    x, y = decode_inputs(x_all[rows.t()], table), y_all[rows]  # x: [B, a, ...] (client axis second)
                     if masked:
                         grads, loss = step_masked(w, x, y, mask[:a, t])
                     else:

@@ -33,9 +33,9 @@ from torch import nn
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
-from flcore.state import STATE_DTYPES, ClientStateStore
+from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
-from utils.data_utils import FederatedDataset
+from utils.data_utils import FederatedDataset, decode_inputs
 from utils.errors import FLError
 from utils.metrics import EvalResult, combine, micro_auc
 from utils.result_utils import RunHistory
@@ -75,8 +75,7 @@ class Server:
             use_channels_last(module)
         self.model = FlatModel(module, device)
         self.global_params = self.model.snapshot()
-        state_device = device if args.state_device == "auto" else torch.device(args.state_device)
-        self.state = ClientStateStore(state_device, STATE_DTYPES[args.state_dtype])
+        self.state = make_state_store(args, device)
         self.clients = [self.client_cls(i, data, args, self.state) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
@@ -201,7 +200,8 @@ class Server:
         self.model.load(params)
         self.model.module.eval()
         bs = int(self.args.eval_batch_size)
-        return torch.cat([self.model.module(x[i : i + bs]) for i in range(0, len(x), bs)]) if len(x) else (
+        table = self.dataset.input_table  # uint8 input codes are decoded batch by batch
+        return torch.cat([self.model.module(decode_inputs(x[i : i + bs], table)) for i in range(0, len(x), bs)]) if len(x) else (
             torch.zeros(0, self.num_classes, device=self.device)
         )
 
