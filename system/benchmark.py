@@ -232,7 +232,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
         if spec.get("data_path"):
             dataset = load_federated_dataset(spec["data_path"], device, compact=args.compact_inputs)
         else:
-            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2()
+            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2(num_clients=spec.get("p2_clients") or 1000)
             if device.type != "cpu":
                 _move_dataset(dataset, device)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
@@ -355,7 +355,7 @@ class _BaselineRun(_Run):
             shape = config.get("input_shape") or list(npz_reader(folder)(0, "train")[0].shape[1:])
             reader = npz_reader(folder)
         else:
-            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2()
+            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2(num_clients=spec.get("p2_clients") or 1000)
             num_classes, sizes, shape = dataset.num_classes, [c.num_train for c in dataset.clients], dataset.input_shape
             reader = memory_reader(dataset)
         seed_everything(derive_seed(args.seed, "init"))  # the engines' initial model
@@ -587,6 +587,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--synthetic-mnist", action="store_true", help="use random MNIST-shaped data for P1")
     p.add_argument("--p2-data", type=str, default=None,
                    help="dataset folder for P2/P3 (e.g. CIFAR-10 with 1000 clients); default random tensors")
+    p.add_argument("--p2-clients", type=int, default=1000,
+                   help="clients of the synthetic P2/P3 data (the issue's 1000; fewer for a smoke run)")
     p.add_argument("--p2-eval-gap", type=int, default=0,
                    help="evaluate P2/P3 every N rounds (0 = only outside the timed rounds)")
     p.add_argument("--interleave", action="store_true",
@@ -617,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             data_paths[name] = args.p2_data
             note = f"data {args.p2_data}" if args.p2_data else "synthetic CIFAR-10-shaped tensors (no CIFAR-10 here)"
+            if not args.p2_data and args.p2_clients != 1000:
+                note += f", {args.p2_clients} clients"
         notes[name] = note
     jobs: list[tuple[str, list[str]]] = []
     for name in args.only:
@@ -629,7 +633,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = {"config": name, "engines": engines, "device": args.device, "rounds": args.rounds,
                 "warmup": args.warmup, "seed": args.seed, "chunk": args.chunk, "threads": args.threads,
                 "workers": args.workers, "state_dtype": args.state_dtype, "fill_state": args.fill_state,
-                "state_device": args.state_device,
+                "state_device": args.state_device, "p2_clients": args.p2_clients,
                 "data_path": data_paths[name], "eval_gap": args.p2_eval_gap or None}
         load_before = os.getloadavg()
         print(f"running {name} with {' and '.join(engines)}{' interleaved' if len(engines) > 1 else ''} ...",

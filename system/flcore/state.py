@@ -99,22 +99,25 @@ class _SlotFile:
     def __init__(self, shape: torch.Size, dtype: torch.dtype, directory: str | None):
         self.shape, self.dtype = shape, dtype
         self.record = torch.empty(shape, dtype=dtype).numel() * torch.empty((), dtype=dtype).element_size()
-        self.file: IO[bytes] = tempfile.TemporaryFile(prefix="fl-state-", dir=directory)
+        # unbuffered: records go straight between the tensors' memory and the file
+        self.file: IO[bytes] = tempfile.TemporaryFile(prefix="fl-state-", dir=directory, buffering=0)
         self.slots = 0
 
     def write(self, slot: int, value: torch.Tensor) -> None:
         data = memoryview(value.contiguous().view(-1).view(torch.uint8).numpy())
-        offset, done = slot * self.record, 0
-        while done < len(data):  # a single pwrite may stop short of a large record
-            done += os.pwrite(self.file.fileno(), data[done:], offset + done)
+        self.file.seek(slot * self.record)
+        done = 0
+        while done < len(data):  # a raw write may stop short of a large record
+            done += self.file.write(data[done:])
 
     def read(self, slot: int) -> torch.Tensor:
         out = torch.empty(self.shape, dtype=self.dtype)
         view = memoryview(out.view(-1).view(torch.uint8).numpy())
-        offset, done = slot * self.record, 0
+        self.file.seek(slot * self.record)
+        done = 0
         while done < len(view):
-            got = os.preadv(self.file.fileno(), [view[done:]], offset + done)
-            if got <= 0:
+            got = self.file.readinto(view[done:])
+            if not got:
                 raise OSError(f"state file ended early (slot {slot}, {done} of {len(view)} bytes read)")
             done += got
         return out
