@@ -201,7 +201,7 @@ class Server:
         self.model.module.eval()
         bs = int(self.args.eval_batch_size)
         table = self.dataset.input_table  # uint8 input codes are decoded batch by batch
-        logits = torch.zeros(len(x), self.num_classes, device=self.device)
+        logits = torch.zeros(len(x), self.num_classes, dtype=self.model.params.dtype, device=self.device)
         # Written into one tensor allocated up front: keeping a small output per batch alive between
         # the batches' large activations fragmented glibc's heap, which then grew by up to 1.5 GB
         # over one P1 evaluation (freed but never reused; measured with mallinfo2).
