@@ -237,6 +237,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         paths.append(path)
         if args.save_model:
             save_model(server, args)
+        server.close()
         best.append(summary["best_acc"])
         print_summary(run_index, summary, path)
     if len(best) > 1:

@@ -149,3 +149,14 @@ def test_every_algorithm_gives_the_same_run_with_state_on_disk(algo, tmp_path):
     assert isinstance(disk.state, DiskStateStore)
     assert_same_training(ref, disk, exact=True)
     assert disk.state.nbytes() == ref.state.nbytes() and disk.state.resident_nbytes() == 0
+
+
+def test_closing_the_server_releases_the_state_files_and_the_workers(tmp_path):
+    server = _train("SCAFFOLD", "float32", state_device="disk", state_dir=str(tmp_path), engine="threaded",
+                    workers=2)
+    files = [f.file for f in server.state._files.values()]
+    assert files and not any(f.closed for f in files)
+    assert server.engine._pool is not None  # the workers trained this run's clients
+    server.close()
+    assert all(f.closed for f in files) and server.engine._pool is None
+    server.close()  # twice is harmless

@@ -66,3 +66,8 @@ class AutoEngine:
 
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         return self.delegate.train(clients, package)
+
+    def close(self) -> None:
+        close = getattr(self.delegate, "close", None)
+        if close is not None:
+            close()

@@ -151,6 +151,13 @@ class Server:
         bar.close()
         return self.history
 
+    def close(self) -> None:
+        """Release the engine's worker threads and the state store's files (the run is over)."""
+        close_engine = getattr(self.engine, "close", None)
+        if close_engine is not None:
+            close_engine()
+        self.state.close()
+
     def drop_uploads(self, rnd: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
         """``-cdr``: a random fraction of the uploads never arrives (drawn per round)."""
         rate = float(self.args.client_drop_rate)
