@@ -161,7 +161,8 @@ class _InputCoder:
     Image datasets are stored as normalised float32 pixels, which have 256 levels (MNIST:
     ``k / 127.5 - 1``); holding the level index instead of the float takes a quarter of the memory
     (real MNIST: 55 MB instead of 220 MB) and decoding a batch is one table lookup that gives the
-    stored floats back bit for bit. The table of distinct values grows as files are read; when it
+    stored floats back bit for bit (except that -0.0 and 0.0, being equal, share one code). The
+    table of distinct values grows as files are read; when it
     grows, the codes already written are renumbered, and when a dataset turns out to have more than
     256 values (or NaN), the caller falls back to float32."""
 
