@@ -89,16 +89,16 @@ def _synthetic_clients(sizes_train, sizes_test, labels_of, shape, num_classes, s
     import numpy as np
     import torch
 
-    from utils.data_utils import ClientData
+    from utils.data_utils import ClientData, split_views
 
     rng = np.random.default_rng(seed)
     prototypes = rng.normal(size=(num_classes, *shape)).astype(np.float32)
-    merged, views = {}, {}
-    for split, sizes in (("train", sizes_train), ("test", sizes_test)):
-        total = int(sum(sizes))
+    sizes = {"train": sizes_train, "test": sizes_test}
+    merged = {}
+    for split, counts in sizes.items():
+        total = int(sum(counts))
         merged[split] = (torch.empty((total, *shape)), torch.empty(total, dtype=torch.long),
-                         torch.repeat_interleave(torch.arange(len(sizes)), torch.as_tensor(sizes, dtype=torch.long)))
-        views[split] = []
+                         torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(counts, dtype=torch.long)))
     starts = {"train": 0, "test": 0}
     for cid, (n_train, n_test) in enumerate(zip(sizes_train, sizes_test)):
         for split, n in (("train", n_train), ("test", n_test)):
@@ -108,8 +108,8 @@ def _synthetic_clients(sizes_train, sizes_test, labels_of, shape, num_classes, s
             lo, hi = starts[split], starts[split] + n
             all_x[lo:hi].copy_(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
             all_y[lo:hi].copy_(torch.from_numpy(y.astype(np.int64)))
-            views[split].append((all_x[lo:hi], all_y[lo:hi]))
             starts[split] = hi
+    views = {split: split_views(x, y, sizes[split]) for split, (x, y, _) in merged.items()}
     clients = [ClientData(cid, *views["train"][cid], *views["test"][cid]) for cid in range(len(sizes_train))]
     return clients, merged
 
@@ -158,18 +158,21 @@ def synthetic_p2(seed: int = 2, num_clients: int = 1000, n_train: int = 50, n_te
                             merged=merged)
 
 
+def _synthetic_data(cfg: dict, spec: dict):
+    """The random data of a configuration: P1's MNIST shape, or P2/P3's CIFAR shape."""
+    return synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2(num_clients=spec.get("p2_clients") or 1000)
+
+
 def _move_dataset(dataset, device) -> None:
     """Move the merged tensors to ``device`` and make the clients' tensors views of them again."""
-    starts = {"train": 0, "test": 0}
-    moved = {split: tuple(t.to(device) for t in tensors) for split, tensors in dataset.merged.items()}
-    for client in dataset.clients:
-        for split in ("train", "test"):
-            n, lo = len(getattr(client, f"{split}_y")), starts[split]
-            all_x, all_y, _ = moved[split]
-            setattr(client, f"{split}_x", all_x[lo : lo + n])
-            setattr(client, f"{split}_y", all_y[lo : lo + n])
-            starts[split] = lo + n
-    dataset.merged = moved
+    from utils.data_utils import split_views
+
+    dataset.merged = {split: tuple(t.to(device) for t in tensors) for split, tensors in dataset.merged.items()}
+    for split, (all_x, all_y, _) in dataset.merged.items():
+        sizes = [len(getattr(c, f"{split}_y")) for c in dataset.clients]
+        for client, (x, y) in zip(dataset.clients, split_views(all_x, all_y, sizes)):
+            setattr(client, f"{split}_x", x)
+            setattr(client, f"{split}_y", y)
 
 
 def prepare_mnist(data_dir: Path, raw_dir: Path) -> tuple[Path | None, str]:
@@ -233,7 +236,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
         if spec.get("data_path"):
             dataset = load_federated_dataset(spec["data_path"], device, compact=args.compact_inputs)
         else:
-            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2(num_clients=spec.get("p2_clients") or 1000)
+            dataset = _synthetic_data(cfg, spec)
             if device.type != "cpu":
                 _move_dataset(dataset, device)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
@@ -356,7 +359,7 @@ class _BaselineRun(_Run):
             shape = config.get("input_shape") or list(npz_reader(folder)(0, "train")[0].shape[1:])
             reader = npz_reader(folder)
         else:
-            dataset = synthetic_mnist() if cfg["data"] == "mnist" else synthetic_p2(num_clients=spec.get("p2_clients") or 1000)
+            dataset = _synthetic_data(cfg, spec)
             num_classes, sizes, shape = dataset.num_classes, [c.num_train for c in dataset.clients], dataset.input_shape
             reader = memory_reader(dataset)
         seed_everything(derive_seed(args.seed, "init"))  # the engines' initial model

@@ -153,10 +153,7 @@ class DiskStateStore(ClientStateStore):
         if index not in table:
             if init is None:
                 return None
-            value = init().detach()
-            self.set(name, index, value)
-            rounded = value.to(self._storage_dtype(value))
-            return self._returned(name, rounded).to(self.device, copy=True)
+            self.set(name, index, init())  # then read back, so the first get returns what is stored
         file, slot = table[index]
         return self._returned(name, file.read(slot)).to(self.device)
 

@@ -44,6 +44,15 @@ def decode_inputs(x: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
     return x if table is None else table[x.long()]
 
 
+def split_views(all_x: torch.Tensor, all_y: torch.Tensor, sizes) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive (x, y) row blocks of ``sizes`` rows: the clients' views of a merged split."""
+    views, start = [], 0
+    for size in sizes:
+        views.append((all_x[start : start + size], all_y[start : start + size]))
+        start += size
+    return views
+
+
 @dataclass
 class ClientData:
     """One client's train and test tensors (already on the simulation device).
@@ -162,9 +171,9 @@ class _InputCoder:
     ``k / 127.5 - 1``); holding the level index instead of the float takes a quarter of the memory
     (real MNIST: 55 MB instead of 220 MB) and decoding a batch is one table lookup that gives the
     stored floats back bit for bit (except that -0.0 and 0.0, being equal, share one code). The
-    table of distinct values grows as files are read; when it
-    grows, the codes already written are renumbered, and when a dataset turns out to have more than
-    256 values (or NaN), the caller falls back to float32."""
+    table of distinct values grows as files are read; when it grows, the codes already written are
+    renumbered, and when a dataset turns out to have more than 256 values (or NaN), the caller
+    falls back to float32."""
 
     def __init__(self) -> None:
         self.table = np.zeros(0, dtype=np.float32)  # sorted distinct values seen so far
@@ -255,7 +264,6 @@ def load_federated_dataset(
             labels[split].append(np.asarray(y, dtype=np.int64))
     shape = tuple(int(d) for d in config["input_shape"]) if "input_shape" in config else None
     merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-    views: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {"train": [], "test": []}
     coder = _InputCoder() if compact else None
     for split in ("train", "test"):
         sizes = [len(y) for y in labels[split]]
@@ -295,11 +303,7 @@ def load_federated_dataset(
             all_x = torch.empty((0, *(shape or ())), dtype=torch.uint8 if coder else torch.float32, device=device)
         merged[split] = (all_x, all_y, owner)
     # the clients' tensors are views of the merged ones (made last: a fallback to float32 replaces them)
-    for split, (all_x, all_y, _) in merged.items():
-        start = 0
-        for size in (len(y) for y in labels[split]):
-            views[split].append((all_x[start : start + size], all_y[start : start + size]))
-            start += size
+    views = {split: split_views(all_x, all_y, map(len, labels[split])) for split, (all_x, all_y, _) in merged.items()}
     table = torch.as_tensor(coder.table, device=device) if coder is not None else None
     clients = [
         ClientData(cid=cid, train_x=tx, train_y=ty, test_x=vx, test_y=vy, table=table)
@@ -325,6 +329,6 @@ def _decode_all(all_x: torch.Tensor, merged: dict, table: np.ndarray, written: i
     values = torch.as_tensor(table, device=all_x.device)
     floats = torch.empty(all_x.shape, dtype=torch.float32, device=all_x.device)
     if written:
-        floats[:written] = values[all_x[:written].long()]
-    done = {split: (values[x.long()] if x.numel() else x.float(), y, owner) for split, (x, y, owner) in merged.items()}
+        floats[:written] = decode_inputs(all_x[:written], values)
+    done = {split: (decode_inputs(x, values), y, owner) for split, (x, y, owner) in merged.items()}
     return floats, done, None
