@@ -33,57 +33,67 @@ STATE_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "float16": torch
 
 
 class ClientStateStore:
-    """``store.get(name, index, init)`` / ``store.set(name, index, tensor)`` with lazy creation."""
+    """``store.get(name, index, init)`` / ``store.set(name, index, tensor)`` with lazy creation.
+
+    The bookkeeping (which client has which vector, the dtype callers get back) lives here once;
+    a subclass only changes how one entry is kept: ``_save``, ``_load`` and ``_entry_nbytes``."""
 
     def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None):
         self.device = torch.device(device)
         #: storage dtype of float32 vectors (None: kept as they are)
         self.dtype = dtype
-        self._data: dict[str, dict[int, torch.Tensor]] = {}
+        self._entries: dict[str, dict[int, object]] = {}
         self._dtypes: dict[str, torch.dtype] = {}  # the dtype callers gave and get back, per name
 
+    # -- how an entry is kept: here, a tensor on ``device`` -------------------------------------
+    def _save(self, name: str, current: object | None, value: torch.Tensor) -> object:
+        """The entry that holds ``value`` from now on (``current``: the entry it replaces)."""
+        storage = self._storage_dtype(value)
+        if isinstance(current, torch.Tensor) and current.shape == value.shape and self._dtypes[name] == value.dtype:
+            return current.copy_(value)  # reuse the allocation (rounds to the storage dtype)
+        return value.to(self.device, dtype=storage, copy=True)
+
+    def _load(self, entry: object) -> torch.Tensor:
+        return entry
+
+    def _entry_nbytes(self, entry: object) -> int:
+        return entry.numel() * entry.element_size()
+
+    # -- the interface ---------------------------------------------------------------------------
     def _storage_dtype(self, value: torch.Tensor) -> torch.dtype:
         return self.dtype if self.dtype is not None and value.dtype == torch.float32 else value.dtype
 
-    def _stored(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        """A new storage copy of ``value`` for ``name``."""
-        self._dtypes.setdefault(name, value.dtype)
-        return value.to(self.device, dtype=self._storage_dtype(value), copy=True)
-
-    def _returned(self, name: str, stored: torch.Tensor) -> torch.Tensor:
-        dtype = self._dtypes.get(name, stored.dtype)
-        return stored if stored.dtype == dtype else stored.to(dtype)
-
     def names(self) -> list[str]:
         """The state names some client has a vector for."""
-        return [name for name in self._data if self._data[name]]
+        return [name for name, table in self._entries.items() if table]
 
     def has(self, name: str, index: int) -> bool:
-        return index in self._data.get(name, {})
+        return index in self._entries.get(name, {})
 
     def get(self, name: str, index: int, init: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-        """The stored tensor, or ``init()`` stored and returned on first use (None without init)."""
-        table = self._data.setdefault(name, {})
+        """The stored tensor, or ``init()`` stored and returned on first use (None without init).
+
+        The first get returns what was stored (already rounded to the storage dtype)."""
+        table = self._entries.setdefault(name, {})
         if index not in table:
             if init is None:
                 return None
-            table[index] = self._stored(name, init().detach())
-        return self._returned(name, table[index])
+            self.set(name, index, init())
+        # .to returns the stored tensor itself when device and dtype already match
+        return self._load(table[index]).to(self.device, dtype=self._dtypes[name])
 
     def set(self, name: str, index: int, value: torch.Tensor) -> None:
-        table = self._data.setdefault(name, {})
         value = value.detach()
-        if index in table and table[index].shape == value.shape and self._dtypes.get(name) == value.dtype:
-            table[index].copy_(value)  # reuse the allocation (rounds to the storage dtype)
-        else:
-            table[index] = self._stored(name, value)
+        self._dtypes.setdefault(name, value.dtype)
+        table = self._entries.setdefault(name, {})
+        table[index] = self._save(name, table.get(index), value)
 
     def indices(self, name: str) -> list[int]:
-        return sorted(self._data.get(name, {}))
+        return sorted(self._entries.get(name, {}))
 
     def nbytes(self) -> int:
         """Bytes of state held (in memory here; on disk for :class:`DiskStateStore`)."""
-        return sum(t.numel() * t.element_size() for table in self._data.values() for t in table.values())
+        return sum(self._entry_nbytes(entry) for table in self._entries.values() for entry in table.values())
 
     def resident_nbytes(self) -> int:
         """Bytes of state held in this process's memory."""
@@ -140,43 +150,27 @@ class DiskStateStore(ClientStateStore):
 
             raise FLError(f"--state_dir {self.directory} is not a directory; create it or pick another")
         self._files: dict[tuple, _SlotFile] = {}
-        self._where: dict[str, dict[int, tuple[_SlotFile, int]]] = {}
 
-    def names(self) -> list[str]:
-        return [name for name in self._where if self._where[name]]
-
-    def has(self, name: str, index: int) -> bool:
-        return index in self._where.get(name, {})
-
-    def get(self, name: str, index: int, init: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
-        table = self._where.setdefault(name, {})
-        if index not in table:
-            if init is None:
-                return None
-            self.set(name, index, init())  # then read back, so the first get returns what is stored
-        file, slot = table[index]
-        return self._returned(name, file.read(slot)).to(self.device)
-
-    def set(self, name: str, index: int, value: torch.Tensor) -> None:
-        value = value.detach()
-        self._dtypes.setdefault(name, value.dtype)
+    # an entry is (file, slot); a vector whose shape or dtype changes moves to another file
+    def _save(self, name: str, current: object | None, value: torch.Tensor) -> object:
         storage = self._storage_dtype(value)
-        table = self._where.setdefault(name, {})
         key = (name, tuple(value.shape), storage)
-        current = table.get(index)
         if current is None or current[0] is not self._files.get(key):
             file = self._files.get(key)
             if file is None:
                 file = self._files[key] = _SlotFile(value.shape, storage, self.directory)
-            current = table[index] = (file, file.slots)
+            current = (file, file.slots)
             file.slots += 1
-        current[0].write(current[1], value.to("cpu", dtype=storage))
+        file, slot = current
+        file.write(slot, value.to("cpu", dtype=storage))
+        return current
 
-    def indices(self, name: str) -> list[int]:
-        return sorted(self._where.get(name, {}))
+    def _load(self, entry: object) -> torch.Tensor:
+        file, slot = entry
+        return file.read(slot)
 
-    def nbytes(self) -> int:
-        return sum(file.record for table in self._where.values() for file, _ in table.values())
+    def _entry_nbytes(self, entry: object) -> int:
+        return entry[0].record
 
     def resident_nbytes(self) -> int:
         return 0
@@ -185,7 +179,7 @@ class DiskStateStore(ClientStateStore):
         for file in self._files.values():
             file.file.close()
         self._files.clear()
-        self._where.clear()
+        self._entries.clear()
 
 
 def make_state_store(args: Namespace, device: torch.device) -> ClientStateStore:

@@ -83,6 +83,23 @@ def test_global_rng_is_left_as_the_sequential_engine_leaves_it():
     assert torch.equal(*states)
 
 
+def test_hooks_run_on_one_thread_while_workers_train_and_the_thread_count_is_restored():
+    """The main thread's own intra-op team on top of the workers oversubscribed the cores (SCAFFOLD's
+    P3 rounds were slower threaded than sequential); its hooks run on one thread during training."""
+    dataset = random_dataset(num_clients=4, dim=6, num_classes=3, sizes=[9, 14, 6, 20], seed=2)
+    server = build_server(make_args("SCAFFOLD", engine="threaded", workers=2, batch_size=5), dataset)
+    seen = []
+    for client in server.clients:
+        def end_round(*a, _original=client.end_round, **k):
+            seen.append(torch.get_num_threads())
+            return _original(*a, **k)
+        client.end_round = end_round
+    torch.set_num_threads(2)  # the one_thread fixture restores the suite's setting afterwards
+    server.engine.train(server.clients, server.make_package(1, [0, 1, 2, 3]))
+    assert seen == [1, 1, 1, 1] and server.engine.stats["threaded_clients"] == 4
+    assert torch.get_num_threads() == 2
+
+
 class _DropoutNet(nn.Module):
     def __init__(self, dim, classes):
         super().__init__()

@@ -27,8 +27,10 @@ Per client it runs exactly the sequential engine's procedure (``Client.local_tra
   workers or cores there are. (The sequential engine on several intra-op threads may round
   differently, as any change of thread count can.)
 * **Threads.** ``--workers`` (default: one per CPU core this process may use). During training
-  the intra-op thread count is 1 in every worker; evaluation, aggregation and the hooks keep the
-  process's setting (``--num_threads``), since large evaluation batches do use several threads.
+  the intra-op thread count is 1 in every worker and on the main thread, whose hooks run while the
+  workers train (with its own team on top, the cores were oversubscribed: SCAFFOLD's P3 rounds took
+  2.16 s threaded vs 1.94 s sequential, and 1.47 s vs 1.90 s with one thread here). Evaluation and
+  aggregation keep the process's setting (``--num_threads``): large evaluation batches do use it.
 """
 from __future__ import annotations
 
@@ -142,7 +144,16 @@ class ThreadedEngine:
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         parallel = [c for c in clients if self._qualifies(c)] if self.num_workers > 1 and len(clients) > 1 else []
         if len(parallel) < 2:
-            parallel = []
+            return self._train(clients, [], package)
+        # the hooks run here while the workers train: on one thread, or the cores are oversubscribed
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._train(clients, parallel, package)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _train(self, clients: list[Client], parallel: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         chosen = {id(c) for c in parallel}
         device = self.server.model.device
         prepared = {}
