@@ -13,6 +13,12 @@ rounded (float16 keeps 11 significant bits; values below 6e-8 in magnitude becom
 must therefore always ``set`` what they change, never rely on modifying the tensor ``get``
 returned; that is already required when the state lives on another device than the model.
 
+With ``--state_device auto`` (the default) on a GPU the vectors live on the GPU while it has room:
+once a new vector would leave less than a quarter of the GPU's memory for training and evaluation,
+or its allocation fails, it and every later new vector are kept on the CPU instead (one notice
+says so), and ``get`` copies them to the GPU when a client trains. ``cpu`` keeps them all on the
+CPU from the start; ``cuda`` keeps them on the GPU and fails when it is full.
+
 ``--state_device disk`` (:class:`DiskStateStore`) keeps the vectors in files instead, so the
 process holds only the vectors of the clients being trained: memory no longer grows with the
 number of clients, whatever the dtype, and values are stored exactly. The files are anonymous
@@ -20,6 +26,7 @@ number of clients, whatever the dtype, and values are stored exactly. The files 
 """
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 from argparse import Namespace
@@ -27,9 +34,15 @@ from typing import IO, Callable
 
 import torch
 
+from utils.mem_utils import OUT_OF_MEMORY, device_room
+
+log = logging.getLogger("fl")
 
 #: ``--state_dtype`` choices: the storage dtype of float32 state vectors
 STATE_DTYPES: dict[str, torch.dtype | None] = {"float32": None, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: ``--state_device auto`` stops placing new vectors on a GPU that would keep less than this fraction
+#: of its memory for training and evaluation
+GPU_RESERVE = 0.25
 
 
 class ClientStateStore:
@@ -38,20 +51,48 @@ class ClientStateStore:
     The bookkeeping (which client has which vector, the dtype callers get back) lives here once;
     a subclass only changes how one entry is kept: ``_save``, ``_load`` and ``_entry_nbytes``."""
 
-    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None):
+    def __init__(self, device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                 spill_to: torch.device | str | None = None):
+        #: the compute device: ``get`` returns tensors there
         self.device = torch.device(device)
         #: storage dtype of float32 vectors (None: kept as they are)
         self.dtype = dtype
+        #: where new vectors go once ``device`` is full (None: nowhere, a full device fails)
+        self.spill_to = torch.device(spill_to) if spill_to is not None else None
+        #: whether new vectors now go to ``spill_to`` (once set, stays set: no back and forth)
+        self.spilling = False
         self._entries: dict[str, dict[int, object]] = {}
         self._dtypes: dict[str, torch.dtype] = {}  # the dtype callers gave and get back, per name
 
-    # -- how an entry is kept: here, a tensor on ``device`` -------------------------------------
+    # -- how an entry is kept: here, a tensor on ``device`` (or ``spill_to``) ---------------------
     def _save(self, name: str, current: object | None, value: torch.Tensor) -> object:
         """The entry that holds ``value`` from now on (``current``: the entry it replaces)."""
         storage = self._storage_dtype(value)
         if isinstance(current, torch.Tensor) and current.shape == value.shape and self._dtypes[name] == value.dtype:
-            return current.copy_(value)  # reuse the allocation (rounds to the storage dtype)
-        return value.to(self.device, dtype=storage, copy=True)
+            return current.copy_(value)  # reuse the allocation, wherever it is (rounds to the storage dtype)
+        return self._allocate(value, storage)
+
+    def _allocate(self, value: torch.Tensor, storage: torch.dtype) -> torch.Tensor:
+        """A copy of ``value`` on ``device``, or on ``spill_to`` once ``device`` is full."""
+        if self.spill_to is not None and not self.spilling and not self._device_has_room(value.numel() * storage.itemsize):
+            self._spill(f"would keep less than {GPU_RESERVE:.0%} of its memory for training")
+        if not self.spilling:
+            try:
+                return value.to(self.device, dtype=storage, copy=True)
+            except OUT_OF_MEMORY:
+                if self.spill_to is None:
+                    raise
+                self._spill("is full")
+        return value.to(self.spill_to, dtype=storage, copy=True)
+
+    def _device_has_room(self, nbytes: int) -> bool:
+        room = device_room(self.device)
+        return room is None or room[0] - nbytes >= GPU_RESERVE * room[1]
+
+    def _spill(self, why: str) -> None:
+        self.spilling = True
+        log.info("state: %s %s; new per-client state vectors go to the %s (%.0f MB stay on the %s)",
+                 self.device, why, self.spill_to, self.nbytes_on(self.device.type) / 1024**2, self.device)
 
     def _load(self, entry: object) -> torch.Tensor:
         return entry
@@ -95,8 +136,13 @@ class ClientStateStore:
         """Bytes of state held (in memory here; on disk for :class:`DiskStateStore`)."""
         return sum(self._entry_nbytes(entry) for table in self._entries.values() for entry in table.values())
 
+    def nbytes_on(self, device_type: str) -> int:
+        """Bytes of state held in tensors on devices of this type (``"cuda"``, ``"cpu"``)."""
+        return sum(self._entry_nbytes(entry) for table in self._entries.values() for entry in table.values()
+                   if isinstance(entry, torch.Tensor) and entry.device.type == device_type)
+
     def resident_nbytes(self) -> int:
-        """Bytes of state held in this process's memory."""
+        """Bytes of state held in this process's memory (host and accelerator)."""
         return self.nbytes()
 
     def close(self) -> None:
@@ -189,7 +235,7 @@ def make_state_store(args: Namespace, device: torch.device) -> ClientStateStore:
     if where == "disk":
         return DiskStateStore(device, dtype, getattr(args, "state_dir", None))
     if where == "auto":
-        return ClientStateStore(device, dtype)
+        return ClientStateStore(device, dtype, spill_to="cpu" if device.type != "cpu" else None)
     try:
         return ClientStateStore(torch.device(where), dtype)
     except RuntimeError:

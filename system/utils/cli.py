@@ -97,7 +97,8 @@ def generic_parser() -> argparse.ArgumentParser:
                   "sequential, threaded, batched")
     add_flag(o, "--select", type=str, default="uniform", help="client selection policy")
     add_flag(o, "--state_device", type=str, default="auto",
-             help="where per-client state lives: auto (the compute device), cpu, or disk (anonymous files "
+             help="where per-client state lives: auto (the compute device; on a GPU, new vectors go to the "
+                  "CPU once it would keep less than 25%% of its memory), cpu, cuda, or disk (anonymous files "
                   "under --state_dir: memory stops growing with the number of clients)")
     add_flag(o, "--state_dir", type=str, default=None,
              help="directory of the --state_device disk files (default: the system's temporary directory)")

@@ -8,7 +8,9 @@ import torch
 from fltest import assert_same_training, build_server, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 from flcore.registry import list_algorithms
+import flcore.state as state_module
 from flcore.state import STATE_DTYPES, ClientStateStore, DiskStateStore, make_state_store
+from utils.mem_utils import OUT_OF_MEMORY
 from utils.errors import FLError
 
 EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"]}
@@ -160,3 +162,71 @@ def test_closing_the_server_releases_the_state_files_and_the_workers(tmp_path):
     server.close()
     assert all(f.closed for f in files) and server.engine._pool is None
     server.close()  # twice is harmless
+
+
+# ------------------------------------------------------------------ --state_device auto on a full GPU
+class _FakeDevice:
+    """A ``total``-byte accelerator simulated for a store whose two devices are both the CPU: the
+    copies ``store`` makes onto ``store.device`` (that very object) are recorded and counted against
+    ``total``, and fail with out-of-memory while ``full``; ``device_room`` reports what is left."""
+
+    def __init__(self, monkeypatch, store, total=1000, full=False):
+        self.total, self.full, self.used, self.placed = total, full, 0, []
+        original = torch.Tensor.to
+
+        def to(tensor, *args, **kwargs):
+            if not kwargs.get("copy"):  # get's move to the compute device, not a stored vector
+                pass
+            elif args and args[0] is store.device:
+                if self.full:
+                    raise OUT_OF_MEMORY("CUDA out of memory (simulated)")
+                self.placed.append("device")
+                self.used += tensor.numel() * kwargs["dtype"].itemsize
+            elif args and args[0] is store.spill_to:
+                self.placed.append("spill")
+            return original(tensor, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "to", to)
+        monkeypatch.setattr(state_module, "device_room", lambda device: (self.total - self.used, self.total))
+
+
+def test_auto_state_moves_new_vectors_to_the_cpu_once_the_gpu_would_be_too_full(monkeypatch, caplog):
+    store = ClientStateStore("cpu", spill_to="cpu")
+    fake = _FakeDevice(monkeypatch, store)
+    values = [torch.full((40,), float(i)) for i in range(7)]  # 160 bytes each
+    with caplog.at_level("INFO", logger="fl"):
+        for i, value in enumerate(values):
+            store.set("u", i, value)
+    # 1000 - 160 k - 160 >= 250 (a quarter kept free) holds for k = 0..3: four vectors fit
+    assert fake.placed == ["device"] * 4 + ["spill"] * 3
+    assert store.spilling
+    notices = [r.getMessage() for r in caplog.records if r.getMessage().startswith("state:")]
+    assert len(notices) == 1 and "less than 25% of its memory" in notices[0]
+    for i, value in enumerate(values):
+        assert torch.equal(store.get("u", i), value)
+    store.set("u", 1, -values[1])  # an update is written where the vector already is
+    assert fake.placed == ["device"] * 4 + ["spill"] * 3 and torch.equal(store.get("u", 1), -values[1])
+
+
+def test_auto_state_moves_to_the_cpu_when_an_allocation_fails_and_a_plain_store_fails(monkeypatch):
+    store = ClientStateStore("cpu", spill_to="cpu")
+    fake = _FakeDevice(monkeypatch, store, total=10**9)
+    store.set("u", 0, torch.ones(3))
+    fake.full = True  # something else filled the GPU
+    store.set("u", 1, torch.full((3,), 2.0))
+    fake.full = False
+    store.set("u", 2, torch.full((3,), 3.0))  # once moving, new vectors stay on the CPU
+    assert fake.placed == ["device", "spill", "spill"] and store.spilling
+    assert [store.get("u", i)[0].item() for i in range(3)] == [1.0, 2.0, 3.0]
+
+    plain = ClientStateStore("cpu")  # --state_device cuda: a full GPU is the run's error
+    _FakeDevice(monkeypatch, plain, full=True)
+    with pytest.raises(OUT_OF_MEMORY):
+        plain.set("u", 0, torch.ones(3))
+
+
+def test_auto_state_device_moves_to_the_cpu_only_from_an_accelerator():
+    assert make_state_store(make_args("SCAFFOLD"), torch.device("cpu")).spill_to is None
+    gpu_store = make_state_store(make_args("SCAFFOLD"), torch.device("cuda", 0))  # allocates nothing
+    assert gpu_store.device == torch.device("cuda", 0) and gpu_store.spill_to == torch.device("cpu")
+    assert make_state_store(make_args("SCAFFOLD", state_device="cuda"), torch.device("cuda", 0)).spill_to is None

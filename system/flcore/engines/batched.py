@@ -96,14 +96,12 @@ from flcore.registry import register_engine
 from flcore.trainmodel.layout import plain_convolutions
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs
+from utils.mem_utils import OUT_OF_MEMORY
 
 if TYPE_CHECKING:
     from flcore.servers.serverbase import Server
 
 log = logging.getLogger("fl")
-
-#: raised by an allocation the device cannot serve (``torch.OutOfMemoryError`` from torch 2.5 on)
-OUT_OF_MEMORY: type[Exception] = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
 
 
 def client_is_vectorisable(client: Client) -> bool:
