@@ -20,6 +20,7 @@ from flcore.engines.batched import BatchedEngine
 from flcore.engines.sequential import SequentialEngine
 from flcore.engines.threaded import ThreadedEngine
 from flcore.registry import ALGORITHMS, MODELS, list_algorithms
+from flcore.servers.serverbase import Server
 from fltest import (OwnLoopServer, TinyLinear, assert_same_training, build_server, engine_run, image_dataset, make_args, random_dataset,
                     sequential_reference)
 from fltest import notices, one_thread  # noqa: F401  (fixtures: importing them switches them on here)
@@ -98,6 +99,71 @@ def test_hooks_run_on_one_thread_while_workers_train_and_the_thread_count_is_res
     server.engine.train(server.clients, server.make_package(1, [0, 1, 2, 3]))
     assert seen == [1, 1, 1, 1] and server.engine.stats["threaded_clients"] == 4
     assert torch.get_num_threads() == 2
+
+
+class _RandomHooksClient(Client):
+    """Hooks that draw from the global RNG and keep a model-sized context, and count live contexts."""
+
+    live, most_live = 0, 0
+
+    def begin_round(self, package, steps):
+        type(self).live += 1
+        type(self).most_live = max(type(self).most_live, type(self).live)
+        return {"shift": torch.rand(package.global_params.numel()) * 1e-3}
+
+    def adjust_grad(self, w, g, ctx):
+        return g + ctx["shift"][: w.shape[-1]]
+
+    def end_round(self, params, package, ctx, steps, loss):
+        type(self).live -= 1
+        update = super().end_round(params, package, ctx, steps, loss)
+        update.extras["noise"] = torch.randn(3)
+        return update
+
+
+class _RandomHooksServer(Server):
+    client_cls = _RandomHooksClient
+
+
+def test_hooks_see_the_sequential_random_stream_and_only_a_window_of_contexts_is_alive():
+    dataset = random_dataset(num_clients=12, dim=6, num_classes=3, sizes=[5 * (1 + i % 4) for i in range(12)], seed=3)
+    runs = {}
+    for engine in ("sequential", "threaded"):
+        _RandomHooksClient.live = _RandomHooksClient.most_live = 0
+        torch.manual_seed(0)
+        flags = {"workers": 2} if engine == "threaded" else {}
+        server = _RandomHooksServer(make_args("FedAvg", engine=engine, batch_size=5, **flags), dataset,
+                                    TinyLinear(6, 3), torch.device("cpu"))
+        torch.manual_seed(7)
+        updates = server.engine.train(server.clients, server.make_package(1, list(range(12))))
+        runs[engine] = (updates, torch.get_rng_state(), _RandomHooksClient.most_live)
+    (ref, ref_rng, _), (out, out_rng, most_live) = runs["sequential"], runs["threaded"]
+    assert [u.index for u in out] == list(range(12))
+    for a, b in zip(ref, out):
+        assert torch.equal(a.params, b.params) and torch.equal(a.extras["noise"], b.extras["noise"])
+    assert torch.equal(ref_rng, out_rng)
+    assert most_live <= 2 * 2  # two per worker, not the cohort's twelve
+
+
+def test_a_failing_client_in_a_worker_gives_the_first_failure_in_cohort_order():
+    dataset = random_dataset(num_clients=6, dim=6, num_classes=3, sizes=[10, 10, 400, 10, 10, 10], seed=6)
+    messages = []
+    for engine in ("sequential", "threaded"):
+        flags = {"workers": 2} if engine == "threaded" else {}
+        server = build_server(make_args("FedAvg", engine=engine, batch_size=5, **flags), dataset)
+        original = type(server.clients[0]).check_loss
+
+        def check_loss(client, loss_sum, steps, rnd):  # clients 2 and 4 diverge (4 is done first)
+            return original(client, loss_sum * float("nan") if client.index in (2, 4) else loss_sum, steps, rnd)
+
+        type(server.clients[0]).check_loss = check_loss
+        try:
+            with pytest.raises(FLError) as info:
+                server.engine.train(server.clients, server.make_package(0, list(range(6))))
+        finally:
+            type(server.clients[0]).check_loss = original
+        messages.append(str(info.value))
+    assert messages[0] == messages[1] and "client 2 " in messages[0]
 
 
 class _DropoutNet(nn.Module):

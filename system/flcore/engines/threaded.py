@@ -17,10 +17,18 @@ Per client it runs exactly the sequential engine's procedure (``Client.local_tra
 * **Who runs in a worker.** Only the SGD loop of clients whose class keeps the base
   ``local_train``/``sgd``/``compute_gradient`` and says ``vectorisable = True`` (their hooks touch
   only the client's own state and ``adjust_grad`` is pure, the contract of the batched engine).
-  The hooks run on the main thread in cohort (client-id) order, so a hook that uses the global RNG
-  sees the same stream as under the sequential engine. Other clients, and every client of a model
-  whose forward pass draws random numbers (dropout: torch's global generator is shared by all
-  threads), are trained on the main thread as the sequential engine does, with a one-line notice.
+  The hooks run on the main thread. Other clients, and every client of a model whose forward pass
+  draws random numbers (dropout: torch's global generator is shared by all threads), are trained on
+  the main thread as the sequential engine does, in cohort order, with a one-line notice.
+* **Scheduling.** The longest clients are handed out first, so no worker is left alone with a long
+  client at the end of the round, and ``end_round`` runs as soon as a client is done. Only
+  ``2 x workers`` clients hold a context at a time, so hooks that copy a model-sized vector into it
+  (SCAFFOLD's controls, IGFL-C's offset) cost a few such vectors, not one per cohort client (for
+  P3 that was 50 x 7 MB). Hooks therefore run in schedule order, not cohort order; each starts from
+  the global RNG state it has under the sequential engine (``seed_round`` and the plan before
+  ``begin_round``, that state again before ``end_round``), the round ends with the state the last
+  cohort client's ``end_round`` left, and a client that fails raises the error of the first failing
+  client in cohort order, as sequentially.
 * **Same numbers.** A client's result depends only on its start point, batch plan and context,
   never on which worker trains it or when. Each worker uses one intra-op thread, so the numbers are
   those of ``--engine sequential --num_threads 1`` to the last bit, and do not depend on how many
@@ -39,7 +47,8 @@ import logging
 import os
 import threading
 from argparse import ArgumentParser
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING
 
 import torch
@@ -154,39 +163,65 @@ class ThreadedEngine:
             torch.set_num_threads(threads)
 
     def _train(self, clients: list[Client], parallel: list[Client], package: RoundPackage) -> list[ClientUpdate]:
-        chosen = {id(c) for c in parallel}
         device = self.server.model.device
-        prepared = {}
-        for client in parallel:  # the hooks, in cohort order on this thread
-            client.seed_round(package.round)
-            plan = client.batch_plan(package.round)
-            ctx = client.begin_round(package, len(plan))
-            start = client.start_point(package)
-            prepared[id(client)] = (plan, ctx, start, client.learning_rate(), _rng_state(device))
+        rnd = package.round
+        plans = {}
+        for client in parallel:  # the plans first, in cohort order, to schedule by length
+            client.seed_round(rnd)
+            plans[id(client)] = (client.batch_plan(rnd), _rng_state(device))
         # longest clients first, so no worker is left with a long client at the end of the round
-        order = sorted(parallel, key=lambda c: -len(prepared[id(c)][0]))
+        waiting = deque(sorted(parallel, key=lambda c: -len(plans[id(c)][0])))
+        running: dict[Future, tuple] = {}
         pool = self._executor()
-        futures = {id(c): pool.submit(self._train_one, c, package, prepared[id(c)][1], prepared[id(c)][2],
-                                      prepared[id(c)][0], prepared[id(c)][3]) for c in order}
-        updates: list[ClientUpdate] = []
-        last_final: torch.Tensor | None = None
-        for client in clients:
-            if id(client) not in chosen:
-                self.stats["sequential_clients"] += 1
-                updates.append(client.local_train(self.server.model, package))
-                last_final = None
-                continue
-            plan, ctx, _, _, rng = prepared[id(client)]
-            final, loss = futures[id(client)].result()  # re-raises a worker's error (e.g. a NaN loss)
+
+        def start_next() -> None:
+            """begin_round of the next waiting client (with the RNG state its plan left) and its SGD
+            handed to a worker. Only ``window`` clients hold a context at a time, so contexts that
+            copy a model-sized vector (SCAFFOLD's controls) cost a few vectors, not a cohort's."""
+            client = waiting.popleft()
+            plan, rng = plans.pop(id(client))
             _set_rng_state(rng, device)
-            client.participations += 1
-            self.stats["threaded_clients"] += 1
-            updates.append(client.end_round(final, package, ctx, len(plan), loss))
-            last_final = final
+            ctx = client.begin_round(package, len(plan))
+            start, lr = client.start_point(package), client.learning_rate()
+            job = pool.submit(self._train_one, client, package, ctx, start, plan, lr)
+            running[job] = (client, plan, ctx, _rng_state(device))
+
+        done: dict[int, tuple] = {}  # id(client) -> (update, final params, RNG state after end_round)
+        failed: dict[int, BaseException] = {}
+        window = 2 * self.num_workers
+        while waiting and len(running) < window:
+            start_next()
+        in_workers = {id(c) for c in parallel}
+        for client in clients:  # the clients this engine cannot parallelise, in cohort order
+            if id(client) not in in_workers:
+                self.stats["sequential_clients"] += 1
+                done[id(client)] = (client.local_train(self.server.model, package), None, _rng_state(device))
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for job in finished:
+                client, plan, ctx, rng = running.pop(job)
+                try:
+                    final, loss = job.result()
+                except FLError as error:  # e.g. a NaN loss: raised below for the first such client
+                    failed[id(client)] = error
+                else:
+                    _set_rng_state(rng, device)
+                    client.participations += 1
+                    self.stats["threaded_clients"] += 1
+                    update = client.end_round(final, package, ctx, len(plan), loss)
+                    done[id(client)] = (update, final, _rng_state(device))
+                if waiting:
+                    start_next()
+        for client in clients:  # the sequential engine's error: that of the first failing client
+            if id(client) in failed:
+                raise failed[id(client)]
+        # leave the RNG and the working model where the sequential engine leaves them: after the
+        # last client's end_round, holding that client's model
+        _, last_final, last_rng = done[id(clients[-1])]
+        _set_rng_state(last_rng, device)
         if last_final is not None:
-            # leave the working model where the sequential engine leaves it: the last client's model
             self.server.model.load(last_final)
-        return updates
+        return [done[id(client)][0] for client in clients]
 
     def close(self) -> None:
         if self._pool is not None:
