@@ -274,6 +274,10 @@ class _Run:
             server.aggregate(updates, package)
             server._check_finite(rnd)
         server.after_round(rnd, package, updates)
+        if server.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(server.device)  # the round ends when its kernels have run
         self.wall.append(time.perf_counter() - wall0)
         self.cpu.append(time.process_time() - cpu0)
         self.eval_wall.append(evaluated)

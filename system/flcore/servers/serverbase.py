@@ -140,6 +140,8 @@ class Server:
                 self.aggregate(updates, package)
                 self._check_finite(rnd)
             self.after_round(rnd, package, updates)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
             self.history.round_time.append(time.perf_counter() - start)
             self.history.bytes_down.append(package.nbytes() * len(cohort))
             self.history.bytes_up.append(sum(u.nbytes() for u in updates))
