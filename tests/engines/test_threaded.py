@@ -199,6 +199,14 @@ def test_nan_loss_in_a_worker_is_the_sequential_error():
     assert messages[0] == messages[1] and "lower the learning rate" in messages[0]
 
 
+def test_an_empty_or_single_client_cohort():
+    dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 6], seed=4)
+    server = build_server(make_args("SCAFFOLD", engine="threaded", workers=2, batch_size=5), dataset)
+    assert server.engine.train([], server.make_package(0, [])) == []
+    (update,) = server.engine.train([server.clients[1]], server.make_package(0, [1]))
+    assert update.index == 1 and server.engine.stats == {"threaded_clients": 0, "sequential_clients": 1}
+
+
 def test_workers_flag():
     dataset = random_dataset(num_clients=2, sizes=[8, 9])
     assert build_server(make_args("FedAvg", engine="threaded", workers=3), dataset).engine.num_workers == 3

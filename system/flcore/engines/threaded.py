@@ -151,6 +151,8 @@ class ThreadedEngine:
 
     # ------------------------------------------------------------ training
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
+        if not clients:
+            return []
         parallel = [c for c in clients if self._qualifies(c)] if self.num_workers > 1 and len(clients) > 1 else []
         if len(parallel) < 2:
             return self._train(clients, [], package)
