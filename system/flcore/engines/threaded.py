@@ -188,7 +188,7 @@ class ThreadedEngine:
             job = pool.submit(self._train_one, client, package, ctx, start, plan, lr)
             running[job] = (client, plan, ctx, _rng_state(device))
 
-        done: dict[int, tuple] = {}  # id(client) -> (update, final params, RNG state after end_round)
+        done: dict[int, tuple] = {}  # id(client) -> (update, final params or None, RNG after end_round)
         failed: dict[int, BaseException] = {}
         window = 2 * self.num_workers
         while waiting and len(running) < window:
@@ -211,7 +211,8 @@ class ThreadedEngine:
                     client.participations += 1
                     self.stats["threaded_clients"] += 1
                     update = client.end_round(final, package, ctx, len(plan), loss)
-                    done[id(client)] = (update, final, _rng_state(device))
+                    # the final model is kept only where the working model must end up
+                    done[id(client)] = (update, final if client is clients[-1] else None, _rng_state(device))
                 if waiting:
                     start_next()
         for client in clients:  # the sequential engine's error: that of the first failing client
