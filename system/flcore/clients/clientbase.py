@@ -29,7 +29,7 @@ from flcore.flat import FlatModel
 from flcore.state import ClientStateStore
 from utils.data_utils import ClientData
 from utils.errors import FLError
-from utils.seeding import derive_seed, numpy_rng, torch_generator
+from utils.seeding import numpy_rng, seed_global_rng, torch_generator
 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -143,7 +143,7 @@ class Client:
 
     def seed_round(self, rnd: int) -> None:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
-        torch.manual_seed(derive_seed(self.args.seed, "local", rnd, self.cid))
+        seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
     def compute_gradient(self, model: FlatModel, idx: torch.Tensor) -> torch.Tensor:
         """Cross-entropy on the minibatch ``idx``; leaves its gradient in ``model.grad``."""

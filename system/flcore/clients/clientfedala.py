@@ -45,7 +45,7 @@ import torch
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.flat import FlatModel
 from utils.cli import add_flag
-from utils.seeding import derive_seed, numpy_rng
+from utils.seeding import numpy_rng, seed_global_rng
 
 log = logging.getLogger("fl")
 
@@ -119,7 +119,7 @@ class FedALAClient(Client):
                        batches: list[torch.Tensor], start_phase: bool, rnd: int) -> torch.Tensor:
         lo, hi = self.ala_window(model)
         anchor, eta = global_params[lo:hi], float(self.args.eta)
-        torch.manual_seed(derive_seed(self.args.seed, "ala", rnd, self.cid))
+        seed_global_rng(self.args.seed, "ala", rnd, self.cid)
         model.load(global_params)
         model.module.train()
         top = model.params[lo:hi]

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.flat import FlatModel
 from utils.cli import add_flag
-from utils.seeding import derive_seed, torch_generator
+from utils.seeding import seed_global_rng, torch_generator
 
 
 class PerAvgClient(Client):
@@ -118,7 +118,7 @@ class PerAvgClient(Client):
             return global_params
         generator = torch_generator(self.args.seed, "peravg-adapt", rnd, self.cid)
         idx = torch.randperm(n, generator=generator)[: self.batch_size].to(self.data.train_x.device)
-        torch.manual_seed(derive_seed(self.args.seed, "peravg-adapt", rnd, self.cid))
+        seed_global_rng(self.args.seed, "peravg-adapt", rnd, self.cid)
         model.load(global_params)
         model.module.train()
         self.compute_gradient(model, idx)
