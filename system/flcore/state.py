@@ -27,6 +27,7 @@ number of clients, whatever the dtype, and values are stored exactly. The files 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import tempfile
 from argparse import Namespace
@@ -154,7 +155,7 @@ class _SlotFile:
 
     def __init__(self, shape: torch.Size, dtype: torch.dtype, directory: str | None):
         self.shape, self.dtype = shape, dtype
-        self.record = torch.empty(shape, dtype=dtype).numel() * torch.empty((), dtype=dtype).element_size()
+        self.record = math.prod(shape) * dtype.itemsize
         # unbuffered: records go straight between the tensors' memory and the file
         self.file: IO[bytes] = tempfile.TemporaryFile(prefix="fl-state-", dir=directory, buffering=0)
         self.slots = 0
