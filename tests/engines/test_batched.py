@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flcore.clients.clientbase import Client
-from flcore.engines.batched import BatchedEngine, client_is_vectorisable
+from flcore.engines.base import keeps_base_training as client_is_vectorisable
+from flcore.engines.batched import BatchedEngine
 from flcore.registry import ALGORITHMS, MODELS, list_algorithms
 from fltest import (OwnLoopServer, assert_same_training, build_server, engine_run, image_dataset, make_args, random_dataset,
                     sequential_reference)
