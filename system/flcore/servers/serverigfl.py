@@ -149,7 +149,7 @@ class IGFLBaseServer(Server):
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         extras = {SERVER_STEP_KEY: self.server_step} if self.use_client_rule else {}
-        return RoundPackage(rnd, self.global_params, cohort, extras)
+        return self.package(rnd, cohort, extras=extras)
 
     def base_weights(self, updates: list[ClientUpdate]) -> torch.Tensor:
         """p: 1/|S| (uniform) or n_i/Σn (samples; uniform if no client has samples)."""

@@ -44,7 +44,7 @@ class ScaffoldServer(Server):
         self.control = torch.zeros_like(self.global_params[: self.model.num_params])
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
-        return RoundPackage(rnd, self.global_params, cohort, extras={"control": self.control})
+        return self.package(rnd, cohort, extras={"control": self.control})
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         n = self.model.num_params
