@@ -47,7 +47,7 @@ class APFLClient(Client):
         w = package.global_params.clone()
         v = self.state.get("personal", self.index).clone()  # both created by the server
         alpha = float(self.state.get("alpha", self.index)[0])
-        adaptive = bool(self.args.apfl_adaptive_alpha)
+        adaptive = self.hp.apfl_adaptive_alpha
         self.seed_round(rnd)
         plan = self.batch_plan(rnd)
         model.module.train()

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from flcore.flat import FlatModel
 from flcore.state import ClientStateStore
+from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import numpy_rng, seed_global_rng, torch_generator
@@ -82,6 +83,7 @@ class Client:
         self.cid = data.cid
         self.data = data
         self.args = args
+        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this client class declares
         self.state = state
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)
