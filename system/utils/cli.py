@@ -67,6 +67,10 @@ class ExactParser(argparse.ArgumentParser):
     def _get_option_tuples(self, option_string: str) -> list:
         return []
 
+    def error(self, message: str) -> typing.NoReturn:
+        """One line on stderr and exit status 2, like every other input error (no usage dump)."""
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} -h` lists the flags)\n")
+
 
 class _SameAs(argparse.Action):
     """Another spelling of a declared flag: parsed with that flag's type and stored through it."""
