@@ -89,9 +89,9 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         + f"\nmodels (-m): {', '.join(MODELS.names())}"
         + f"\nselection policies (--select, composable with any algorithm): {', '.join(SELECTORS.names())}"
         + f"\ntraining engines (--engine): {', '.join(ENGINES.names())}"
-        + "\nevery flag above, and PFLlib's other algorithm flags ("
+        + "\nevery algorithm flag above and every one of PFLlib's ("
         + " ".join(short for short, *_ in PFLLIB_ALGORITHM_FLAGS)
-        + "), is accepted with any -algo; the flags the selected algorithm does not use are ignored with an info line"
+        + ") is accepted with any -algo; those the selected algorithm does not use are ignored with an info line"
     )
     server_cls = ALGORITHMS.get(probe.algorithm)
     group = parser.add_argument_group(f"{server_cls.registered_name} flags")
