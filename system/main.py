@@ -73,7 +73,7 @@ def other_declarations() -> list[argparse.Action]:
     actions = [action for name in ALGORITHMS.names() for action in declared_actions(*_algorithm_classes(ALGORITHMS.get(name)))]
     actions += [action for name in SELECTORS.names() for action in declared_actions(SELECTORS.get(name))]
     actions += [action for name in ENGINES.names() for action in declared_actions(ENGINES.get(name))]
-    return actions + pfllib_algorithm_actions()
+    return actions + list(pfllib_algorithm_actions())
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:

@@ -145,21 +145,26 @@ def declare_flags(cls: type, parser: argparse.ArgumentParser | Any, seen: set) -
             hook.__func__(klass, parser)
 
 
-def declared_actions(*classes: type) -> list[argparse.Action]:
-    """The flags that ``classes`` (and their bases) declare, in declaration order."""
+@functools.lru_cache(maxsize=None)
+def declared_actions(*classes: type) -> tuple[argparse.Action, ...]:
+    """The flags that ``classes`` (and their bases) declare, in declaration order.
+
+    Cached (declarations are fixed once a class exists): every parse accepts every algorithm's
+    flags, and the tests parse hundreds of times. Callers only read the actions."""
     scratch = ExactParser(add_help=False)
     seen: set = set()
     for cls in classes:
         declare_flags(cls, scratch, seen)
-    return [action for action in scratch._actions if action.option_strings]
+    return tuple(action for action in scratch._actions if action.option_strings)
 
 
-def pfllib_algorithm_actions() -> list[argparse.Action]:
+@functools.lru_cache(maxsize=None)
+def pfllib_algorithm_actions() -> tuple[argparse.Action, ...]:
     """:data:`PFLLIB_ALGORITHM_FLAGS` declared as an algorithm would declare them."""
     scratch = ExactParser(add_help=False)
     for short, long, kind, default in PFLLIB_ALGORITHM_FLAGS:
         add_flag(scratch, short, long, type=kind, default=default)
-    return [action for action in scratch._actions if action.option_strings]
+    return tuple(action for action in scratch._actions if action.option_strings)
 
 
 def accept_other_flags(parser: argparse.ArgumentParser, others: Iterable[argparse.Action]) -> None:

@@ -35,14 +35,14 @@ def run_main(capsys, *argv: str) -> tuple[int, str, str]:
 
 def every_declaration() -> list[argparse.Action]:
     """Each flag declared by a registered algorithm, selection policy or engine, and PFLlib's list."""
-    actions = []
+    actions: list[argparse.Action] = []
     for name in ALGORITHM_NAMES:
         server_cls = ALGORITHMS.get(name)
         actions += declared_actions(server_cls, server_cls.client_cls)
     for registry in (SELECTORS, ENGINES):
         for name in registry.names():
             actions += declared_actions(registry.get(name))
-    return actions + main.pfllib_algorithm_actions()
+    return actions + list(main.pfllib_algorithm_actions())
 
 
 def sample_value(action: argparse.Action) -> str:
