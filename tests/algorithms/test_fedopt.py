@@ -71,9 +71,10 @@ def test_bias_correction_flag():
 
 def test_defaults_follow_the_paper():
     args = make_args("FedAdam")
-    defaults = (args.server_lr, args.beta1, args.beta2, args.tau, args.fedopt_bias_correction)
-    assert defaults == (0.01, 0.9, 0.99, 1e-3, False)
     server = build_server(args, random_dataset(num_clients=2, dim=2, num_classes=2))
+    hp = server.hp
+    defaults = (hp.server_learning_rate, hp.beta1, hp.beta2, hp.tau, hp.fedopt_bias_correction)
+    assert defaults == (0.01, 0.9, 0.99, 1e-3, False)
     assert torch.allclose(server.second_moment, torch.full_like(server.second_moment, 1e-6))
 
 

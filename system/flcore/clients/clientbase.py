@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from flcore.flat import FlatModel, Net
 from flcore.state import ClientStateStore
+from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
@@ -140,6 +141,7 @@ class Client:
         self.cid = data.cid
         self.data = data
         self.args = args
+        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this client class declares
         self.state = state
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)

@@ -46,10 +46,10 @@ class FedAvgMServer(Server):
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         n = self.model.num_params
         mean = weighted_average(updates)
-        self.velocity.mul_(float(self.args.server_momentum)).add_(mean[:n] - self.global_params[:n])
-        mean[:n] = self.global_params[:n] + float(self.args.server_learning_rate) * self.velocity
+        self.velocity.mul_(self.hp.server_momentum).add_(mean[:n] - self.global_params[:n])
+        mean[:n] = self.global_params[:n] + self.hp.server_learning_rate * self.velocity
         self.global_params = mean
 
     def summary(self) -> dict[str, object]:
-        return {"server_momentum": float(self.args.server_momentum),
-                "server_learning_rate": float(self.args.server_learning_rate)}
+        return {"server_momentum": self.hp.server_momentum,
+                "server_learning_rate": self.hp.server_learning_rate}

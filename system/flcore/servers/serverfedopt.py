@@ -46,7 +46,9 @@ class FedOptServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--server_lr", "-slr", "--server_learning_rate", dest="server_lr", type=float, default=0.01,
+        # PFLlib's -slr/--server_learning_rate (one destination for every algorithm), with the paper's
+        # default for this step; --server_lr stays as an older spelling.
+        add_flag(parser, "-slr", "--server_learning_rate", "--server_lr", type=float, default=0.01,
                  help="server learning rate η of the adaptive step")
         add_flag(parser, "--beta1", type=float, default=0.9, help="first-moment decay β1")
         add_flag(parser, "--beta2", type=float, default=0.99, help="second-moment decay β2 (FedAdam, FedYogi)")
@@ -57,7 +59,7 @@ class FedOptServer(Server):
 
     def setup(self) -> None:
         params = self.global_params[: self.model.num_params]
-        tau = float(self.args.tau)
+        tau = self.hp.tau
         self.first_moment = torch.zeros_like(params)
         self.second_moment = torch.full_like(params, tau * tau)
         self.server_steps = 0
@@ -66,38 +68,38 @@ class FedOptServer(Server):
         raise NotImplementedError
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        args, n = self.args, self.model.num_params
-        beta1 = float(args.beta1)
+        hp, n = self.hp, self.model.num_params
+        beta1 = hp.beta1
         mean = weighted_average(updates)
         delta = mean[:n] - self.global_params[:n]
         self.first_moment.mul_(beta1).add_(delta, alpha=1 - beta1)
         self.second_moment = self.update_second_moment(self.second_moment, delta * delta)
         self.server_steps += 1
         m, v = self.first_moment, self.second_moment
-        if args.fedopt_bias_correction:
+        if hp.fedopt_bias_correction:
             m = m / (1 - beta1 ** self.server_steps)
             if self.averaged_second_moment:
-                v = v / (1 - float(args.beta2) ** self.server_steps)
-        mean[:n] = self.global_params[:n] + float(args.server_lr) * m / (v.sqrt() + float(args.tau))
+                v = v / (1 - hp.beta2 ** self.server_steps)
+        mean[:n] = self.global_params[:n] + hp.server_learning_rate * m / (v.sqrt() + hp.tau)
         self.global_params = mean
 
     def summary(self) -> dict[str, object]:
-        a = self.args
-        return {"server_lr": a.server_lr, "beta1": a.beta1, "beta2": a.beta2, "tau": a.tau,
-                "bias_correction": bool(a.fedopt_bias_correction)}
+        hp = self.hp
+        return {"server_learning_rate": hp.server_learning_rate, "beta1": hp.beta1, "beta2": hp.beta2, "tau": hp.tau,
+                "bias_correction": hp.fedopt_bias_correction}
 
 
 @register_algorithm("FedAdam")
 class FedAdamServer(FedOptServer):
     def update_second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
-        beta2 = float(self.args.beta2)
+        beta2 = self.hp.beta2
         return v * beta2 + (1 - beta2) * delta_sq
 
 
 @register_algorithm("FedYogi")
 class FedYogiServer(FedOptServer):
     def update_second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
-        return v - (1 - float(self.args.beta2)) * delta_sq * torch.sign(v - delta_sq)
+        return v - (1 - self.hp.beta2) * delta_sq * torch.sign(v - delta_sq)
 
 
 @register_algorithm("FedAdagrad")

@@ -39,12 +39,12 @@ class PFedMeServer(Server):
                       "(PFLlib's default 0 freezes the global model; paper 1–2)")
 
     def setup(self) -> None:
-        args = self.args
-        if args.K < 1 or args.p_learning_rate <= 0 or args.lamda < 0 or args.beta < 0:
+        hp = self.hp
+        if hp.K < 1 or hp.p_learning_rate <= 0 or hp.lamda < 0 or hp.beta < 0:
             raise FLError("pFedMe needs -K >= 1, -lrp > 0, -lam >= 0 and -bt >= 0")
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        beta = float(self.args.beta)
+        beta = self.hp.beta
         self.global_params = (1 - beta) * package.global_params + beta * weighted_average(updates)
 
     def eval_params(self, index: int) -> torch.Tensor:
@@ -52,6 +52,6 @@ class PFedMeServer(Server):
         return self.global_params if personal is None else personal
 
     def summary(self) -> dict[str, object]:
-        args = self.args
-        return {"beta": args.beta, "lamda": args.lamda, "K": args.K, "p_learning_rate": args.p_learning_rate,
-                "pfedme_mu": args.pfedme_mu}
+        hp = self.hp
+        return {"beta": hp.beta, "lamda": hp.lamda, "K": hp.K, "p_learning_rate": hp.p_learning_rate,
+                "pfedme_mu": hp.pfedme_mu}
