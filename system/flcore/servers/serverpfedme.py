@@ -76,7 +76,7 @@ class PFedMeServer(Server):
         unsampled = [client for client in self.clients if client.index not in cohort]
         if unsampled:
             self.engine.train(unsampled, package)
-        self.history.add_series("bytes_down_unsampled", package.nbytes() * len(unsampled))
+        self.history.add_series("bytes_down_unsampled", sum(package.nbytes(c.index) for c in unsampled))
 
     def eval_params(self, index: int) -> torch.Tensor:
         personal = self.state.get("personal", index)
