@@ -3,6 +3,7 @@ paper's reading (every client trains, the cohort uploads) by hand and against th
 from __future__ import annotations
 
 import h5py
+import pytest
 import torch
 
 from flcore.servers.serverbase import weighted_average
@@ -143,3 +144,12 @@ def test_paper_reading_through_main_records_the_broadcast(tmp_path):
         down, unsampled = f["rs_bytes_down"][:], f["rs_bytes_down_unsampled"][:]
         assert list(f["rs_clients_per_round"][:]) == [2, 2]
     assert len(unsampled) == 2 and (unsampled == down).all()  # 2 of 4 clients sampled, 2 not
+
+
+@pytest.mark.parametrize("engine", ["threaded", "batched"])
+def test_paper_reading_gives_the_sequential_engines_results(engine):
+    data = random_dataset(num_clients=4, dim=3, num_classes=2, sizes=[6, 9, 7, 8], seed=6)
+    settings = dict(global_rounds=2, batch_size=3, local_learning_rate=0.1, join_ratio=0.5, eval_auc=False)
+    reference = trained_server(data, "pFedMe", "--pfedme_all_clients", "True", engine="sequential", **settings)
+    other = trained_server(data, "pFedMe", "--pfedme_all_clients", "True", engine=engine, **settings)
+    assert_same_training(reference, other, exact=True)
