@@ -278,7 +278,7 @@ def generic_parser() -> argparse.ArgumentParser:
     """The flags every run has (PFLlib's generic flags plus ours)."""
     parser = ExactParser(
         prog="main.py",
-        description="Federated-learning simulation (PFLlib-compatible command line).",
+        description="FedCohort: federated-learning simulation (PFLlib-compatible command line).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = parser.add_argument_group("general (PFLlib)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,7 @@ def test_teacher_weights_by_label_share_and_by_samples():
     updates = [type("U", (), {"num_samples": 3})(), type("U", (), {"num_samples": 4})()]
     by_label = server.teacher_weights(updates, counts)
     assert torch.allclose(by_label, torch.tensor([[2 / 3, 0.0, 1.0], [1 / 3, 1.0, 0.0]], dtype=torch.float64))
-    server.args.fedgen_teacher = "samples"
+    server.hp = dataclasses.replace(server.hp, fedgen_teacher="samples")
     assert torch.allclose(server.teacher_weights(updates, counts)[:, 0], torch.tensor([3 / 7, 4 / 7], dtype=torch.float64))
 
 
@@ -79,7 +80,7 @@ def test_generator_step_against_the_ensemble_objective_by_hand():
     logits = sum(alpha[k, labels].float().unsqueeze(1) * (z @ u.params[:12].view(3, 4).T + u.params[12:15])
                  for k, u in enumerate(result.updates))
     loss = F.cross_entropy(logits, labels)
-    optimizer = torch.optim.Adam(before.parameters(), lr=server.args.generator_learning_rate)
+    optimizer = torch.optim.Adam(before.parameters(), lr=server.hp.generator_learning_rate)
     loss.backward()
     optimizer.step()
     for (name, want), got in zip(before.named_parameters(), server.generator.module.parameters()):

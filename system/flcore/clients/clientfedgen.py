@@ -56,7 +56,7 @@ class FedGenClient(Client):
             noise = gen.draw_noise(steps * batch, draw, x.device)
             features = functional_call(gen, named, (noise, labels))
         return {"gen_features": features.view(steps, batch, -1), "gen_labels": labels.view(steps, batch),
-                "gen_weight": x.new_tensor(float(self.args.fedgen_alpha))}
+                "gen_weight": x.new_tensor(float(self.hp.fedgen_alpha))}
 
     def local_loss(self, net, x, y, ctx):
         generated = F.cross_entropy(net.head(ctx["gen_features"]), ctx["gen_labels"])

@@ -13,6 +13,12 @@ Choices where the sources leave room:
   could overshoot them. Models without BatchNorm are unaffected.
 * Defaults: β = 0.9 (the IGFL baselines' setting), η_s = 1 (Hsu et al.'s ``w ← w − v`` form).
   β = 0 and η_s = 1 is FedAvg.
+
+Flower's FedAvgM (``flwr``) takes the same step: its pseudo-gradient is w − mean = −Δ, its
+momentum starts as the first pseudo-gradient (our v ← β·0 + Δ) and w ← w − η_s·momentum, over
+the sample-weighted mean of the results received; ``tests/algorithms/test_fedavgm.py`` pins our
+update to that recursion. Flower differs only in its default β = 0 (plain FedAvg) and in stepping
+every array of the model, BatchNorm statistics included.
 """
 from __future__ import annotations
 

@@ -67,8 +67,8 @@ class FedCrossServer(Server):
                  help="FedCross: global model = mean of the middleware models (paper) or of the uploads (PFLlib)")
 
     def setup(self) -> None:
-        if not 0 <= self.args.fedcross_alpha <= 1:
-            raise FLError(f"-ca must be in [0, 1], got {self.args.fedcross_alpha}")
+        if not 0 <= self.hp.fedcross_alpha <= 1:
+            raise FLError(f"-ca must be in [0, 1], got {self.hp.fedcross_alpha}")
         if self.args.random_join_ratio:
             raise FLError("FedCross keeps one middleware model per selected client: it needs the same number of "
                           "clients every round; drop -rjr")
@@ -76,7 +76,7 @@ class FedCrossServer(Server):
         self.assignment: dict[int, int] = {}
 
     def summary(self) -> dict[str, object]:
-        a = self.args
+        a = self.hp
         return {"alpha": a.fedcross_alpha, "strategy": STRATEGIES[a.collaberative_model_select_strategy],
                 "first_stage_bound": a.first_stage_bound, "global": a.fedcross_global}
 
@@ -95,13 +95,13 @@ class FedCrossServer(Server):
         for update in updates:
             trained[self.assignment[update.index]] = update.params
         uploads_mean = weighted_average(updates)
-        if package.round < self.args.first_stage_bound:
+        if package.round < self.hp.first_stage_bound:
             self.middleware = uploads_mean.unsqueeze(0).repeat(len(trained), 1)
             self.global_params = uploads_mean
             return
         params = trained[:, : self.model.num_params].double()
         unit = params / params.norm(dim=1, keepdim=True).clamp_min(1e-12)
-        partner = collaborators(unit @ unit.T, self.args.collaberative_model_select_strategy, package.round)
-        alpha = float(self.args.fedcross_alpha)
+        partner = collaborators(unit @ unit.T, self.hp.collaberative_model_select_strategy, package.round)
+        alpha = float(self.hp.fedcross_alpha)
         self.middleware = alpha * trained + (1 - alpha) * trained[partner]
-        self.global_params = self.middleware.mean(0) if self.args.fedcross_global == "middleware" else uploads_mean
+        self.global_params = self.middleware.mean(0) if self.hp.fedcross_global == "middleware" else uploads_mean

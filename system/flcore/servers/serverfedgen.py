@@ -95,11 +95,11 @@ class FedGenServer(Server):
         super().__init__(args, dataset, module, device)
 
     def setup(self) -> None:
-        args = self.args
-        for flag, value in (("-nd", args.noise_dim), ("-hd", args.hidden_dim)):
+        args, hp = self.args, self.hp
+        for flag, value in (("-nd", hp.noise_dim), ("-hd", hp.hidden_dim)):
             if value < 1:
                 raise FLError(f"{flag} must be >= 1, got {value}")
-        if args.server_epochs < 0 or args.generator_learning_rate <= 0:
+        if hp.server_epochs < 0 or hp.generator_learning_rate <= 0:
             raise FLError("-se must be >= 0 and -glr > 0")
         body = getattr(self.model.module, "body", None)
         if body is None or not isinstance(getattr(self.model.module, "head", None), nn.Module):
@@ -107,12 +107,12 @@ class FedGenServer(Server):
         feature_dim = self._feature_dim()
         torch.manual_seed(derive_seed(args.seed, "fedgen-init"))
         self.generator = FlatModel(
-            FeatureGenerator(args.noise_dim, self.num_classes, args.hidden_dim, feature_dim, args.fedgen_noise),
+            FeatureGenerator(hp.noise_dim, self.num_classes, hp.hidden_dim, feature_dim, hp.fedgen_noise),
             self.device,
         )
         self.generator.module.eval()  # clients run it in eval mode; it trains in train mode on the server
-        self.optimizer = torch.optim.Adam(self.generator.module.parameters(), lr=args.generator_learning_rate)
-        if args.server_epochs == 0:
+        self.optimizer = torch.optim.Adam(self.generator.module.parameters(), lr=hp.generator_learning_rate)
+        if hp.server_epochs == 0:
             log.warning("warning: FedGen with -se 0 never trains its generator: the clients' extra term is off (FedAvg)")
         self.trained_generator = False
         self.label_counts = torch.stack([
@@ -134,7 +134,7 @@ class FedGenServer(Server):
         return int(dim)
 
     def summary(self) -> dict[str, object]:
-        a = self.args
+        a = self.hp
         return {"noise_dim": a.noise_dim, "hidden_dim": a.hidden_dim, "server_epochs": a.server_epochs,
                 "generator_lr": a.generator_learning_rate, "alpha": a.fedgen_alpha, "noise": a.fedgen_noise,
                 "teacher": a.fedgen_teacher, "prior": a.fedgen_prior}
@@ -149,13 +149,13 @@ class FedGenServer(Server):
         self.global_params = weighted_average(updates)
         counts = torch.stack([u.extras["label_counts"] for u in updates]).double()
         everyone = self.label_counts.sum(0)
-        self.prior = (counts.sum(0) if self.args.fedgen_prior == "uploaders" else everyone).float()
-        if self.args.server_epochs:
+        self.prior = (counts.sum(0) if self.hp.fedgen_prior == "uploaders" else everyone).float()
+        if self.hp.server_epochs:
             self.train_generator(package.round, updates, counts)
 
     def teacher_weights(self, updates: list[ClientUpdate], counts: torch.Tensor) -> torch.Tensor:
         """[K, C]: the weight of uploader k's head for label y."""
-        if self.args.fedgen_teacher == "label":
+        if self.hp.fedgen_teacher == "label":
             per_label = counts.sum(0, keepdim=True)
             return torch.where(per_label > 0, counts / per_label.clamp_min(1), 0.0)
         samples = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
@@ -180,7 +180,7 @@ class FedGenServer(Server):
         batch = int(self.args.batch_size)
         head_was_training = head.training
         head.eval()
-        for _ in range(int(self.args.server_epochs)):
+        for _ in range(int(self.hp.server_epochs)):
             labels = torch.multinomial(self.prior.cpu(), batch, replacement=True, generator=draw).to(self.device)
             features = gen(gen.draw_noise(batch, draw, self.device), labels)
             logits = (ensemble(heads, features) * weights[:, labels].unsqueeze(-1)).sum(0)  # [B, C]
