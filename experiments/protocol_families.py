@@ -94,7 +94,7 @@ class Job(NamedTuple):
     seed: int
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=None, help="communication rounds (-gr; default 30, 2 quick)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 rounds of every row")
@@ -117,7 +117,7 @@ def parse_args() -> argparse.Namespace:
     add_only_and_data_flags(parser, "families, labels or -algo names to run (default: all)")
     parser.add_argument("--bn_data", type=Path, default=None,
                         help="dataset folder of the FedBN family (default: generated under out/)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.jobs < 1 or args.seeds < 1:
         parser.error("--jobs and --seeds must be at least 1")
     return args
@@ -152,6 +152,15 @@ def read_run(path: Path) -> dict[str, float]:
     if shared is not None:
         numbers["shared_last10"] = shared[-tail:].mean()
     return {key: float(value) for key, value in numbers.items()}
+
+
+def plan_jobs(rows: list[Row], seeds: range) -> list[Job]:
+    """The runs behind ``rows``, each once: the global and personalised FedAvg rows are one run, since
+    a job is keyed by what ``main.main`` receives. Unregistered algorithms get no job (their rows say
+    so). The CNN runs come first: they are the longest, so the pool's last minutes are not one run alone."""
+    jobs = list(dict.fromkeys(Job(row.algo, row.flags, row.setup, s) for row in rows for s in seeds
+                              if row.algo in ALGORITHMS))
+    return sorted(jobs, key=lambda job: job.setup != "bn")
 
 
 def run_job(job: Job, args: argparse.Namespace, data: dict[str, Path], rounds: int) -> dict[str, float] | str:
@@ -221,11 +230,7 @@ def main_script() -> None:
     if "bn" in setups:
         data["bn"] = ensure_data(args.bn_data, args.bn_samples_per_client)
     seeds = range(args.seed, args.seed + args.seeds)
-    # The global and personalised FedAvg rows are one run: a job is keyed by what main.main receives.
-    jobs = list(dict.fromkeys(Job(row.algo, row.flags, row.setup, s) for row in chosen for s in seeds
-                              if row.algo in ALGORITHMS))
-    # The CNN runs first: they are the longest, so the pool's last minutes are not one run alone.
-    jobs.sort(key=lambda job: job.setup != "bn")
+    jobs = plan_jobs(chosen, seeds)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {job: pool.submit(run_job, job, args, data, rounds) for job in jobs}
         for job, future in futures.items():

@@ -1,0 +1,48 @@
+"""experiments/protocol_families.py: its run plan and one real run per kind of metric on a toy dataset."""
+import sys
+
+import numpy as np
+import pytest
+from conftest import REPO
+from toydata import make_dataset
+
+sys.path.insert(0, str(REPO / "experiments"))
+import common  # noqa: E402
+import protocol_families as pf  # noqa: E402
+from flcore.registry import load_all  # noqa: E402
+
+
+def test_plan_runs_fedavg_once_for_both_families_and_cnn_first():
+    load_all()
+    rows = [row for row in pf.ROWS if row.algo in ("FedAvg", "Local")]
+    jobs = pf.plan_jobs(rows, range(0, 2))
+    # FedAvg on the main set-up serves the global and the personalised table: one job per seed.
+    assert sum(job.algo == "FedAvg" and job.setup == "main" for job in jobs) == 2
+    assert len(jobs) == len(set(jobs)) == 8
+    assert [job.setup for job in jobs[:4]] == ["bn"] * 4
+
+
+def test_plan_skips_unregistered_algorithms():
+    load_all()
+    ghost = pf.Row("global", "Ghost", "NoSuchAlgorithm", (), "main")
+    assert pf.plan_jobs([ghost], range(1)) == []
+
+
+@pytest.mark.parametrize("algo", ["FedAvg", "Local"])
+def test_run_job_reads_its_own_result_file(tmp_path, monkeypatch, algo):
+    monkeypatch.setattr(common, "OUT", tmp_path / "out")  # run_variant writes its results under OUT
+    data = make_dataset(tmp_path, num_clients=3, eight_bit=True)
+    args = pf.parse_args(["--model", "MLR", "--lr", "0.1"])
+    outcomes = [pf.run_job(pf.Job(algo, (), "main", seed), args, {"main": data}, rounds=2) for seed in (0, 1)]
+    for outcome in outcomes:
+        assert not isinstance(outcome, str), outcome
+        assert 0 <= outcome["last10"] <= 1 and outcome["best"] >= outcome["final"] - 1e-12
+        assert 0 <= outcome["client_last10"] <= 1 and outcome["time"] > 0
+    assert len(list((tmp_path / "out" / "results" / pf.EXPERIMENT).rglob("*.h5"))) == 2
+    combined = pf.combine(outcomes)
+    assert combined["last10"] == pytest.approx(np.mean([o["last10"] for o in outcomes]))
+    assert combined["last10_std"] == pytest.approx(np.std([o["last10"] for o in outcomes]))
+
+
+def test_combine_passes_on_a_failed_run():
+    assert pf.combine([{"last10": 0.5}, "failed: main.main exited with 2"]) == "failed: main.main exited with 2"
