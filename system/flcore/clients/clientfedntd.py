@@ -10,7 +10,8 @@ with the global model's logits as a constant (no gradient); KL is averaged over 
 
 * ``s = 1`` by default: the paper's loss. ``--fedntd_tau_squared True`` takes s = τ², the usual
   distillation scaling that the authors' code and PFLlib apply (the two agree at τ = 1).
-* β = 0 is FedAvg. PFLlib's defaults (``-bt 0.0``, ``-tau 1.0``) are kept, so the server warns.
+* β = 0 is FedAvg, and so is any β with 2 classes (one not-true class: q̃ ≡ 1, KL = 0).
+  PFLlib's defaults (``-bt 0.0``, ``-tau 1.0``) are kept, so the server warns.
 
 The not-true logits are gathered with an index table built from y (no data-dependent Python
 branching), so the batched engine runs the loss.
