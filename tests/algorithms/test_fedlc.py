@@ -57,10 +57,22 @@ def test_calibrated_loss_matches_hand_computation_over_two_rounds():
 
 
 def test_margins():
-    margins = calibration_margins(torch.tensor([0, 0, 0, 0, 1]), 3, 2.0, torch.float64)
+    margins = calibration_margins(torch.tensor([4, 1, 0]), 2.0, torch.float64)
     assert torch.allclose(margins[:2], torch.tensor([2.0 * 4 ** -0.25, 2.0], dtype=torch.float64))
     assert margins[2] == float("inf")  # an absent class takes no part in the softmax
-    assert torch.equal(calibration_margins(torch.tensor([0, 1]), 3, 0.0, torch.float32), torch.zeros(3))
+    assert torch.equal(calibration_margins(torch.tensor([1, 1, 0]), 0.0, torch.float32), torch.zeros(3))
+
+
+def test_pfllib_global_counts_are_shared_by_every_client():
+    data = skewed_dataset(seed=3)
+    server = build_server(make_args("FedLC", "-tau", "2", "--fedlc_counts", "global"), data)
+    package = server.make_package(0, [0, 1])
+    total = torch.tensor([4, 2, 4])  # class counts over both clients
+    for client in server.clients:
+        margins = client.begin_round(package, 1)["margins"]
+        assert torch.allclose(margins, 2.0 * total.double().pow(-0.25).float())
+    own = build_server(make_args("FedLC", "-tau", "2"), data).clients[0].begin_round(package, 1)["margins"]
+    assert own[2] == float("inf")  # the paper's per-client counts: client 0 holds no class 2
 
 
 def test_tau_zero_is_fedavg_over_two_rounds():
@@ -85,7 +97,8 @@ def test_no_per_client_state_under_partial_participation():
         # each client's margins come from its own labels only, whoever else takes part
         for i in cohort:
             ctx = server.clients[i].begin_round(package, 1)
-            assert torch.equal(ctx["margins"], calibration_margins(data.clients[i].train_y, 3, 1.0, torch.float32))
+            counts = torch.bincount(data.clients[i].train_y, minlength=3)
+            assert torch.equal(ctx["margins"], calibration_margins(counts, 1.0, torch.float32))
     assert server.state.names() == [] and len(seen) > 2
 
 
@@ -93,7 +106,7 @@ def test_flags_warnings_and_errors():
     data = random_dataset(num_clients=2, dim=2, num_classes=2)
     with fl_log_messages() as messages:
         server = build_server(make_args("FedLC"), data)
-        assert messages == [] and server.summary() == {"tau": 1.0}
+        assert messages == [] and server.summary() == {"tau": 1.0, "fedlc_counts": "client"}
         build_server(make_args("FedLC", "-tau", "0"), data)
         assert any("FedAvg" in m for m in messages)
     with pytest.raises(FLError, match="-tau"):

@@ -14,8 +14,9 @@ w_i^{t-1} is the model this client uploaded at its last participation (the state
 under partial participation, its last trained model, as in the paper's code and PFLlib). Before a
 client's first participation there is no previous model:
 
-* ``--moon_first_previous none`` (default, the authors' code, whose pool of previous models is
-  empty in the first round): the contrastive term is left out (weight 0) for that round;
+* ``--moon_first_previous none`` (default): the contrastive term is left out (weight 0) until the
+  client has a previous model; the authors' code has none in its first round either (its pool
+  of previous models is empty there, which makes the term 0);
 * ``initial`` (PFLlib, whose ``old_model`` starts as the initial model): the common initial model
   is the previous model, so a client first selected in a later round is pushed away from it.
 

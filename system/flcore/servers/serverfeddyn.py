@@ -10,7 +10,8 @@ and θ^t is what the clients receive next (the paper's Algorithm 1). The clients
 
 * The mean of the uploads is uniform over the uploads received (paper). PFLlib divides by the
   planned cohort size even when uploads are dropped (``-cdr``), which shrinks the mean.
-* Float buffers (BatchNorm statistics) have no FedDyn state: they take the plain uniform mean.
+* Float buffers (BatchNorm statistics) have no FedDyn state: they take the plain uniform mean
+  (PFLlib keeps the first upload's).
 * α = 0 leaves h at zero and the clients' steps plain SGD, so θ^t is the uniform mean of the
   uploads (h/α is taken as 0): FedAvg with uniform weights, with a warning. PFLlib's default
   ``-al 1.0`` is kept; the paper tunes α in {0.1, 0.01, 0.001}.

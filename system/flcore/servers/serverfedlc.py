@@ -1,13 +1,16 @@
 """FedLC (Zhang et al., ICML 2022, arXiv:2209.00189): the server is FedAvg's.
 
-Only the client's loss differs (logit calibration by the client's label counts, see
-``clientfedlc.py``); the uploads are averaged by samples. PFLlib's default ``-tau 1.0`` is kept;
-``-tau 0`` is FedAvg (a warning says so) and a negative τ is rejected (it would widen the margin
-of frequent classes instead).
+Only the client's loss differs (logit calibration by label counts, see ``clientfedlc.py``); the
+uploads are averaged by samples. PFLlib's default ``-tau 1.0`` is kept; ``-tau 0`` is FedAvg (a
+warning says so) and a negative τ is rejected (it would widen the margin of frequent classes
+instead). With ``--fedlc_counts global`` (PFLlib's reading) the server sums all clients' label
+counts once at the start and every client calibrates with them.
 """
 from __future__ import annotations
 
 import logging
+
+import torch
 
 from flcore.clients.clientfedlc import FedLCClient
 from flcore.registry import register_algorithm
@@ -29,6 +32,10 @@ class FedLCServer(Server):
             log.warning("warning: FedLC with -tau 0 is FedAvg; set -tau, e.g. 1")
         for client in self.clients:  # each client knows the task's classes, not only those it holds
             client.num_classes = self.num_classes
+        if self.args.fedlc_counts == "global":
+            total = sum(client.label_counts() for client in self.clients)
+            for client in self.clients:
+                client.global_counts = total
 
     def summary(self) -> dict[str, object]:
-        return {"tau": float(self.args.tau)}
+        return {"tau": float(self.args.tau), "fedlc_counts": self.args.fedlc_counts}
