@@ -10,7 +10,7 @@ sim = cosine similarity, averaged over the minibatch; z_glob and z_prev are cons
 gradient). The representation is the body's output (``net.features``), as in PFLlib; the paper's
 networks add a projection head, which our models do not have.
 
-w_i^{t-1} is the model this client uploaded at its last participation (the state ``previous``;
+w_i^{t-1} is the model this client trained in its last participation (the state ``previous``;
 under partial participation, its last trained model, as in the paper's code and PFLlib). Before a
 client's first participation there is no previous model:
 
