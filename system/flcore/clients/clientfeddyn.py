@@ -48,9 +48,9 @@ class FedDynClient(Client):
         return {"anchor": anchor, "dyn_grad": state.to(anchor.device)}
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        alpha = float(self.args.alpha)
+        alpha = self.hp.alpha
         diff = w - ctx["anchor"][..., : w.shape[-1]]
-        if self.args.feddyn_norm == "unsquared":  # a hyperparameter, not a tensor value: vmappable
+        if self.hp.feddyn_norm == "unsquared":  # a hyperparameter, not a tensor value: vmappable
             norm = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
             prox = 0.5 * alpha * diff / norm.clamp_min(torch.finfo(diff.dtype).tiny)
         else:
@@ -61,6 +61,6 @@ class FedDynClient(Client):
         self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int, loss: float
     ) -> ClientUpdate:
         n = self.num_params
-        updated = ctx["dyn_grad"] - float(self.args.alpha) * (params[:n] - ctx["anchor"][:n])
+        updated = ctx["dyn_grad"] - self.hp.alpha * (params[:n] - ctx["anchor"][:n])
         self.state.set("dyn_grad", self.index, updated)
         return super().end_round(params, package, ctx, steps, loss)

@@ -61,7 +61,7 @@ class FedLCClient(Client):
         return torch.bincount(self.data.train_y, minlength=self.num_classes)
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        margins = calibration_margins(self.label_counts(), float(self.args.tau), package.global_params.dtype)
+        margins = calibration_margins(self.label_counts(), self.hp.tau, package.global_params.dtype)
         return {"margins": margins.to(package.global_params.device)}
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -61,8 +61,8 @@ class FedNTDClient(Client):
         return {"global": package.global_params}
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        tau = float(self.args.tau)
-        scale = float(self.args.beta) * (tau * tau if self.args.fedntd_tau_squared else 1.0)
+        tau = self.hp.tau
+        scale = self.hp.beta * (tau * tau if self.hp.fedntd_tau_squared else 1.0)
         logits = net(x)
         distillation = not_true_distillation(logits, net.at(ctx["global"])(x), y, tau)
         return F.cross_entropy(logits, y) + scale * distillation

@@ -61,7 +61,7 @@ class MoonClient(Client):
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
         anchor = package.global_params
         previous = self.state.get("previous", self.index)
-        weight = float(self.args.mu) if previous is not None else 0.0
+        weight = self.hp.mu if previous is not None else 0.0
         return {
             "global": anchor,
             # without a previous model its stand-in is never weighted in (weight 0)
@@ -72,7 +72,7 @@ class MoonClient(Client):
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         z = net.features(x)
         contrastive = model_contrastive_loss(
-            z, net.at(ctx["global"]).features(x), net.at(ctx["previous"]).features(x), float(self.args.tau))
+            z, net.at(ctx["global"]).features(x), net.at(ctx["previous"]).features(x), self.hp.tau)
         return F.cross_entropy(net.head(z), y) + ctx["weight"] * contrastive
 
     def end_round(

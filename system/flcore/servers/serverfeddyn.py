@@ -38,7 +38,7 @@ class FedDynServer(Server):
     client_cls = FedDynClient
 
     def setup(self) -> None:
-        alpha = float(self.args.alpha)
+        alpha = self.hp.alpha
         if alpha < 0:
             raise FLError(f"FedDyn needs -al (α) >= 0, got {alpha}")
         if alpha == 0:
@@ -48,7 +48,7 @@ class FedDynServer(Server):
             client.num_params = self.model.num_params
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        n, alpha = self.model.num_params, float(self.args.alpha)
+        n, alpha = self.model.num_params, self.hp.alpha
         sent = package.global_params[:n]
         drift = torch.zeros_like(self.h)
         for update in updates:
@@ -61,4 +61,4 @@ class FedDynServer(Server):
         self.global_params = model
 
     def summary(self) -> dict[str, object]:
-        return {"alpha": float(self.args.alpha), "feddyn_norm": self.args.feddyn_norm}
+        return {"alpha": self.hp.alpha, "feddyn_norm": self.hp.feddyn_norm}

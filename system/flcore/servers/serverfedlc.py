@@ -25,17 +25,17 @@ class FedLCServer(Server):
     client_cls = FedLCClient
 
     def setup(self) -> None:
-        tau = float(self.args.tau)
+        tau = self.hp.tau
         if tau < 0:
             raise FLError(f"FedLC needs a calibration strength -tau >= 0, got {tau}")
         if tau == 0:
             log.warning("warning: FedLC with -tau 0 is FedAvg; set -tau, e.g. 1")
         for client in self.clients:  # each client knows the task's classes, not only those it holds
             client.num_classes = self.num_classes
-        if self.args.fedlc_counts == "global":
+        if self.hp.fedlc_counts == "global":
             total = sum(client.label_counts() for client in self.clients)
             for client in self.clients:
                 client.global_counts = total
 
     def summary(self) -> dict[str, object]:
-        return {"tau": float(self.args.tau), "fedlc_counts": self.args.fedlc_counts}
+        return {"tau": self.hp.tau, "fedlc_counts": self.hp.fedlc_counts}

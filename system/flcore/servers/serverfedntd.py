@@ -21,13 +21,13 @@ class FedNTDServer(Server):
     client_cls = FedNTDClient
 
     def setup(self) -> None:
-        if float(self.args.tau) <= 0:
-            raise FLError(f"FedNTD needs a temperature -tau > 0, got {self.args.tau}")
+        if self.hp.tau <= 0:
+            raise FLError(f"FedNTD needs a temperature -tau > 0, got {self.hp.tau}")
         if self.num_classes < 2:
             raise FLError("FedNTD needs at least 2 classes (it distils the classes that are not the true one)")
-        if float(self.args.beta) == 0.0:
+        if self.hp.beta == 0.0:
             log.warning("warning: FedNTD with -bt 0 (PFLlib's default) is FedAvg; set -bt, e.g. 1")
 
     def summary(self) -> dict[str, object]:
-        return {"beta": float(self.args.beta), "tau": float(self.args.tau),
-                "fedntd_tau_squared": bool(self.args.fedntd_tau_squared)}
+        return {"beta": self.hp.beta, "tau": self.hp.tau,
+                "fedntd_tau_squared": self.hp.fedntd_tau_squared}

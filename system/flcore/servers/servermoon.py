@@ -25,11 +25,11 @@ class MoonServer(Server):
     client_cls = MoonClient
 
     def setup(self) -> None:
-        if float(self.args.tau) <= 0:
-            raise FLError(f"MOON needs a temperature -tau > 0, got {self.args.tau}")
-        if float(self.args.mu) == 0.0:
+        if self.hp.tau <= 0:
+            raise FLError(f"MOON needs a temperature -tau > 0, got {self.hp.tau}")
+        if self.hp.mu == 0.0:
             log.warning("warning: MOON with -mu 0 (PFLlib's default) is FedAvg; set -mu, e.g. 1 (paper: 0.1-10)")
-        self.initial_params = self.global_params.clone() if self.args.moon_first_previous == "initial" else None
+        self.initial_params = self.global_params.clone() if self.hp.moon_first_previous == "initial" else None
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         if self.initial_params is not None:
@@ -38,5 +38,5 @@ class MoonServer(Server):
         return super().make_package(rnd, cohort)
 
     def summary(self) -> dict[str, object]:
-        return {"mu": float(self.args.mu), "tau": float(self.args.tau),
-                "moon_first_previous": self.args.moon_first_previous}
+        return {"mu": self.hp.mu, "tau": self.hp.tau,
+                "moon_first_previous": self.hp.moon_first_previous}
