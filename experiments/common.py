@@ -54,6 +54,12 @@ class Run(NamedTuple):
         return time.perf_counter() - self.started
 
 
+def results_folder(experiment: str, label: str) -> Path:
+    """Where :func:`run_variant` puts a row's results files: ``out/results/<experiment>/<tag>``, the
+    tag being the label with every character other than a letter or digit replaced by ``_``."""
+    return OUT / "results" / experiment / "".join(ch if ch.isalnum() else "_" for ch in label)
+
+
 def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
                 model: str, rounds: int, extra: Sequence[str] = (), quiet: bool = False) -> Run | str:
     """One table row through ``main.main`` with the script's ``args`` (lr, batch size, epochs, device,
@@ -62,8 +68,8 @@ def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: 
     ``quiet`` swallows what ``main`` prints, for scripts that print only their table."""
     if algo not in ALGORITHMS:
         return f"skipped: algorithm {algo!r} is not registered"
-    tag = "".join(ch if ch.isalnum() else "_" for ch in label)
-    results = OUT / "results" / experiment / tag
+    results = results_folder(experiment, label)
+    tag = results.name
     for old in results.glob("*.h5"):
         old.unlink()
     argv = ["-data", str(data), "-algo", algo, "-m", model, "-dev", args.device, "-gr", str(rounds),

@@ -37,6 +37,7 @@ Usage (from the repository root)::
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
@@ -46,7 +47,8 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from common import MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, run_variant, write_table
+from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, results_folder,
+                    run_variant, write_table)
 from flcore.registry import ALGORITHMS, load_all  # importable once common has put system/ on the path
 
 EXPERIMENT = "protocol_families"
@@ -115,6 +117,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=1, help="seeds seed..seed+N-1, one run each")
     add_only_and_data_flags(parser, "families, labels or -algo names to run (default: all)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take a run's numbers from its results file when one with the same settings "
+                             "(data, model, rounds, lr, B, E, seed, eval gap, algorithm and flags) is there, "
+                             "e.g. to add seeds to a finished table")
     parser.add_argument("--bn_data", type=Path, default=None,
                         help="dataset folder of the FedBN family (default: generated under out/)")
     args = parser.parse_args(argv)
@@ -141,8 +147,10 @@ def ensure_data(given: Path | None, samples_per_client: int) -> Path:
 
 def read_run(path: Path) -> dict[str, float]:
     """The numbers of one result file: sample-weighted accuracy (last 10%, best, final), the unweighted
-    mean over clients (last 10%) and, where the method has one, its shared model's accuracy."""
+    mean over clients (last 10%), where the method has one its shared model's accuracy, and the run's
+    wall time as ``main`` measured it."""
     with h5py.File(path) as f:
+        seconds = float(f.attrs["wall_time_s"])
         weighted = f["rs_test_acc"][()]
         client_mean = f["rs_client_acc"][()].mean(axis=1)
         shared = f["rs_test_acc_global"][()] if "rs_test_acc_global" in f else None
@@ -151,7 +159,17 @@ def read_run(path: Path) -> dict[str, float]:
                "client_last10": client_mean[-tail:].mean()}
     if shared is not None:
         numbers["shared_last10"] = shared[-tail:].mean()
-    return {key: float(value) for key, value in numbers.items()}
+    return {key: float(value) for key, value in numbers.items()} | {"time": seconds}
+
+
+def earlier_run(folder: Path, expected: dict[str, object]) -> Path | None:
+    """The one results file in ``folder`` whose recorded settings include ``expected``, if any."""
+    paths = sorted(folder.glob("*.h5"))
+    if len(paths) != 1:
+        return None
+    with h5py.File(paths[0]) as f:
+        config = json.loads(f.attrs["config"])
+    return paths[0] if all(config.get(key) == value for key, value in expected.items()) else None
 
 
 def plan_jobs(rows: list[Row], seeds: range) -> list[Job]:
@@ -169,16 +187,21 @@ def run_job(job: Job, args: argparse.Namespace, data: dict[str, Path], rounds: i
     model = args.model if job.setup == "main" else args.bn_model
     gap = args.eval_gap if job.setup == "main" else args.bn_eval_gap
     extra = ["-jr", "1", "-t", "1", "--engine", args.engine, "--num_threads", str(args.threads), "-eg", str(gap)]
-    label = f"{job.algo} {' '.join(job.flags)} {model} seed{job.seed}"
+    label = f"{job.algo} {' '.join(job.flags)} {model} seed{job.seed}"  # flags in the label: own folder
+    if args.reuse:
+        expected = {"dataset": str(data[job.setup]), "model": model, "global_rounds": rounds, "algorithm": job.algo,
+                    "local_learning_rate": args.lr, "batch_size": args.batch_size, "local_epochs": args.local_epochs,
+                    "seed": job.seed, "eval_gap": gap, "join_ratio": 1.0}
+        found = earlier_run(results_folder(EXPERIMENT, label), expected)
+        if found is not None:
+            return read_run(found)
     run = run_variant(EXPERIMENT, label, job.algo, list(job.flags), data[job.setup],
                       argparse.Namespace(**{**vars(args), "seed": job.seed}), model, rounds, extra, quiet=True)
     if isinstance(run, str):
         return run
     if len(run.paths) != 1:
         return f"failed: expected one result file, found {len(run.paths)}"
-    numbers = read_run(run.paths[0])
-    numbers["time"] = run.seconds()
-    return numbers
+    return read_run(run.paths[0])
 
 
 def combine(outcomes: list[dict[str, float] | str]) -> dict[str, float] | str:
@@ -251,7 +274,7 @@ def main_script() -> None:
         f"{data.get('bn', Path('-')).name}, evaluated every {args.bn_eval_gap} round(s). Test splits are whole "
         "(25% of each client's samples); 'last 10%' = mean over the last 10% of evaluations; weighted = "
         "sample-weighted over clients (main.py's number); shared model = the method's shared/global model "
-        "where it records one; time = wall time of one run on a shared CPU (noisy).", "",
+        "where it records one; time = wall time of one run as main.py measured it, on a shared CPU (noisy).", "",
     ]
     for family in FAMILY_TITLES:
         rows = [row for row in chosen if row.family == family]

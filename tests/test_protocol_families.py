@@ -46,3 +46,19 @@ def test_run_job_reads_its_own_result_file(tmp_path, monkeypatch, algo):
 
 def test_combine_passes_on_a_failed_run():
     assert pf.combine([{"last10": 0.5}, "failed: main.main exited with 2"]) == "failed: main.main exited with 2"
+
+
+def test_reuse_takes_a_matching_results_file_and_only_that(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "OUT", tmp_path / "out")
+    data = make_dataset(tmp_path, num_clients=3, eight_bit=True)
+    job = pf.Job("FedAvg", (), "main", 0)
+    first = pf.run_job(job, pf.parse_args(["--model", "MLR"]), {"main": data}, rounds=1)
+    (path,) = (tmp_path / "out" / "results" / pf.EXPERIMENT).rglob("*.h5")
+    stamp = path.stat().st_mtime_ns
+    again = pf.run_job(job, pf.parse_args(["--model", "MLR", "--reuse"]), {"main": data}, rounds=1)
+    assert again == first and path.stat().st_mtime_ns == stamp  # read back, not run again
+    assert pf.earlier_run(path.parent, {"algorithm": "FedAvg", "seed": 0, "global_rounds": 1}) == path
+    assert pf.earlier_run(path.parent, {"algorithm": "FedAvg", "local_learning_rate": 0.01}) is None
+    # A different setting is a new run, which replaces the old file.
+    other = pf.run_job(job, pf.parse_args(["--model", "MLR", "--reuse", "--lr", "0.01"]), {"main": data}, rounds=1)
+    assert other != first and path.stat().st_mtime_ns != stamp
