@@ -32,6 +32,7 @@ Usage (from the repository root)::
     .venv/bin/python experiments/protocol_families.py                      # 30 rounds, seed 0, 2 jobs
     .venv/bin/python experiments/protocol_families.py --quick              # 2 rounds: every row runs
     .venv/bin/python experiments/protocol_families.py --only global --seeds 3
+    .venv/bin/python experiments/protocol_families.py --reuse --seeds 3 --skip FedGen batchnorm  # add seeds 1, 2
     .venv/bin/python experiments/protocol_families.py --only FedBN Local --rounds 50
 """
 from __future__ import annotations
@@ -117,6 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--seeds", type=int, default=1, help="seeds seed..seed+N-1, one run each")
     add_only_and_data_flags(parser, "families, labels or -algo names to run (default: all)")
+    parser.add_argument("--skip", nargs="*", default=[], help="families, labels or -algo names to leave out")
     parser.add_argument("--reuse", action="store_true",
                         help="take a run's numbers from its results file when one with the same settings "
                              "(data, model, rounds, lr, B, E, seed, eval gap, algorithm and flags) is there, "
@@ -170,6 +172,14 @@ def earlier_run(folder: Path, expected: dict[str, object]) -> Path | None:
     with h5py.File(paths[0]) as f:
         config = json.loads(f.attrs["config"])
     return paths[0] if all(config.get(key) == value for key, value in expected.items()) else None
+
+
+def choose_rows(only: list[str] | None, skip: list[str]) -> list[Row]:
+    """The rows named by ``--only`` (all when None) less those named by ``--skip``; a row is named by its
+    family, its label or its ``-algo`` name."""
+    def named(row: Row, names: list[str]) -> bool:
+        return bool({row.family, row.label, row.algo} & set(names))
+    return [row for row in ROWS if (only is None or named(row, only)) and not named(row, skip)]
 
 
 def plan_jobs(rows: list[Row], seeds: range) -> list[Job]:
@@ -244,8 +254,7 @@ def main_script() -> None:
     args = parse_args()
     rounds = args.rounds if args.rounds is not None else (2 if args.quick else 30)
     load_all()
-    chosen = [row for row in ROWS
-              if args.only is None or {row.family, row.label, row.algo} & set(args.only)]
+    chosen = choose_rows(args.only, args.skip)
     setups = {row.setup for row in chosen}
     data = {}
     if "main" in setups:

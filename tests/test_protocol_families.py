@@ -62,3 +62,12 @@ def test_reuse_takes_a_matching_results_file_and_only_that(tmp_path, monkeypatch
     # A different setting is a new run, which replaces the old file.
     other = pf.run_job(job, pf.parse_args(["--model", "MLR", "--reuse", "--lr", "0.01"]), {"main": data}, rounds=1)
     assert other != first and path.stat().st_mtime_ns != stamp
+
+
+def test_rows_are_chosen_by_family_label_or_algorithm_less_the_skipped():
+    rows = pf.choose_rows(["global", "personalised"], ["FedGen"])
+    assert [row.label for row in rows] == ["FedAvg", "MOON", "FedDyn", "FedCross", "FedAvg", "Local", "FedPer",
+                                           "FedRep", "FedRoD"]
+    assert [(row.family, row.label) for row in pf.choose_rows(["FedROD", "FedBN"], [])] == [
+        ("personalised", "FedRoD"), ("batchnorm", "FedBN")]
+    assert pf.choose_rows(None, ["global", "personalised"]) == [row for row in pf.ROWS if row.setup == "bn"]
