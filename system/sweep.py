@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -112,9 +113,9 @@ def own_parser() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time")
     parser.add_argument("--threads", type=int, default=None,
                         help="--num_threads of each run (default: cores // --jobs, at least 1)")
-    parser.add_argument("--rank_by", choices=["best", "final"], default="best",
+    parser.add_argument("--rank_by", "--rank-by", choices=["best", "final"], default="best",
                         help="mean accuracy that picks each algorithm's best setting")
-    parser.add_argument("--dry_run", action="store_true", help="print the jobs and their state, run nothing")
+    parser.add_argument("--dry_run", "--dry-run", action="store_true", help="print the jobs and their state, run nothing")
     return parser
 
 
@@ -196,9 +197,11 @@ def parse_main_argv(argv: list[str], what: str) -> argparse.Namespace:
 
 
 def goal_value(value: Any) -> str:
-    """A parsed value as it appears in a goal: parsed, so 0.10 and 0.1 are one setting."""
+    """A parsed value as it appears in a goal (parsed, so 0.10 and 0.1 are one setting); characters
+    unsafe in file names become ``~``, with a hash of the value so that distinct values stay distinct."""
     text = str(value)
-    return re.sub(r"[^A-Za-z0-9.+-]", "~", text)
+    safe = re.sub(r"[^A-Za-z0-9._+-]", "~", text)
+    return safe if safe == text else f"{safe}~{hashlib.sha1(text.encode()).hexdigest()[:6]}"
 
 
 def settings_points(axes: list[Axis], zipped: bool) -> list[tuple[tuple[str, str | None], ...]]:
@@ -258,8 +261,8 @@ def plan(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Job]]:
     own = own_parser().parse_args(own_tokens)
     if own.times < 1 or own.jobs < 1 or (own.threads is not None and own.threads < 1):
         raise FLError("-t, --jobs and --threads must be >= 1")
-    if not re.fullmatch(r"[A-Za-z0-9.+=-]+", own.goal):
-        raise FLError(f"-go {own.goal!r}: use letters, digits and . + = - only (it is part of file names)")
+    if not re.fullmatch(r"[A-Za-z0-9._+=-]+", own.goal):
+        raise FLError(f"-go {own.goal!r}: use letters, digits and . _ + = - only (it is part of file names)")
     axes = read_axes(own, passed)
     cache = _ParserCache()
     algorithms = list(dict.fromkeys(own.algorithm))
@@ -363,6 +366,8 @@ class Runner:
         seconds = time.perf_counter() - started
         if process.returncode == 0:
             return 0, "", seconds
+        if self._stopping:
+            return process.returncode, "interrupted", seconds
         lines = [line for line in err.splitlines() if line.strip()]
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / (job.path.stem + ".log")
@@ -377,11 +382,13 @@ class Runner:
         for process in running:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 10
         for process in running:
             try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # SIGINT ignored (a background job): end it, no file is written
                 process.kill()
+                process.wait()
 
 
 def run_jobs(jobs: list[Job], parallel: int, log_dir: Path) -> list[str]:
@@ -480,5 +487,10 @@ def main_cli(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the runs as Ctrl-C does
     sys.exit(main_cli())
