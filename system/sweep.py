@@ -303,6 +303,8 @@ def jobs_of_setting(own: argparse.Namespace, algorithm: str, applied: list[tuple
     settings = parse_main_argv(argv, f"{algorithm} {described}".strip())
     parts = [f"{short_name(a)}={goal_value(getattr(settings, a.dest))}" for k, a, _ in applied if k in swept]
     goal = "-".join([own.goal, *parts])
+    if len(goal) > 150:  # file names are limited to 255 bytes: long settings are named by a hash
+        goal = f"{own.goal}-{hashlib.sha1(goal.encode()).hexdigest()[:12]}"
     settings.goal = goal
     argv += ["-go", goal]
     jobs = []
