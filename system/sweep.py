@@ -66,7 +66,7 @@ LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir",
 RUN_ONLY_DESTS = frozenset({
     "quiet", "progress", "num_threads", "times", "prev", "results_dir", "data_root", "save_model",
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
-    "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "seed", "dataset", "goal",
+    "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
 })
 
 @dataclass
@@ -333,10 +333,9 @@ def stored_conflict(path: Path, job: Job) -> str | None:
     expected = dict(job.settings, seed=job.settings["seed"] + job.run, dataset=Path(job.settings["dataset"]).name)
     stored = dict(stored, dataset=Path(str(stored.get("dataset", ""))).name)
     for key, value in expected.items():
-        if key in stored and (key not in RUN_ONLY_DESTS or key in ("seed", "dataset")):
-            if _as_json(value) != stored[key]:
-                return (f"conflict: {path} was made with {key}={stored[key]!r}, this job has {value!r}; "
-                        f"remove it or use another -go")
+        if key in stored and key not in RUN_ONLY_DESTS and _as_json(value) != stored[key]:
+            return (f"conflict: {path} was made with {key}={stored[key]!r}, this job has {value!r}; "
+                    f"remove it or use another -go")
     return None
 
 
