@@ -29,7 +29,23 @@ Deliberate differences from PFLlib, all of which keep its distributions:
 * When cumulative proportions leave a remainder, it goes to the last client
   with a non-zero share (PFLlib: the last client, even if it is already full).
 * Rejection loops (``dir``, ``exdir``) stop after ``max_tries`` with a
-  :class:`PartitionError` instead of looping forever.
+  :class:`PartitionError` instead of looping forever. PFLlib's ``dir`` redraws
+  until every client holds ``least`` samples, which never happens for many
+  clients or a small alpha (PFLlib issues #120, #130); ours redraws at most
+  ``max_tries`` times and then, by default (``fallback="repair"``), tops up the
+  clients still short of ``least`` from the largest clients (see
+  :func:`_top_up`), so it always finishes; ``fallback="error"`` keeps the
+  rejection-only behaviour and fails with one line instead.
+
+Strategies not in PFLlib (Li et al., "Federated Learning on Non-IID Data Silos:
+An Experimental Study", ICDE 2022, NIID-Bench):
+
+* :func:`label_quantity` (``classes``): label-quantity skew ``#C=k``, every
+  client holds exactly ``k`` classes, chosen at random, and each class is split
+  equally at random among its holders.
+* :func:`quantity_skew` (``quantity``): client sizes from Dir(alpha), labels IID.
+
+:func:`few_shot` is PFLlib's ``-fs``: at most N training samples per label and client.
 """
 
 from __future__ import annotations
@@ -41,10 +57,13 @@ import numpy as np
 
 from .errors import PartitionError
 
-PARTITIONS = ("pat", "dir", "exdir", "shard")
+PARTITIONS = ("pat", "dir", "exdir", "shard", "classes", "quantity")
 """Partition names accepted as the third positional argument of the generators."""
 
 DEFAULT_MAX_TRIES = 10000
+DIR_MAX_TRIES = 100
+"""PFLlib-style redraws of ``dir`` before the fallback; enough where PFLlib itself finishes."""
+DIR_FALLBACKS = ("repair", "error")
 
 
 def least_samples(num_samples: int, num_clients: int, batch_size: int = 10,
@@ -164,19 +183,30 @@ def iid(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.G
 
 def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, alpha: float,
               rng: np.random.Generator, *, least: int,
-              max_tries: int = DEFAULT_MAX_TRIES) -> list[np.ndarray]:
+              max_tries: int = DIR_MAX_TRIES, fallback: str = "repair") -> list[np.ndarray]:
     """PFLlib's ``dir``: per class, proportions over clients drawn from Dir(alpha).
 
     Clients already holding at least N/num_clients samples get nothing of later
-    classes; the whole draw is repeated until every client has ``least`` samples.
+    classes; the whole draw is repeated until every client has ``least`` samples,
+    at most ``max_tries`` times. If no draw qualifies, ``fallback="repair"``
+    keeps the last draw and tops up the short clients (:func:`_top_up`), so the
+    call always returns for any alpha > 0 and any ``num_clients`` with
+    ``least * num_clients <= N``; ``fallback="error"`` raises instead.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not alpha > 0:
-        raise PartitionError(f"alpha must be positive, got {alpha}")
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise PartitionError(f"alpha must be a positive number, got {alpha}")
+    if fallback not in DIR_FALLBACKS:
+        raise PartitionError(f"unknown dir fallback {fallback!r}; choose {' or '.join(DIR_FALLBACKS)}")
+    if least * num_clients > labels.size:
+        raise PartitionError(
+            f"dir: {num_clients} clients x {least} samples each need more than the "
+            f"{labels.size} samples; lower --num-clients")
     fair_share = labels.size / num_clients
     class_idx = _class_indices(labels, num_classes)
-    for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    parts: list[list[np.ndarray]] = []
+    for _ in range(max(max_tries, 1)):
+        parts = [[] for _ in range(num_clients)]
         sizes = np.zeros(num_clients, dtype=np.int64)
         for idx_k in class_idx:
             idx_k = rng.permutation(idx_k)
@@ -191,9 +221,137 @@ def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, alpha: flo
                 sizes[j] += len(chunk)
         if sizes.min() >= least:
             return [np.concatenate(p) for p in parts]
-    raise PartitionError(
-        f"dir: no draw in {max_tries} tries gave every client at least {least} samples; "
-        f"raise --alpha or lower --num-clients")
+    if fallback == "error":
+        raise PartitionError(
+            f"dir: no draw in {max_tries} tries gave every client at least {least} samples; "
+            f"raise --alpha or lower --num-clients")
+    owner = np.empty(labels.size, dtype=np.int64)
+    for client, chunks in enumerate(parts):
+        for chunk in chunks:
+            owner[chunk] = client
+    _top_up(owner, labels, num_clients, num_classes, least, rng)
+    return _parts_from_owner(owner, num_clients, rng)
+
+
+def _parts_from_owner(owner: np.ndarray, num_clients: int,
+                      rng: np.random.Generator) -> list[np.ndarray]:
+    """Indices of each client (shuffled) from a per-sample owner array."""
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(num_clients + 1))
+    return [rng.permutation(order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _top_up(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int,
+            least: int, rng: np.random.Generator) -> None:
+    """Move samples to clients below ``least`` until every client holds ``least``.
+
+    The smallest client receives, from the currently largest client, random
+    samples of the class that donor holds most of, never taking the donor below
+    ``least``. Each client so receives few classes, which keeps the label skew a
+    small alpha asks for (a uniform top-up would add every class). Terminates
+    because ``least * num_clients <= N``: while a client is short, the largest
+    one holds more than ``least``, and every move shrinks the total shortfall.
+    """
+    counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+    np.add.at(counts, (owner, labels), 1)
+    sizes = counts.sum(axis=1)
+    while sizes.min() < least:
+        receiver = int(np.argmin(sizes))
+        donor = int(np.argmax(sizes))
+        k = int(np.argmax(counts[donor]))
+        amount = int(min(least - sizes[receiver], sizes[donor] - least, counts[donor, k]))
+        candidates = np.flatnonzero((owner == donor) & (labels == k))
+        moved = rng.choice(candidates, size=amount, replace=False)
+        owner[moved] = receiver
+        counts[donor, k] -= amount
+        counts[receiver, k] += amount
+        sizes[donor] -= amount
+        sizes[receiver] += amount
+
+
+def label_quantity(labels: np.ndarray, num_clients: int, num_classes: int,
+                   class_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Label-quantity skew ``#C=k`` (NIID-Bench): each client holds exactly k classes.
+
+    Clients, in random order, first take classes no client holds yet, then random
+    distinct others, so every class has a holder whenever
+    ``num_clients * k >= num_classes`` (NIID-Bench instead drops classes nobody
+    drew; we keep every sample). Each class is split into equal random parts
+    (sizes differ by at most one) over its holders.
+    """
+    labels = _check_common(labels, num_clients, num_classes)
+    if not 1 <= class_per_client <= num_classes:
+        raise PartitionError(
+            f"class_per_client must be between 1 and num_classes ({num_classes}), "
+            f"got {class_per_client}")
+    if num_clients * class_per_client < num_classes:
+        raise PartitionError(
+            f"classes with {num_clients} clients x {class_per_client} classes leaves some of the "
+            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
+    uncovered = list(rng.permutation(num_classes))
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
+    for client in rng.permutation(num_clients):
+        mine = [int(uncovered.pop()) for _ in range(min(class_per_client, len(uncovered)))]
+        rest = np.setdiff1d(np.arange(num_classes), mine)
+        mine += [int(k) for k in rng.choice(rest, class_per_client - len(mine), replace=False)]
+        for k in mine:
+            holders[k].append(int(client))
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for k, idx_k in enumerate(_class_indices(labels, num_classes)):
+        chunks = np.array_split(rng.permutation(idx_k), len(holders[k]))
+        for client, chunk in zip(rng.permutation(holders[k]), chunks):
+            parts[client].append(chunk)
+    return [rng.permutation(np.concatenate(p)) for p in parts]
+
+
+def quantity_skew(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
+                  *, least: int = 1) -> list[np.ndarray]:
+    """Quantity skew (NIID-Bench): client sizes from Dir(alpha), labels IID.
+
+    Every client first gets ``least`` samples; the remaining ``N - least*n`` are
+    shared by proportions ``p ~ Dir(alpha)`` (cumulative cuts, so sizes are
+    ``least + floor``-rounded ``p * rest``). Samples are shuffled before the cut,
+    so each client's labels follow the global label distribution.
+    """
+    labels = np.asarray(labels)
+    if num_clients < 1:
+        raise PartitionError(f"num_clients must be at least 1, got {num_clients}")
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise PartitionError(f"alpha must be a positive number, got {alpha}")
+    least = max(int(least), 1)
+    if least * num_clients > labels.size:
+        raise PartitionError(
+            f"quantity: {num_clients} clients x {least} samples need more than the "
+            f"{labels.size} samples; lower --num-clients")
+    rest = labels.size - least * num_clients
+    p = rng.dirichlet(np.full(num_clients, alpha))
+    if not _usable(p):
+        p = np.full(num_clients, 1.0 / num_clients)
+    cuts = np.floor(np.cumsum(p / p.sum()) * rest + 1e-9).astype(np.int64)
+    cuts[-1] = rest
+    sizes = np.diff(np.concatenate([[0], cuts])) + least
+    return np.split(rng.permutation(labels.size), np.cumsum(sizes)[:-1])
+
+
+def few_shot(indices: np.ndarray, labels: np.ndarray, per_label: int | None,
+             rng: np.random.Generator) -> np.ndarray:
+    """PFLlib's few-shot option: keep at most ``per_label`` samples of each label, at random.
+
+    The kept indices stay in their original order.
+    """
+    indices = np.asarray(indices)
+    if per_label is None:
+        return indices
+    if per_label < 1:
+        raise PartitionError(f"few-shot needs at least 1 sample per label, got {per_label}")
+    keep = np.zeros(len(indices), dtype=bool)
+    own = np.asarray(labels)[indices]
+    for k in np.unique(own):
+        where = np.flatnonzero(own == k)
+        if len(where) > per_label:
+            where = rng.choice(where, per_label, replace=False)
+        keep[where] = True
+    return indices[keep]
 
 
 def exdir(labels: np.ndarray, num_clients: int, num_classes: int, class_per_client: int,
@@ -344,8 +502,8 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
                    rng: np.random.Generator, non_iid: bool, balance: bool,
                    partition: str | None, alpha: float = 0.1, class_per_client: int = 2,
                    shards_per_client: int = 2, batch_size: int = 10,
-                   train_ratio: float = 0.75,
-                   max_tries: int = DEFAULT_MAX_TRIES) -> list[np.ndarray]:
+                   train_ratio: float = 0.75, max_tries: int | None = None,
+                   dir_fallback: str = "repair") -> list[np.ndarray]:
     """Dispatch on PFLlib's ``(non_iid, balance, partition)`` triple.
 
     As in PFLlib, ``non_iid=False`` means IID whatever ``partition`` says, and
@@ -361,12 +519,19 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
         return pat(labels, num_clients, num_classes, class_per_client, rng,
                    balance=balance, least=least)
     if partition == "dir":
-        return dirichlet(labels, num_clients, num_classes, alpha, rng,
-                         least=least, max_tries=max_tries)
+        return dirichlet(labels, num_clients, num_classes, alpha, rng, least=least,
+                         max_tries=DIR_MAX_TRIES if max_tries is None else max_tries,
+                         fallback=dir_fallback)
     if partition == "exdir":
         min_size = min(10, labels.size // max(num_clients, 1))
         return exdir(labels, num_clients, num_classes, class_per_client, alpha, rng,
-                     min_size=min_size, max_tries=max_tries)
+                     min_size=min_size,
+                     max_tries=DEFAULT_MAX_TRIES if max_tries is None else max_tries)
+    if partition == "classes":
+        return label_quantity(labels, num_clients, num_classes, class_per_client, rng)
+    if partition == "quantity":
+        _check_common(labels, num_clients, num_classes)
+        return quantity_skew(labels, num_clients, alpha, rng, least=least)
     if partition == "shard":
         _check_common(labels, num_clients, num_classes)
         return shard(labels, num_clients, rng, shards_per_client=shards_per_client)
