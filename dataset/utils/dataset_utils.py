@@ -50,11 +50,15 @@ NATURAL = "natural"
 TEST_SPLITS = ("client", "global")
 
 
-def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: int | None) -> None:
-    parser.add_argument("--num-clients", type=int, default=default_num_clients,
-                        help=f"number of clients (default {default_num_clients})"
-                        if default_num_clients is not None else
-                        "keep the N natural clients with the most samples (default: all)")
+def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: int | None,
+                          natural: bool = False) -> None:
+    if natural:
+        default = "all" if default_num_clients is None else default_num_clients
+        help_text = (f"natural partition: keep the N natural clients with the most samples "
+                     f"(default {default}); other partitions: number of clients")
+    else:
+        help_text = f"number of clients (default {default_num_clients})"
+    parser.add_argument("--num-clients", type=int, default=default_num_clients, help=help_text)
     parser.add_argument("--train-ratio", type=float, default=0.75,
                         help="share of each client's samples used for training (default 0.75)")
     parser.add_argument("--seed", type=int, default=1,
@@ -96,7 +100,7 @@ def build_parser(name: str, *, default_num_clients: int = 20,
                         choices=partitions,
                         help=f"PFLlib argument 3: {', '.join(partitions)} "
                              f"(default {NATURAL if natural else 'dir'})")
-    _add_shared_arguments(parser, None if natural else default_num_clients)
+    _add_shared_arguments(parser, default_num_clients, natural=natural)
     parser.add_argument("--alpha", type=float, default=0.1,
                         help="Dirichlet concentration for dir/exdir and of the client sizes "
                              "for quantity (default 0.1; PFLlib suggests 100 for exdir)")
@@ -361,15 +365,22 @@ def natural_parts(data: RawDataset, keep: int | None) -> tuple[list[np.ndarray],
 
 
 def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path,
-             num_classes: int = 10) -> int:
-    """Generate ``name`` as ``args`` asks; returns the exit status."""
-    options = partition_options(args, name, num_classes)
+             num_classes: int = 10, extra_options: dict[str, Any] | None = None) -> int:
+    """Generate ``name`` as ``args`` asks; returns the exit status.
+
+    ``extra_options`` are dataset-specific options (EMNIST's split, a text
+    dataset's vocabulary size...), stored in config.json and compared on reruns.
+    """
+    options = {**partition_options(args, name, num_classes), **(extra_options or {})}
     out_dir = (args.out_dir or Path(script_dir) / name).resolve()
     if not args.force and is_generated(out_dir, options):
         print(f"Dataset already generated in {out_dir} with these options; "
               f"skipped (pass --force to regenerate).")
         return 0
     data = load(args.raw_dir, out_dir / "rawdata")
+    if data.num_classes != num_classes:
+        raise DatasetError(f"{name}: the raw files hold {data.num_classes} classes, "
+                           f"expected {num_classes}")
     feature_skew.check(args.feature_skew, options["skew_strength"], data.x.shape[1:],
                        data.is_image)
     rng = np.random.default_rng(args.seed)
@@ -403,14 +414,33 @@ def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path
     return 0
 
 
-def main(argv: Sequence[str] | None, name: str, load: Loader, script_dir: Path, *,
-         default_num_clients: int = 20, num_classes: int = 10,
-         raw_dir_help: str | None = None, natural: bool = False) -> int:
-    """Entry point of a dataset's ``generate_<name>.py``."""
+Binder = Callable[[argparse.Namespace], tuple[Loader, int, dict[str, Any]]]
+"""From the parsed flags: the loader, the class count and the dataset-specific options."""
+
+
+def main(argv: Sequence[str] | None, name: str, load: Loader | None, script_dir: Path, *,
+         default_num_clients: int | None = 20, num_classes: int = 10,
+         raw_dir_help: str | None = None, natural: bool = False,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+         bind: Binder | None = None) -> int:
+    """Entry point of a dataset's ``generate_<name>.py``.
+
+    Datasets with their own flags pass ``add_arguments`` (adds them to the
+    parser) and ``bind`` (turns the parsed flags into loader, class count and
+    options); the others pass ``load`` and ``num_classes``.
+    """
     parser = build_parser(name, default_num_clients=default_num_clients,
                           raw_dir_help=raw_dir_help, natural=natural)
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
-    return _guarded(lambda: generate(args, name, load, script_dir, num_classes))
+
+    def run() -> int:
+        if bind is None:
+            return generate(args, name, load, script_dir, num_classes)
+        loader, classes, extra = bind(args)
+        return generate(args, name, loader, script_dir, classes, extra)
+    return _guarded(run)
 
 
 def synthetic_folder_name(alpha: float, beta: float, iid: bool) -> str:

@@ -60,12 +60,17 @@ def _read_bytes(path: Path) -> bytes:
         raise ReadError(f"{path}: file not found") from None
     except OSError as exc:
         raise ReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return _maybe_gunzip(raw, str(path))
+
+
+def _maybe_gunzip(raw: bytes, name: str) -> bytes:
+    """``raw`` gunzipped when it starts with the gzip magic, else unchanged."""
     if raw[:2] != GZIP_MAGIC:
         return raw
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as exc:
-        raise ReadError(f"{path}: corrupt or truncated gzip data ({exc})") from None
+        raise ReadError(f"{name}: corrupt or truncated gzip data ({exc})") from None
 
 
 def parse_idx(data: bytes, *, name: str = "IDX data", ndim: int | None = None) -> np.ndarray:

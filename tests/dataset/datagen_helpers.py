@@ -142,3 +142,69 @@ def all_labels(out: Path) -> np.ndarray:
     config = read_config(out)
     return np.concatenate([load_client(out, part, c)[1] for c in range(config["num_clients"])
                            for part in ("train", "test")])
+
+
+def tar_folder(folder: Path, archive: Path, arcname: str) -> Path:
+    """Pack ``folder`` as ``arcname/`` into a gzip tarball."""
+    import tarfile
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=arcname)
+    return archive
+
+
+def make_cifar100_py(folder: Path, n_train: int = 30, n_test: int = 10,
+                     seed: int = 0) -> tuple[dict[str, str], np.ndarray, np.ndarray]:
+    """cifar-100-python style pickles (bytes keys); returns MD5s, images and fine labels."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    xs, ys, table = [], [], {}
+    for name, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        y = (np.arange(n) * 7 + len(ys)) % 100
+        batch = {b"filenames": [b"a.png"] * n, b"batch_label": name.encode(),
+                 b"fine_labels": y.tolist(), b"coarse_labels": (y // 5).tolist(), b"data": x}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=3))
+        xs.append(x.reshape(n, 3, 32, 32))
+        ys.append(y)
+    meta = {b"fine_label_names": [f"class{k}".encode() for k in range(100)],
+            b"coarse_label_names": [f"super{k}".encode() for k in range(20)]}
+    (folder / "meta").write_bytes(pickle.dumps(meta, protocol=3))
+    for name in ("train", "test", "meta"):
+        table[name] = md5(folder / name)
+    return table, np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+
+
+def make_cifar100_bin(folder: Path, n_train: int = 30, n_test: int = 10,
+                      seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """cifar-100-binary style files: coarse byte, fine byte, 3,072 pixels per record."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for name, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        y = (np.arange(n) * 3 + n) % 100
+        records = np.concatenate([(y // 5).astype(np.uint8)[:, None], y.astype(np.uint8)[:, None],
+                                  x.reshape(n, -1)], axis=1)
+        (folder / f"{name}.bin").write_bytes(records.tobytes())
+        xs.append(x)
+        ys.append(y)
+    (folder / "fine_label_names.txt").write_text("\n".join(f"c{k}" for k in range(100)) + "\n")
+    return np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+
+
+def make_emnist_zip(archive: Path, split: str = "digits", n_train: int = 40, n_test: int = 20,
+                    num_classes: int = 10, label_offset: int = 0,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """NIST's gzip.zip layout: gzip/emnist-<split>-...-ubyte.gz members."""
+    import zipfile
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n_train + n_test, 28, 28), dtype=np.uint8)
+    labels = (np.arange(n_train + n_test) % num_classes + label_offset).astype(np.uint8)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        for part, sl in (("train", slice(0, n_train)), ("test", slice(n_train, None))):
+            zf.writestr(f"gzip/emnist-{split}-{part}-images-idx3-ubyte.gz",
+                        gzip.compress(idx_bytes(images[sl]), mtime=0))
+            zf.writestr(f"gzip/emnist-{split}-{part}-labels-idx1-ubyte.gz",
+                        gzip.compress(idx_bytes(labels[sl]), mtime=0))
+    return images, labels.astype(np.int64) - label_offset
