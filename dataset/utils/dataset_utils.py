@@ -323,6 +323,10 @@ def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray]
     save_partition_png(out_dir / PICTURE_NAME, counts, [str(c) for c in data.class_names],
                        title=title, domains=domains,
                        domain_label=domain_label if domains is not None else "domain")
+    for file_name, text in (data.extra_files or {}).items():
+        tmp = out_dir / (file_name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out_dir / file_name)
     write_json_atomic(out_dir / CONFIG_NAME, config)
     for line in summary_lines(counts, domains):
         print(line)

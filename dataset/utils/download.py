@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from .errors import ChecksumError, DownloadError
 
@@ -119,7 +119,8 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, mirrors: Sequence[st
     failures: list[str] = []
     bad_checksum = False
     for base in mirrors:
-        url = base.rstrip("/") + "/" + remote.name
+        # Names with spaces (UCI's 'UCI HAR Dataset.zip') are quoted in the URL only.
+        url = base.rstrip("/") + "/" + quote(remote.name)
         for attempt in range(attempts):
             if attempt:
                 time.sleep(backoff * 2 ** (attempt - 1))

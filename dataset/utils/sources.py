@@ -47,6 +47,8 @@ class RawDataset:
     """Domain of each natural client for feature-shift datasets (Digit5, DomainNet)."""
     extra_config: dict | None = None
     """Dataset-specific facts stored in config.json (vocabulary size, split, ...)."""
+    extra_files: dict | None = None
+    """Text files written next to config.json (name -> content), e.g. a tokenizer's JSON."""
 
     @property
     def is_image(self) -> bool:

@@ -147,6 +147,7 @@ def all_labels(out: Path) -> np.ndarray:
 def tar_folder(folder: Path, archive: Path, arcname: str) -> Path:
     """Pack ``folder`` as ``arcname/`` into a gzip tarball."""
     import tarfile
+    archive.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(archive, "w:gz") as tar:
         tar.add(folder, arcname=arcname)
     return archive
@@ -208,3 +209,89 @@ def make_emnist_zip(archive: Path, split: str = "digits", n_train: int = 40, n_t
             zf.writestr(f"gzip/emnist-{split}-{part}-labels-idx1-ubyte.gz",
                         gzip.compress(idx_bytes(labels[sl]), mtime=0))
     return images, labels.astype(np.int64) - label_offset
+
+
+HAR_SIGNALS = [f"{kind}_{axis}" for kind in ("body_acc", "body_gyro", "total_acc") for axis in "xyz"]
+
+
+def make_har_zip(archive: Path, n_train: int = 24, n_test: int = 12, seed: int = 0,
+                 wrap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """UCI HAR's zip layout ('UCI HAR Dataset/<split>/Inertial Signals/*.txt', y_*, subject_*).
+
+    Returns windows [N, 9, 1, 128], labels 0..5 and subjects 1..30 (train then test).
+    Training windows come from subjects 1-4, test windows from 5-6, as UCI splits by subject.
+    """
+    import io
+    import zipfile
+    rng = np.random.default_rng(seed)
+    xs, ys, subjects = [], [], []
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        for split, n, people in (("train", n_train, [1, 2, 3, 4]), ("test", n_test, [5, 6])):
+            # Multiples of 1/1024 print exactly in decimal, so parsing gives these floats back.
+            x = (rng.integers(-4096, 4096, (n, 9, 128)) / 1024).astype(np.float32)
+            y = np.arange(n) % 6 + 1
+            s = np.array(people)[np.arange(n) % len(people)]
+            root = f"UCI HAR Dataset/{split}"
+            for i, name in enumerate(HAR_SIGNALS):
+                text = "\n".join("  " + " ".join(f"{v:.10e}" for v in row) for row in x[:, i])
+                zf.writestr(f"{root}/Inertial Signals/{name}_{split}.txt", text + "\n")
+            zf.writestr(f"{root}/y_{split}.txt", "\n".join(map(str, y)) + "\n")
+            zf.writestr(f"{root}/subject_{split}.txt", "\n".join(map(str, s)) + "\n")
+            xs.append(x[:, :, None, :])
+            ys.append(y - 1)
+            subjects.append(s)
+        zf.writestr("UCI HAR Dataset/activity_labels.txt", "1 WALKING\n")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    if wrap:
+        with zipfile.ZipFile(archive, "w") as outer:
+            outer.writestr("UCI HAR Dataset.zip", buffer.getvalue())
+    else:
+        archive.write_bytes(buffer.getvalue())
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(subjects)
+
+
+def write_leaf_json(folder: Path, users: dict[str, tuple[list, list]], parts: int = 2) -> None:
+    """LEAF's layout: train/ and test/ JSON files; each user's samples split between them."""
+    for sub in ("train", "test"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    names = sorted(users)
+    for sub, pick in (("train", slice(None, None, 2)), ("test", slice(1, None, 2))):
+        for chunk in range(parts):
+            mine = names[chunk::parts]
+            blob = {"users": mine, "num_samples": [len(users[u][1][pick]) for u in mine],
+                    "user_data": {u: {"x": users[u][0][pick], "y": users[u][1][pick]}
+                                  for u in mine}}
+            (folder / sub / f"all_data_{chunk}_niid_0_keep_0_{sub}_9.json").write_text(json.dumps(blob))
+
+
+def make_femnist_users(num_users: int = 5, seed: int = 0) -> dict[str, tuple[list, list]]:
+    """Writers with 4..(3 + num_users) images each; pixels in [0, 1] on a 1/255 grid."""
+    rng = np.random.default_rng(seed)
+    users = {}
+    for u in range(num_users):
+        n = 4 + u
+        x = (rng.integers(0, 256, (n, 784)) / 255.0).round(6).tolist()
+        y = rng.integers(0, 62, n).tolist()
+        users[f"f{u:04d}_{u}"] = (x, y)
+    return users
+
+
+def make_ag_news_csv(folder: Path, n_train: int = 40, n_test: int = 12,
+                     num_classes: int = 4) -> tuple[list[str], np.ndarray]:
+    """train.csv and test.csv rows '"class","title","description"' (classes from 1)."""
+    import csv
+    folder.mkdir(parents=True, exist_ok=True)
+    words = {0: "election minister war", 1: "match goal team", 2: "stocks profit market",
+             3: "software chip internet", 4: "car engine road"}
+    texts, labels = [], []
+    for name, n in (("train.csv", n_train), ("test.csv", n_test)):
+        with open(folder / name, "w", newline="") as fh:
+            writer = csv.writer(fh, quoting=csv.QUOTE_ALL)
+            for i in range(n):
+                k = i % num_classes
+                title, body = f"Headline {i}", f"The {words[k]} story, number {i}."
+                writer.writerow([k + 1, title, body])
+                texts.append(f"{title} {body}")
+                labels.append(k)
+    return texts, np.array(labels)
