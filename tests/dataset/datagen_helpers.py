@@ -295,3 +295,51 @@ def make_ag_news_csv(folder: Path, n_train: int = 40, n_test: int = 12,
                 texts.append(f"{title} {body}")
                 labels.append(k)
     return texts, np.array(labels)
+
+
+def make_digit5(folder: Path, n: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
+    """KD3A's DigitFive MAT files with ``n`` train and ``n`` test images per domain.
+
+    Returns each domain's labels (train then test) as the generator should read them.
+    """
+    from scipy.io import savemat
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    labels = {}
+
+    def digits():
+        return rng.integers(0, 10, n)
+
+    def onehot(y):
+        return np.eye(10, dtype=np.uint8)[y]
+    a, b = digits(), digits()
+    savemat(folder / "mnist_data.mat", {
+        "train_32": rng.integers(0, 256, (n, 32, 32), dtype=np.uint8), "label_train": onehot(a),
+        "test_32": rng.integers(0, 256, (n, 32, 32), dtype=np.uint8), "label_test": onehot(b)})
+    labels["mnist"] = np.concatenate([a, b])
+    a, b = digits(), digits()
+    savemat(folder / "mnistm_with_label.mat", {
+        "train": rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8), "label_train": onehot(a),
+        "test": rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8), "label_test": onehot(b)})
+    labels["mnistm"] = np.concatenate([a, b])
+    svhn = []
+    for name in ("svhn_train_32x32.mat", "svhn_test_32x32.mat"):
+        y = digits()
+        savemat(folder / name, {"X": rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8),
+                                "y": np.where(y == 0, 10, y)[:, None].astype(np.uint8)})
+        svhn.append(y)
+    labels["svhn"] = np.concatenate(svhn)
+    a, b = digits(), digits()
+    savemat(folder / "syn_number.mat", {
+        "train_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "train_label": a[:, None],
+        "test_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "test_label": b[:, None]})
+    labels["syn"] = np.concatenate([a, b])
+    a, b = digits(), digits()
+    cells = np.empty((2, 2), dtype=object)
+    cells[0, 0] = rng.random((n, 1, 28, 28)).astype(np.float32)
+    cells[0, 1] = a[:, None]
+    cells[1, 0] = rng.random((n, 1, 28, 28)).astype(np.float32)
+    cells[1, 1] = b[:, None]
+    savemat(folder / "usps_28x28.mat", {"dataset": cells})
+    labels["usps"] = np.concatenate([a, b])
+    return labels
