@@ -142,8 +142,12 @@ def _check_shared(args: argparse.Namespace) -> None:
         raise DatasetError(f"--batch-size must be at least 1, got {args.batch_size}")
 
 
-def partition_options(args: argparse.Namespace, name: str, num_classes: int) -> dict[str, Any]:
-    """Every option that shapes the output; equal options mean an identical dataset."""
+def partition_options(args: argparse.Namespace, name: str,
+                      num_classes: int | None) -> dict[str, Any]:
+    """Every option that shapes the output; equal options mean an identical dataset.
+
+    ``num_classes`` None: the class count comes from the raw files (checked after loading).
+    """
     _check_shared(args)
     non_iid = args.niid == "noniid"
     partition = None if args.partition == "-" else args.partition
@@ -151,7 +155,8 @@ def partition_options(args: argparse.Namespace, name: str, num_classes: int) -> 
         raise DatasetError(f"noniid needs a partition: {', '.join(PARTITIONS)}")
     if not (args.alpha > 0 and np.isfinite(args.alpha)):
         raise DatasetError(f"--alpha must be a positive number, got {args.alpha}")
-    if not 1 <= args.class_per_client <= num_classes:
+    if args.class_per_client < 1 or (num_classes is not None
+                                     and args.class_per_client > num_classes):
         raise DatasetError(f"--class-per-client must be between 1 and {num_classes}, "
                            f"got {args.class_per_client}")
     if args.shards_per_client < 1:
@@ -178,6 +183,8 @@ def partition_options(args: argparse.Namespace, name: str, num_classes: int) -> 
         "test_split": args.test_split, "feature_skew": args.feature_skew,
         "skew_strength": strength,
     }
+    if num_classes is None:
+        del options["num_classes"]
     if partition == NATURAL and non_iid:
         # The client count comes from the data; what the user chose is the cap.
         options["natural_clients"] = options.pop("num_clients")
@@ -369,7 +376,7 @@ def natural_parts(data: RawDataset, keep: int | None) -> tuple[list[np.ndarray],
 
 
 def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path,
-             num_classes: int = 10, extra_options: dict[str, Any] | None = None) -> int:
+             num_classes: int | None = 10, extra_options: dict[str, Any] | None = None) -> int:
     """Generate ``name`` as ``args`` asks; returns the exit status.
 
     ``extra_options`` are dataset-specific options (EMNIST's split, a text
@@ -382,9 +389,12 @@ def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path
               f"skipped (pass --force to regenerate).")
         return 0
     data = load(args.raw_dir, out_dir / "rawdata")
-    if data.num_classes != num_classes:
+    if num_classes is not None and data.num_classes != num_classes:
         raise DatasetError(f"{name}: the raw files hold {data.num_classes} classes, "
                            f"expected {num_classes}")
+    if args.class_per_client > data.num_classes:
+        raise DatasetError(f"--class-per-client must be between 1 and {data.num_classes}, "
+                           f"got {args.class_per_client}")
     feature_skew.check(args.feature_skew, options["skew_strength"], data.x.shape[1:],
                        data.is_image)
     rng = np.random.default_rng(args.seed)
@@ -418,12 +428,12 @@ def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path
     return 0
 
 
-Binder = Callable[[argparse.Namespace], tuple[Loader, int, dict[str, Any]]]
+Binder = Callable[[argparse.Namespace], tuple[Loader, int | None, dict[str, Any]]]
 """From the parsed flags: the loader, the class count and the dataset-specific options."""
 
 
 def main(argv: Sequence[str] | None, name: str, load: Loader | None, script_dir: Path, *,
-         default_num_clients: int | None = 20, num_classes: int = 10,
+         default_num_clients: int | None = 20, num_classes: int | None = 10,
          raw_dir_help: str | None = None, natural: bool = False,
          add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
          bind: Binder | None = None) -> int:

@@ -343,3 +343,42 @@ def make_digit5(folder: Path, n: int = 6, seed: int = 0) -> dict[str, np.ndarray
     savemat(folder / "usps_28x28.mat", {"dataset": cells})
     labels["usps"] = np.concatenate([a, b])
     return labels
+
+
+def image_bytes(value: int, size: tuple[int, int] = (12, 10), fmt: str = "PNG",
+                grey: bool = False) -> bytes:
+    """A flat image of one colour (value, 255 - value, value // 2) in format ``fmt``."""
+    import io as _io
+    from PIL import Image
+    mode, colour = ("L", value) if grey else ("RGB", (value, 255 - value, value // 2))
+    buffer = _io.BytesIO()
+    Image.new(mode, size, colour).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def write_zip(archive: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return archive
+
+
+def write_tgz(archive: Path, members: dict[str, bytes]) -> Path:
+    import io as _io
+    import tarfile
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, _io.BytesIO(data))
+    return archive
+
+
+def write_tree(folder: Path, members: dict[str, bytes]) -> Path:
+    for name, data in members.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
