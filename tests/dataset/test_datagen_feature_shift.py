@@ -61,3 +61,24 @@ def test_digit5_missing_file_names_raw_dir(tmp_path):
         digit5.read_digit5(tmp_path)
     proc = run_script("generate_Digit5.py", "--out-dir", str(tmp_path / "o"))
     assert proc.returncode == 2 and "--raw-dir" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_domainnet_domain_zips_one_client_per_domain_with_class_subset(tmp_path):
+    from datagen_helpers import image_bytes, write_zip
+    for d, domain in enumerate(["clipart", "real", "sketch"]):
+        write_zip(tmp_path / f"{domain}.zip",
+                  {f"{domain}/{c}/{domain}_{c}_{i}.jpg": image_bytes(d * 50 + i, fmt="JPEG")
+                   for c in ("bird", "zebra", "airplane") for i in range(2 + d)})
+    out = tmp_path / "DomainNet"
+    proc = run_script("generate_DomainNet.py", "--raw-dir", str(tmp_path), "--domains", "sketch",
+                      "clipart", "real", "--classes", "zebra", "bird", "--image-size", "16",
+                      "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    config = read_config(out)
+    assert config["num_classes"] == 2 and config["class_names"] == ["bird", "zebra"]
+    assert config["client_domains"] == ["sketch", "real", "clipart"]  # largest first
+    assert np.add(config["train_samples"], config["test_samples"]).tolist() == [8, 6, 4]
+    assert config["input_shape"] == [3, 16, 16]
+    missing = run_script("generate_DomainNet.py", "--raw-dir", str(tmp_path), "--domains",
+                         "quickdraw", "--out-dir", str(tmp_path / "o"))
+    assert missing.returncode == 2 and "quickdraw" in missing.stderr
