@@ -221,3 +221,62 @@ def test_sogou_news_from_tarball_and_no_download(tmp_path):
     missing = run_script("generate_SogouNews.py", "--out-dir", str(tmp_path / "S2"))
     assert missing.returncode == 2 and "--raw-dir" in missing.stderr
     assert missing.stderr.count("\n") == 1
+
+
+def pamap2_rows(activities, seed=0):
+    """Rows of a subject file: 54 columns, a NaN in heart rate as in the real files."""
+    rng = np.random.default_rng(seed)
+    table = rng.integers(-500, 500, (len(activities), 54)) / 64
+    table[:, 0] = np.arange(len(activities)) / 100
+    table[:, 1] = activities
+    table[::3, 2] = np.nan  # heart rate is sampled at 9 Hz: NaN elsewhere, not a channel
+    return table
+
+
+def write_dat(table):
+    return "\n".join(" ".join("NaN" if np.isnan(v) else f"{v:.6f}" for v in row)
+                     for row in table).encode() + b"\n"
+
+
+def test_pamap2_windows_subjects_and_activities(tmp_path):
+    from datagen_helpers import write_zip
+    from dataset.utils import pamap2
+    a = pamap2_rows([1] * 20 + [0] * 5 + [4] * 17)
+    a[30, pamap2.CHANNELS[4]] = np.nan  # a dropped gyro packet spoils the windows holding it
+    b = pamap2_rows([24] * 16, seed=1)
+    opt = pamap2_rows([16] * 8, seed=2)
+    archive = write_zip(tmp_path / "PAMAP2_Dataset.zip", {
+        "PAMAP2_Dataset/Protocol/subject101.dat": write_dat(a),
+        "PAMAP2_Dataset/Protocol/subject105.dat": write_dat(b),
+        "PAMAP2_Dataset/Optional/subject101.dat": write_dat(opt)})
+    data = pamap2.read_pamap2(archive, window=8, step=4)
+    codes = sorted(pamap2.ACTIVITIES)
+    # subject 101: activity 1 rows 0-19 -> windows at 0,4,8,12; activity 4 rows 25-41 ->
+    # windows at 28 and 32 hold the NaN at row 30, so only 36 is kept (and 24 mixes 0 and 4).
+    assert data.y.tolist() == [codes.index(1)] * 4 + [codes.index(4)] + [codes.index(24)] * 3
+    np.testing.assert_array_equal(data.groups, [0] * 5 + [1] * 3)
+    assert data.group_names == ["subject 101", "subject 105"]
+    assert data.x.shape == (8, 27, 1, 8)
+    np.testing.assert_allclose(data.x[0, :, 0, :], a[0:8, pamap2.CHANNELS].T.astype(np.float32))
+    with_optional = pamap2.read_pamap2(archive, window=8, step=4, optional=True)
+    # Files are read in name order: Optional/subject101.dat comes first, same subject.
+    assert len(with_optional.y) == 8 + 1 and with_optional.y[0] == codes.index(16)
+    assert with_optional.groups[0] == 0 and with_optional.group_names == data.group_names
+    bad = write_zip(tmp_path / "bad.zip", {"PAMAP2_Dataset/Protocol/subject101.dat": b"1 2 3\n"})
+    with pytest.raises(ReadError, match="3 columns per row"):
+        pamap2.read_pamap2(bad)
+
+
+def test_pamap2_generator_script(tmp_path):
+    from datagen_helpers import write_tree
+    write_tree(tmp_path / "raw", {
+        f"PAMAP2_Dataset/Protocol/subject10{s}.dat": write_dat(pamap2_rows([1, 2, 3][s % 3:][:1] * 40, s))
+        for s in range(1, 4)})
+    out = tmp_path / "PAMAP2"
+    proc = run_script("generate_PAMAP2.py", "--raw-dir", str(tmp_path / "raw"), "--window", "10",
+                      "--step", "10", "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    config = read_config(out)
+    assert config["num_clients"] == 3 and config["input_shape"] == [27, 1, 10]
+    assert config["num_classes"] == 12 and config["window"] == 10
+    assert sum(config["train_samples"]) + sum(config["test_samples"]) == 12
