@@ -162,3 +162,46 @@ def test_corrupt_image_and_archive_are_one_line_errors(tmp_path):
     (tmp_path / "broken.tgz").write_bytes(b"\x1f\x8b\x08\x00garbage")
     with pytest.raises(ReadError, match="corrupt or truncated"):
         list(image_folders.iter_files(tmp_path / "broken.tgz", lambda n: True))
+
+
+def test_camelyon17_wilds_folder_hospitals_as_clients(tmp_path):
+    root = tmp_path / "camelyon17_v1.0"
+    rows = ["patient,node,x_coord,y_coord,tumor,slide,center,split"]
+    members = {}
+    for i, (patient, center, tumor) in enumerate([(4, 0, 1), (4, 0, 0), (10, 1, 0), (10, 1, 1),
+                                                  (10, 1, 1), (99, 4, 0)]):
+        name = (f"patches/patient_{patient:03d}_node_2/patch_patient_{patient:03d}_node_2"
+                f"_x_{i * 96}_y_{i}.png")
+        members[name] = image_bytes(i * 20, (96, 96))
+        rows.append(f"{patient},2,{i * 96},{i},{tumor},{patient // 5},{center},0")
+    write_tree(root, members)
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "Camelyon17"
+    proc = run_script("generate_Camelyon17.py", "--raw-dir", str(tmp_path), "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    config = read_config(out)
+    assert config["client_names"] == ["hospital 1", "hospital 0", "hospital 4"]
+    assert config["num_classes"] == 2 and config["input_shape"] == [3, 32, 32]
+    y = np.concatenate([load_client(out, s, 0)[1] for s in ("train", "test")])
+    assert sorted(y.tolist()) == [0, 1, 1]
+    (root / next(iter(members))).unlink()
+    from dataset.utils import wilds_sources
+    with pytest.raises(ReadError, match="image listed in metadata.csv not found"):
+        wilds_sources.read_camelyon17(tmp_path)
+
+
+def test_iwildcam_wilds_folder_locations_as_clients(tmp_path):
+    from dataset.utils import wilds_sources
+    root = tmp_path / "iwildcam_v2.0"
+    rows = ["split,location_remapped,y,filename"]
+    members = {}
+    for i, (loc, y) in enumerate([(0, 0), (0, 5), (7, 181), (7, 0), (7, 5)]):
+        members[f"train/img{i}.jpg"] = image_bytes(i * 40, (40, 30), fmt="JPEG")
+        rows.append(f"train,{loc},{y},img{i}.jpg")
+    write_tree(root, members)
+    (root / "metadata.csv").write_text("\n".join(rows) + "\n")
+    data = wilds_sources.read_iwildcam(tmp_path, size=16)
+    assert data.num_classes == 182 and data.x.shape == (5, 3, 16, 16)
+    assert data.groups.tolist() == [0, 0, 7, 7, 7] and data.y.tolist() == [0, 5, 181, 0, 5]
+    proc = run_script("generate_iWildCam.py", "--out-dir", str(tmp_path / "o"))
+    assert proc.returncode == 2 and "wilds.get_dataset" in proc.stderr
