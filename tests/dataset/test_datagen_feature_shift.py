@@ -82,3 +82,28 @@ def test_domainnet_domain_zips_one_client_per_domain_with_class_subset(tmp_path)
     missing = run_script("generate_DomainNet.py", "--raw-dir", str(tmp_path), "--domains",
                          "quickdraw", "--out-dir", str(tmp_path / "o"))
     assert missing.returncode == 2 and "quickdraw" in missing.stderr
+
+
+def test_amazon_review_npz_domains_as_clients(tmp_path):
+    rng = np.random.default_rng(0)
+    docs, features = 20, 5003
+    dense = (rng.random((docs, features)) < 0.01) * rng.integers(1, 4, (docs, features))
+    rows, cols = np.nonzero(dense.T)  # stored transposed: features x documents
+    np.savez(tmp_path / "amazon.npz", xx_data=dense.T[rows, cols].astype(np.float64),
+             xx_row=rows, xx_col=cols, xx_shape=np.array([features, docs]),
+             yy=np.where(np.arange(docs) % 3 == 0, 1, -1)[:, None],
+             offset=np.array([[0], [4], [9], [15], [20]]))
+    out = tmp_path / "AmazonReview"
+    proc = run_script("generate_AmazonReview.py", "--raw-dir", str(tmp_path), "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    config = read_config(out)
+    assert config["input_shape"] == [5000] and config["num_classes"] == 2
+    # Largest domain first (6, 5, 5, 4 documents; ties keep the domain order).
+    assert config["client_domains"] == ["electronics", "dvd", "kitchen", "books"]
+    from dataset.utils import misc_sources
+    data = misc_sources.read_amazon_review(tmp_path)
+    np.testing.assert_array_equal(data.x, dense[:, :5000].astype(np.float32))
+    assert data.y.tolist() == [1 if i % 3 == 0 else 0 for i in range(docs)]
+    np.save(tmp_path / "x.npy", np.array([object()], dtype=object), allow_pickle=True)
+    with pytest.raises(ReadError):
+        misc_sources.read_amazon_review(tmp_path / "x.npy")

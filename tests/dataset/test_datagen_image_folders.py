@@ -205,3 +205,29 @@ def test_iwildcam_wilds_folder_locations_as_clients(tmp_path):
     assert data.groups.tolist() == [0, 0, 7, 7, 7] and data.y.tolist() == [0, 5, 181, 0, 5]
     proc = run_script("generate_iWildCam.py", "--out-dir", str(tmp_path / "o"))
     assert proc.returncode == 2 and "wilds.get_dataset" in proc.stderr
+
+
+def test_stanford_cars_kaggle_folder(tmp_path):
+    from scipy.io import savemat
+
+    from dataset.utils import misc_sources
+    root = tmp_path / "stanford_cars"
+    for split, labels in (("train", [196, 1, 5]), ("test", [2])):
+        folder = "cars_train" if split == "train" else "cars_test"
+        annos = np.zeros(len(labels), dtype=[("fname", object), ("class", object)])
+        for i, label in enumerate(labels):
+            annos[i] = (f"{i:05d}.jpg", label)
+            write_tree(root / folder, {f"{i:05d}.jpg": image_bytes(label, (30, 20), fmt="JPEG")})
+        mat = "devkit/cars_train_annos.mat" if split == "train" else "cars_test_annos_withlabels.mat"
+        (root / mat).parent.mkdir(parents=True, exist_ok=True)
+        savemat(root / mat, {"annotations": annos[None, :]})
+    names = np.array([f"car {k}" for k in range(196)], dtype=object)
+    savemat(root / "devkit" / "cars_meta.mat", {"class_names": names[None, :]})
+    data = misc_sources.read_stanford_cars(tmp_path, ("train", "test"), 16)
+    assert data.y.tolist() == [195, 0, 4, 1] and data.num_train == 3
+    assert data.class_names[195] == "car 195" and data.x.shape == (4, 3, 16, 16)
+    out = tmp_path / "StanfordCars"
+    proc = run_script("generate_StanfordCars.py", "iid", "balance", "-", "--num-clients", "1",
+                      "--raw-dir", str(tmp_path), "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert read_config(out)["num_classes"] == 196
