@@ -59,6 +59,7 @@ def save_partition_png(path: Path, counts: np.ndarray, class_names: Sequence[str
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     num_clients, num_classes = counts.shape
     height = min(max(3.0, 0.22 * num_clients + 1.5), 14.0) if num_clients <= BAR_LIMIT else 8.0
@@ -75,6 +76,7 @@ def save_partition_png(path: Path, counts: np.ndarray, class_names: Sequence[str
             left += counts[:, k]
         ax.set_xlabel("samples (colour = class)")
         ax.set_ylim(num_clients - 0.5, -0.5)
+        ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         if num_classes <= 20:
             ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, title="class")
     else:
