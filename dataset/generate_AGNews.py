@@ -14,17 +14,12 @@ sys.path.insert(0, str(HERE))  # our utils/, never system/utils
 
 from utils.dataset_utils import main  # noqa: E402
 from utils.text import (AG_NEWS_CLASSES, AG_NEWS_FILES, AG_NEWS_MIRRORS, CSV_RAW_HELP,  # noqa: E402
-                        add_text_arguments, news_loader)
-
-
-def bind(args):
-    loader = news_loader("AGNews", AG_NEWS_CLASSES, "ag_news_csv.tar.gz", AG_NEWS_FILES,
-                         AG_NEWS_MIRRORS, args.tokenizer, args.vocab_size, args.max_len)
-    return loader, len(AG_NEWS_CLASSES), {"tokenizer": args.tokenizer,
-                                          "requested_vocab_size": args.vocab_size,
-                                          "max_len": args.max_len}
+                        add_text_arguments, news_binder)
 
 
 if __name__ == "__main__":
-    sys.exit(main(None, "AGNews", None, HERE, raw_dir_help=CSV_RAW_HELP.format(
-        archive="ag_news_csv.tar.gz"), add_arguments=add_text_arguments, bind=bind))
+    sys.exit(main(None, "AGNews", None, HERE,
+                  raw_dir_help=CSV_RAW_HELP.format(archive="ag_news_csv.tar.gz"),
+                  add_arguments=add_text_arguments,
+                  bind=news_binder("AGNews", AG_NEWS_CLASSES, "ag_news_csv.tar.gz", AG_NEWS_FILES,
+                                   AG_NEWS_MIRRORS)))

@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # our utils/, never system/utils
 
 from utils.dataset_utils import main  # noqa: E402
-from utils.errors import DatasetError  # noqa: E402
+from utils.image_folders import add_image_size_argument, check_image_size  # noqa: E402
 from utils.image_datasets import (DOMAINNET, DOMAINNET_CLASSES, DOMAINNET_DOMAINS,  # noqa: E402
                                   load_domainnet)
 
@@ -24,13 +24,11 @@ def add_arguments(parser):
                         default=list(DOMAINNET_DOMAINS), help="domains, one client each (default all)")
     parser.add_argument("--classes", nargs="+", default=list(DOMAINNET_CLASSES),
                         help="class names to keep, or 'all' (default FedBN's ten)")
-    parser.add_argument("--image-size", type=int, default=DOMAINNET.image_size,
-                        help=f"images are resized to SIZE x SIZE (default {DOMAINNET.image_size})")
+    add_image_size_argument(parser, DOMAINNET.image_size)
 
 
 def bind(args):
-    if not 4 <= args.image_size <= 512:
-        raise DatasetError(f"--image-size must be between 4 and 512, got {args.image_size}")
+    check_image_size(args.image_size)
     domains = tuple(dict.fromkeys(args.domains))
     classes = None if args.classes == ["all"] else tuple(sorted(set(args.classes)))
 

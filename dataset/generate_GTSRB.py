@@ -11,12 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # our utils/, never system/utils
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.image_datasets import LOADERS, add_image_arguments, binder  # noqa: E402
-
-SPEC = LOADERS["GTSRB"][0]
+from utils.image_datasets import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(None, "GTSRB", None, HERE, raw_dir_help=SPEC.raw_help,
-                  natural=False, default_num_clients=20,
-                  add_arguments=add_image_arguments(SPEC), bind=binder("GTSRB")))
+    sys.exit(main("GTSRB", HERE))

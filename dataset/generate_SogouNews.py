@@ -12,17 +12,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # our utils/, never system/utils
 
 from utils.dataset_utils import main  # noqa: E402
-from utils.text import CSV_RAW_HELP, SOGOU_NEWS_CLASSES, add_text_arguments, news_loader  # noqa: E402
-
-
-def bind(args):
-    loader = news_loader("SogouNews", SOGOU_NEWS_CLASSES, "sogou_news_csv.tar.gz", None, (),
-                         args.tokenizer, args.vocab_size, args.max_len)
-    return loader, len(SOGOU_NEWS_CLASSES), {"tokenizer": args.tokenizer,
-                                             "requested_vocab_size": args.vocab_size,
-                                             "max_len": args.max_len}
+from utils.text import CSV_RAW_HELP, SOGOU_NEWS_CLASSES, add_text_arguments, news_binder  # noqa: E402
 
 
 if __name__ == "__main__":
-    sys.exit(main(None, "SogouNews", None, HERE, raw_dir_help=CSV_RAW_HELP.format(
-        archive="sogou_news_csv.tar.gz"), add_arguments=add_text_arguments, bind=bind))
+    sys.exit(main(None, "SogouNews", None, HERE,
+                  raw_dir_help=CSV_RAW_HELP.format(archive="sogou_news_csv.tar.gz"),
+                  add_arguments=add_text_arguments,
+                  bind=news_binder("SogouNews", SOGOU_NEWS_CLASSES, "sogou_news_csv.tar.gz", None, ())))

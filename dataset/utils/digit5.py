@@ -84,27 +84,27 @@ def to_rgb32(images: np.ndarray, layout: str, scale: float = 1.0) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2))
 
 
-def _mnist(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    path = folder / "mnist_data.mat"
+def _two_splits(path: Path, image_keys: Callable[[str], tuple[str, ...]], label_key: str,
+                layout: str) -> tuple[np.ndarray, np.ndarray]:
+    """Train then test images and labels of a MAT file holding both splits."""
     mat = _loadmat(path)
     xs, ys = [], []
     for split in ("train", "test"):
-        x = _get(mat, path, f"{split}_32", f"{split}_28")
-        x = x.reshape(len(x), x.shape[1], x.shape[2]) if x.ndim == 4 else x
-        xs.append(to_rgb32(x, "NHW"))
-        ys.append(_labels(_get(mat, path, f"label_{split}"), len(x), path))
+        x = _get(mat, path, *image_keys(split))
+        if layout == "NHW" and x.ndim == 4:
+            x = x.reshape(x.shape[:3])
+        xs.append(to_rgb32(x, layout))
+        ys.append(_labels(_get(mat, path, label_key.format(split=split)), len(x), path))
     return np.concatenate(xs), np.concatenate(ys)
+
+
+def _mnist(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    return _two_splits(folder / "mnist_data.mat", lambda s: (f"{s}_32", f"{s}_28"),
+                       "label_{split}", "NHW")
 
 
 def _mnistm(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    path = folder / "mnistm_with_label.mat"
-    mat = _loadmat(path)
-    xs, ys = [], []
-    for split in ("train", "test"):
-        x = _get(mat, path, split)
-        xs.append(to_rgb32(x, "NHWC"))
-        ys.append(_labels(_get(mat, path, f"label_{split}"), len(x), path))
-    return np.concatenate(xs), np.concatenate(ys)
+    return _two_splits(folder / "mnistm_with_label.mat", lambda s: (s,), "label_{split}", "NHWC")
 
 
 def _svhn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -121,14 +121,7 @@ def _svhn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _syn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    path = folder / "syn_number.mat"
-    mat = _loadmat(path)
-    xs, ys = [], []
-    for split in ("train", "test"):
-        x = _get(mat, path, f"{split}_data")
-        xs.append(to_rgb32(x, "NHWC"))
-        ys.append(_labels(_get(mat, path, f"{split}_label"), len(x), path))
-    return np.concatenate(xs), np.concatenate(ys)
+    return _two_splits(folder / "syn_number.mat", lambda s: (f"{s}_data",), "{split}_label", "NHWC")
 
 
 def _usps(folder: Path) -> tuple[np.ndarray, np.ndarray]:

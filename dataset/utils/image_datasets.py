@@ -39,8 +39,9 @@ from typing import Callable
 import numpy as np
 
 from . import download
-from .errors import DatasetError, ReadError
-from .image_folders import Collected, decode_image, is_image, iter_files, parts_of
+from .errors import ReadError
+from .image_folders import (Collected, add_image_size_argument, check_image_size, decode_image,
+                            is_image, iter_files, parts_of)
 from .sources import Loader, RawDataset
 
 
@@ -338,8 +339,7 @@ LOADERS: dict[str, tuple[ImageDatasetSpec, Callable[..., RawDataset]]] = {
 
 def add_image_arguments(spec: ImageDatasetSpec) -> Callable[[argparse.ArgumentParser], None]:
     def add(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--image-size", type=int, default=spec.image_size,
-                            help=f"images are resized to SIZE x SIZE (default {spec.image_size})")
+        add_image_size_argument(parser, spec.image_size)
         if len(spec.splits) > 1:
             parser.add_argument("--splits", nargs="+", choices=spec.splits,
                                 default=list(spec.default_splits),
@@ -353,8 +353,7 @@ def binder(name: str) -> Callable[[argparse.Namespace], tuple[Loader, int | None
     spec, load = LOADERS[name]
 
     def bind(args: argparse.Namespace):
-        if not 4 <= args.image_size <= 512:
-            raise DatasetError(f"--image-size must be between 4 and 512, got {args.image_size}")
+        check_image_size(args.image_size)
         splits = tuple(dict.fromkeys(getattr(args, "splits", None) or spec.default_splits))
 
         def loader(raw_dir: Path | None, download_dir: Path) -> RawDataset:
@@ -402,3 +401,13 @@ def load_domainnet(raw_dir: Path | None, download_dir: Path, domains: tuple[str,
     data = _dataset(collected, class_list, ("all",), str(sources[0]), group_names=list(domains))
     data.group_domains = list(domains)
     return data
+
+
+def main(name: str, script_dir: Path) -> int:
+    """Entry point of ``generate_<name>.py`` for the image-file datasets of :data:`LOADERS`."""
+    from .dataset_utils import main as generator_main
+
+    spec = LOADERS[name][0]
+    return generator_main(None, name, None, script_dir, raw_dir_help=spec.raw_help,
+                          natural=spec.natural, default_num_clients=None if spec.natural else 20,
+                          add_arguments=add_image_arguments(spec), bind=binder(name))

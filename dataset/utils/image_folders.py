@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .errors import ReadError
+from .errors import DatasetError, ReadError
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".gif", ".tif", ".tiff")
 ARCHIVE_SUFFIXES = (".zip", ".tar", ".tgz", ".tar.gz", ".tar.bz2", ".tar.xz")
@@ -111,3 +111,15 @@ class Collected:
 
 def parts_of(name: str) -> tuple[str, ...]:
     return PurePosixPath(name).parts
+
+
+def add_image_size_argument(parser, default: int) -> None:
+    """The ``--image-size`` flag of the datasets whose images are resized."""
+    parser.add_argument("--image-size", type=int, default=default,
+                        help=f"images are resized to SIZE x SIZE (default {default})")
+
+
+def check_image_size(size: int) -> int:
+    if not 4 <= size <= 512:
+        raise DatasetError(f"--image-size must be between 4 and 512, got {size}")
+    return size

@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import io
 import tarfile
 import zipfile
 import zlib
@@ -38,7 +37,6 @@ CIFAR100_PY_MD5 = {
     "test": "f0ef6b0ae62326f3e7ffdfab6717acfc",
     "meta": "7973b15100ade9c7d40fb424638fde48",
 }
-CIFAR100_RECORD = 2 + 3 * 32 * 32
 CIFAR100_RAW_HELP = ("cifar-100-python/ (train, test, meta), cifar-100-binary/ (train.bin, "
                      "test.bin, fine_label_names.txt), a folder holding one, or "
                      "cifar-100-python.tar.gz; skips the download")
@@ -48,27 +46,14 @@ def _unpickle_dict(data: bytes, name: str, expected_md5: str | None) -> dict:
     if expected_md5 is not None and readers.md5_bytes(data) != expected_md5:
         raise ChecksumError(f"{name}: MD5 {readers.md5_bytes(data)} differs from the published "
                             f"{expected_md5}; refusing to unpickle it (re-download the file)")
-    try:
-        obj = readers._ArrayOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
-    except Exception as exc:  # any unpickling failure means a bad file
-        raise ReadError(f"{name}: cannot decode ({exc})") from None
-    if not isinstance(obj, dict):
-        raise ReadError(f"{name}: expected a dict, found {type(obj).__name__}")
-    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+    return readers.unpickle_arrays_dict(data, name)
 
 
 def parse_cifar100_pickle(data: bytes, name: str,
                           expected_md5: str | None) -> tuple[np.ndarray, np.ndarray]:
     """One python-version split (``train`` or ``test``) as (N,3,32,32) uint8 and fine labels."""
-    batch = _unpickle_dict(data, name, expected_md5)
-    try:
-        x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-        y = np.asarray(batch["fine_labels"], dtype=np.int64)
-    except (KeyError, ValueError) as exc:
-        raise ReadError(f"{name}: not a CIFAR-100 split ({exc})") from None
-    if len(x) != len(y) or (len(y) and (y.min() < 0 or y.max() > 99)):
-        raise ReadError(f"{name}: {len(x)} images, {len(y)} labels or labels outside 0..99")
-    return x, y
+    return readers.cifar_batch_arrays(_unpickle_dict(data, name, expected_md5), name,
+                                      "fine_labels", 100)
 
 
 def parse_cifar100_meta(data: bytes, name: str, expected_md5: str | None) -> list[str]:
@@ -81,14 +66,10 @@ def parse_cifar100_meta(data: bytes, name: str, expected_md5: str | None) -> lis
 
 def parse_cifar100_records(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Binary-version records: coarse label, fine label, 3,072 pixels."""
-    if not data or len(data) % CIFAR100_RECORD:
-        raise ReadError(f"{name}: {len(data)} bytes is not a whole number of "
-                        f"{CIFAR100_RECORD}-byte CIFAR-100 records (truncated or corrupt)")
-    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, CIFAR100_RECORD)
-    fine = records[:, 1].astype(np.int64)
-    if fine.max() > 99 or records[:, 0].max() > 19:
+    label_bytes, images = readers.split_cifar_records(data, name, 2, "CIFAR-100")
+    if label_bytes[:, 1].max() > 99 or label_bytes[:, 0].max() > 19:
         raise ReadError(f"{name}: label bytes outside 0..99 / 0..19 (not CIFAR-100)")
-    return records[:, 2:].reshape(-1, 3, 32, 32).copy(), fine
+    return images, label_bytes[:, 1]
 
 
 def _dataset(train: tuple[np.ndarray, np.ndarray], test: tuple[np.ndarray, np.ndarray],

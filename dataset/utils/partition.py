@@ -91,6 +91,19 @@ def _check_common(labels: np.ndarray, num_clients: int, num_classes: int) -> np.
     return labels
 
 
+def _check_label_sets(name: str, num_clients: int, num_classes: int,
+                      class_per_client: int) -> None:
+    """``class_per_client`` labels per client must exist and cover every class."""
+    if not 1 <= class_per_client <= num_classes:
+        raise PartitionError(
+            f"class_per_client must be between 1 and num_classes ({num_classes}), "
+            f"got {class_per_client}")
+    if num_clients * class_per_client < num_classes:
+        raise PartitionError(
+            f"{name} with {num_clients} clients x {class_per_client} classes leaves some of the "
+            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
+
+
 def _class_indices(labels: np.ndarray, num_classes: int) -> list[np.ndarray]:
     return [np.flatnonzero(labels == k) for k in range(num_classes)]
 
@@ -143,14 +156,7 @@ def pat(labels: np.ndarray, num_clients: int, num_classes: int, class_per_client
     bound ``max(n/k/10, least/num_classes)``.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not 1 <= class_per_client <= num_classes:
-        raise PartitionError(
-            f"class_per_client must be between 1 and num_classes ({num_classes}), "
-            f"got {class_per_client}")
-    if num_clients * class_per_client < num_classes:
-        raise PartitionError(
-            f"pat with {num_clients} clients x {class_per_client} classes leaves some of the "
-            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
+    _check_label_sets("pat", num_clients, num_classes, class_per_client)
     start = [(c * class_per_client) % num_classes for c in range(num_clients)]
     order = sorted(range(num_clients), key=lambda c: (start[c], c))
     label_sets = [[(start[c] + j) % num_classes for j in range(class_per_client)] for c in order]
@@ -280,14 +286,7 @@ def label_quantity(labels: np.ndarray, num_clients: int, num_classes: int,
     (sizes differ by at most one) over its holders.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not 1 <= class_per_client <= num_classes:
-        raise PartitionError(
-            f"class_per_client must be between 1 and num_classes ({num_classes}), "
-            f"got {class_per_client}")
-    if num_clients * class_per_client < num_classes:
-        raise PartitionError(
-            f"classes with {num_clients} clients x {class_per_client} classes leaves some of the "
-            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
+    _check_label_sets("classes", num_clients, num_classes, class_per_client)
     uncovered = list(rng.permutation(num_classes))
     holders: list[list[int]] = [[] for _ in range(num_classes)]
     for client in rng.permutation(num_clients):
@@ -365,16 +364,9 @@ def exdir(labels: np.ndarray, num_clients: int, num_classes: int, class_per_clie
     clients excluded), redrawn until every client has ``min_size`` samples.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not 1 <= class_per_client <= num_classes:
-        raise PartitionError(
-            f"class_per_client must be between 1 and num_classes ({num_classes}), "
-            f"got {class_per_client}")
+    _check_label_sets("exdir", num_clients, num_classes, class_per_client)
     if not alpha > 0:
         raise PartitionError(f"alpha must be positive, got {alpha}")
-    if num_clients * class_per_client < num_classes:
-        raise PartitionError(
-            f"exdir with {num_clients} clients x {class_per_client} classes leaves some of the "
-            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
     need = max(class_per_client * num_clients // num_classes // 2, 1)
     for _ in range(max_tries):
         holders = np.zeros((num_classes, num_clients), dtype=bool)

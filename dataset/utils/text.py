@@ -177,3 +177,15 @@ def add_text_arguments(parser, default_max_len: int = 200) -> None:
     parser.add_argument("--max-len", type=int, default=default_max_len,
                         help=f"tokens kept per text, padded with 0 (default {default_max_len}, "
                              f"PFLlib's)")
+
+
+def news_binder(name: str, classes: list[str], archive_name: str,
+                files: Sequence[download.RemoteFile] | None, mirrors: Sequence[str]):
+    """The ``bind`` of ``dataset_utils.main`` for a news CSV dataset."""
+    def bind(args):
+        loader = news_loader(name, classes, archive_name, files, mirrors, args.tokenizer,
+                             args.vocab_size, args.max_len)
+        return loader, len(classes), {"tokenizer": args.tokenizer,
+                                      "requested_vocab_size": args.vocab_size,
+                                      "max_len": args.max_len}
+    return bind

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import ReadError
-from .image_folders import decode_image
+from .image_folders import add_image_size_argument, check_image_size, decode_image
 from .sources import RawDataset
 
 
@@ -103,3 +103,20 @@ def wilds_loader(name: str, size: int):
                             f"download=True) and pass --raw-dir with the folder it made")
         return readers[name](raw_dir, size)
     return load
+
+
+DEFAULT_SIZE = {"Camelyon17": 32, "iWildCam": 64}
+
+
+def main(name: str, script_dir: Path) -> int:
+    """Entry point of ``generate_Camelyon17.py`` and ``generate_iWildCam.py``."""
+    from .dataset_utils import main as generator_main
+
+    def bind(args):
+        return wilds_loader(name, check_image_size(args.image_size)), None, {
+            "image_size": args.image_size}
+    return generator_main(None, name, None, script_dir, natural=True, default_num_clients=None,
+                          raw_dir_help="the WILDS folder (metadata.csv and images)",
+                          add_arguments=lambda parser: add_image_size_argument(
+                              parser, DEFAULT_SIZE[name]),
+                          bind=bind)
