@@ -109,7 +109,7 @@ def build_parser(name: str, *, default_num_clients: int = 20,
     parser.add_argument("--shards-per-client", type=int, default=2,
                         help="shards per client for shard (default 2)")
     parser.add_argument("--dir-fallback", choices=DIR_FALLBACKS, default="repair",
-                        help="when 100 Dirichlet draws leave a client below PFLlib's minimum "
+                        help="when 100 dir/exdir draws leave a client below PFLlib's minimum "
                              "size: 'repair' tops it up from the largest clients, 'error' "
                              "stops (PFLlib redraws forever) (default repair)")
     parser.add_argument("--few-shot", type=int, default=None, metavar="N",

@@ -60,7 +60,6 @@ from .errors import PartitionError
 PARTITIONS = ("pat", "dir", "exdir", "shard", "classes", "quantity")
 """Partition names accepted as the third positional argument of the generators."""
 
-DEFAULT_MAX_TRIES = 10000
 DIR_MAX_TRIES = 100
 """PFLlib-style redraws of ``dir`` before the fallback; enough where PFLlib itself finishes."""
 DIR_FALLBACKS = ("repair", "error")
@@ -130,15 +129,47 @@ def _unbalanced_sizes(n: int, k: int, least: int, num_classes: int,
     return np.append(sizes, n - sizes.sum()).astype(np.int64)
 
 
-def _split_by_proportions(idx: np.ndarray, proportions: np.ndarray) -> list[np.ndarray]:
-    """Cut ``idx`` at the cumulative proportions, as PFLlib's ``dir`` does."""
+def _chunk_sizes(n_items: int, proportions: np.ndarray) -> np.ndarray:
+    """Sizes of the pieces PFLlib's ``dir`` cuts at the cumulative proportions."""
     proportions = proportions / proportions.sum()
-    cuts = (np.cumsum(proportions) * len(idx)).astype(np.int64)[:-1]
+    cuts = (np.cumsum(proportions) * n_items).astype(np.int64)[:-1]
     last = int(np.flatnonzero(proportions > 0)[-1])
     # Rounding down can leave samples after the last cut; they go to the last client
     # with a positive share rather than to a client the rule excluded.
-    cuts[last:] = len(idx)
-    return np.split(idx, cuts)
+    cuts[last:] = n_items
+    return np.diff(np.concatenate([[0], cuts, [n_items]]))
+
+
+def _dirichlet_draw(class_idx: list[np.ndarray], size: int, num_clients: int, alpha: float,
+                    rng: np.random.Generator,
+                    holders: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One draw of PFLlib's ``dir`` (``holders``: ``exdir``'s classes x clients mask).
+
+    Per class, proportions over clients ~ Dir(alpha); clients already holding
+    ``size / num_clients`` samples get nothing more. Returns the owner of every
+    sample and the client sizes.
+    """
+    fair_share = size / num_clients
+    owner = np.empty(size, dtype=np.int64)
+    sizes = np.zeros(num_clients, dtype=np.int64)
+    clients = np.arange(num_clients)
+    for k, idx_k in enumerate(class_idx):
+        idx_k = rng.permutation(idx_k)
+        p = rng.dirichlet(np.full(num_clients, alpha))
+        if not len(idx_k):
+            continue  # an empty class (it may come after every client is full)
+        allowed = sizes < fair_share if holders is None else holders[k] & (sizes < fair_share)
+        q = p * allowed
+        if not _usable(q):
+            # All drawn mass fell on full clients (or underflowed at tiny alpha); a
+            # label of exdir still has to go to its holders.
+            q = p * holders[k] if holders is not None else allowed.astype(float)
+            if not _usable(q):
+                q = (holders[k] if holders is not None else allowed).astype(float)
+        chunk = _chunk_sizes(len(idx_k), q)
+        owner[idx_k] = np.repeat(clients, chunk)
+        sizes += chunk
+    return owner, sizes
 
 
 def _usable(p: np.ndarray) -> bool:
@@ -208,33 +239,16 @@ def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, alpha: flo
         raise PartitionError(
             f"dir: {num_clients} clients x {least} samples each need more than the "
             f"{labels.size} samples; lower --num-clients")
-    fair_share = labels.size / num_clients
     class_idx = _class_indices(labels, num_classes)
-    parts: list[list[np.ndarray]] = []
+    owner = np.empty(0, dtype=np.int64)
     for _ in range(max(max_tries, 1)):
-        parts = [[] for _ in range(num_clients)]
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        for idx_k in class_idx:
-            idx_k = rng.permutation(idx_k)
-            p = rng.dirichlet(np.full(num_clients, alpha))
-            open_clients = sizes < fair_share
-            q = p * open_clients
-            if not _usable(q):
-                # All drawn mass fell on full clients (underflow at tiny alpha).
-                q = open_clients.astype(float)
-            for j, chunk in enumerate(_split_by_proportions(idx_k, q)):
-                parts[j].append(chunk)
-                sizes[j] += len(chunk)
+        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng)
         if sizes.min() >= least:
-            return [np.concatenate(p) for p in parts]
+            return _parts_from_owner(owner, num_clients, rng)
     if fallback == "error":
         raise PartitionError(
             f"dir: no draw in {max_tries} tries gave every client at least {least} samples; "
             f"raise --alpha or lower --num-clients")
-    owner = np.empty(labels.size, dtype=np.int64)
-    for client, chunks in enumerate(parts):
-        for chunk in chunks:
-            owner[chunk] = client
     _top_up(owner, labels, num_clients, num_classes, least, rng)
     return _parts_from_owner(owner, num_clients, rng)
 
@@ -248,23 +262,33 @@ def _parts_from_owner(owner: np.ndarray, num_clients: int,
 
 
 def _top_up(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int,
-            least: int, rng: np.random.Generator) -> None:
+            least: int, rng: np.random.Generator, allowed: np.ndarray | None = None) -> None:
     """Move samples to clients below ``least`` until every client holds ``least``.
 
-    The smallest client receives, from the currently largest client, random
-    samples of the class that donor holds most of, never taking the donor below
-    ``least``. Each client so receives few classes, which keeps the label skew a
-    small alpha asks for (a uniform top-up would add every class). Terminates
-    because ``least * num_clients <= N``: while a client is short, the largest
-    one holds more than ``least``, and every move shrinks the total shortfall.
+    The smallest client receives random samples of the largest (donor, class)
+    block among donors holding more than ``least`` and, with ``allowed``
+    (clients x classes), classes the receiver may hold (``exdir``'s label sets).
+    Taking whole blocks of one class keeps the label skew a small alpha asks
+    for (a uniform top-up would add every class). Without ``allowed`` this
+    always terminates, because ``least * num_clients <= N``: while a client is
+    short, some other client holds more than ``least``, and every move shrinks
+    the total shortfall; with ``allowed`` a receiver whose classes no donor can
+    spare raises :class:`PartitionError`.
     """
     counts = np.zeros((num_clients, num_classes), dtype=np.int64)
     np.add.at(counts, (owner, labels), 1)
     sizes = counts.sum(axis=1)
     while sizes.min() < least:
         receiver = int(np.argmin(sizes))
-        donor = int(np.argmax(sizes))
-        k = int(np.argmax(counts[donor]))
+        spare = np.where((sizes > least)[:, None], counts, 0)
+        spare[receiver] = 0
+        if allowed is not None:
+            spare = spare * allowed[receiver][None, :]
+        if spare.max() == 0:
+            raise PartitionError(
+                f"no client can spare samples of client {receiver}'s classes to give it "
+                f"{least} samples; raise --class-per-client or lower --num-clients")
+        donor, k = (int(i) for i in np.unravel_index(np.argmax(spare), spare.shape))
         amount = int(min(least - sizes[receiver], sizes[donor] - least, counts[donor, k]))
         candidates = np.flatnonzero((owner == donor) & (labels == k))
         moved = rng.choice(candidates, size=amount, replace=False)
@@ -355,18 +379,23 @@ def few_shot(indices: np.ndarray, labels: np.ndarray, per_label: int | None,
 
 def exdir(labels: np.ndarray, num_clients: int, num_classes: int, class_per_client: int,
           alpha: float, rng: np.random.Generator, *, min_size: int = 10,
-          max_tries: int = DEFAULT_MAX_TRIES) -> list[np.ndarray]:
+          max_tries: int = DIR_MAX_TRIES, fallback: str = "repair") -> list[np.ndarray]:
     """PFLlib's extended Dirichlet: ``class_per_client`` random labels, then ``dir`` per label.
 
     First each client draws ``class_per_client`` distinct labels, redrawn until every
     label has at least ``max(C*num_clients//num_classes//2, 1)`` clients; then each
     label's samples are split over its clients by Dir(alpha) proportions (full
-    clients excluded), redrawn until every client has ``min_size`` samples.
+    clients excluded), redrawn until every client has ``min_size`` samples. Each
+    loop stops after ``max_tries`` (PFLlib loops forever); then ``fallback="repair"``
+    tops the short clients up with samples of their own labels (:func:`_top_up`)
+    and ``"error"`` raises.
     """
     labels = _check_common(labels, num_clients, num_classes)
     _check_label_sets("exdir", num_clients, num_classes, class_per_client)
-    if not alpha > 0:
-        raise PartitionError(f"alpha must be positive, got {alpha}")
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise PartitionError(f"alpha must be a positive number, got {alpha}")
+    if fallback not in DIR_FALLBACKS:
+        raise PartitionError(f"unknown fallback {fallback!r}; choose {' or '.join(DIR_FALLBACKS)}")
     need = max(class_per_client * num_clients // num_classes // 2, 1)
     for _ in range(max_tries):
         holders = np.zeros((num_classes, num_clients), dtype=bool)
@@ -378,29 +407,19 @@ def exdir(labels: np.ndarray, num_clients: int, num_classes: int, class_per_clie
         raise PartitionError(
             f"exdir: no label assignment in {max_tries} tries gave every label {need} clients")
 
-    fair_share = labels.size / num_clients
     class_idx = _class_indices(labels, num_classes)
-    for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        for k, idx_k in enumerate(class_idx):
-            idx_k = rng.permutation(idx_k)
-            p = rng.dirichlet(np.full(num_clients, alpha))
-            q = p * (holders[k] & (sizes < fair_share))
-            if not _usable(q):
-                # Every holder of this label is full (or its mass underflowed): the
-                # label still has to go to its holders.
-                q = p * holders[k]
-                if not _usable(q):
-                    q = holders[k].astype(float)
-            for j, chunk in enumerate(_split_by_proportions(idx_k, q)):
-                parts[j].append(chunk)
-                sizes[j] += len(chunk)
+    owner = np.empty(0, dtype=np.int64)
+    for _ in range(max(max_tries, 1)):
+        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng,
+                                       holders=holders)
         if sizes.min() >= min_size:
-            return [rng.permutation(np.concatenate(p)) for p in parts]
-    raise PartitionError(
-        f"exdir: no draw in {max_tries} tries gave every client at least {min_size} samples; "
-        f"raise --alpha, --class-per-client or lower --num-clients")
+            return _parts_from_owner(owner, num_clients, rng)
+    if fallback == "error":
+        raise PartitionError(
+            f"exdir: no draw in {max_tries} tries gave every client at least {min_size} samples; "
+            f"raise --alpha, --class-per-client or lower --num-clients")
+    _top_up(owner, labels, num_clients, num_classes, min_size, rng, allowed=holders.T)
+    return _parts_from_owner(owner, num_clients, rng)
 
 
 def shard(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
@@ -517,8 +536,8 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
     if partition == "exdir":
         min_size = min(10, labels.size // max(num_clients, 1))
         return exdir(labels, num_clients, num_classes, class_per_client, alpha, rng,
-                     min_size=min_size,
-                     max_tries=DEFAULT_MAX_TRIES if max_tries is None else max_tries)
+                     min_size=min_size, fallback=dir_fallback,
+                     max_tries=DIR_MAX_TRIES if max_tries is None else max_tries)
     if partition == "classes":
         return label_quantity(labels, num_clients, num_classes, class_per_client, rng)
     if partition == "quantity":

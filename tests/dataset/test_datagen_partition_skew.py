@@ -64,6 +64,24 @@ def test_dir_real_mnist_500_clients_alpha_005():
     assert np.mean([len(np.unique(y[p])) for p in parts]) < 4
 
 
+def test_exdir_cifar100_size_500_clients_finishes_within_its_label_sets(cifar100_labels):
+    y = cifar100_labels
+    start = time.perf_counter()
+    parts = P.make_partition(y, num_clients=500, num_classes=100, rng=np.random.default_rng(3),
+                             non_iid=True, balance=False, partition="exdir", alpha=0.05,
+                             class_per_client=2)
+    assert time.perf_counter() - start < 60
+    assert_exact_cover(parts, len(y))
+    assert min(len(p) for p in parts) >= 10
+    assert max(len(np.unique(y[p])) for p in parts) <= 2
+
+
+def test_empty_trailing_class_does_not_break_dir():
+    y = np.repeat(np.arange(3), 10)  # class 3 of 4 has no samples
+    parts = P.dirichlet(y, 3, 4, 1.0, np.random.default_rng(0), least=1)
+    assert_exact_cover(parts, 30)
+
+
 def test_dir_error_fallback_is_one_clear_line(cifar100_labels):
     with pytest.raises(P.PartitionError) as info:
         dir_split(cifar100_labels, 500, 100, 0.05, max_tries=3, dir_fallback="error")
