@@ -42,12 +42,13 @@ SIZE = 32
 
 def _loadmat(path: Path) -> dict:
     from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
 
     if not path.is_file():
         raise ReadError(f"{path}: file not found ({DIGIT5_RAW_HELP})")
     try:
         return loadmat(path)
-    except (ValueError, TypeError, OSError, NotImplementedError) as exc:
+    except (MatReadError, ValueError, TypeError, OSError, NotImplementedError) as exc:
         raise ReadError(f"{path}: not a readable MAT file ({exc})") from None
 
 

@@ -194,11 +194,12 @@ FLOWERS = ImageDatasetSpec(
 
 def _mat(path: Path, key: str) -> np.ndarray:
     from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
     if not path.is_file():
         raise ReadError(f"{path}: file not found ({FLOWERS.raw_help})")
     try:
         return np.asarray(loadmat(path)[key]).reshape(-1).astype(np.int64)
-    except (KeyError, ValueError, TypeError, OSError) as exc:
+    except (MatReadError, KeyError, ValueError, TypeError, OSError) as exc:
         raise ReadError(f"{path}: no {key} array ({exc})") from None
 
 

@@ -37,11 +37,12 @@ AMAZON_RAW_HELP = "the folder holding KD3A's amazon.npz (Google Drive; no direct
 
 def _loadmat_cells(path: Path) -> dict:
     from scipy.io import loadmat
+    from scipy.io.matlab import MatReadError
     if not path.is_file():
         raise ReadError(f"{path}: file not found ({CARS_RAW_HELP})")
     try:
         return loadmat(path, simplify_cells=True)
-    except (ValueError, TypeError, OSError, NotImplementedError) as exc:
+    except (MatReadError, ValueError, TypeError, OSError, NotImplementedError) as exc:
         raise ReadError(f"{path}: not a readable MAT file ({exc})") from None
 
 

@@ -107,3 +107,13 @@ def test_amazon_review_npz_domains_as_clients(tmp_path):
     np.save(tmp_path / "x.npy", np.array([object()], dtype=object), allow_pickle=True)
     with pytest.raises(ReadError):
         misc_sources.read_amazon_review(tmp_path / "x.npy")
+
+
+def test_corrupt_mat_file_is_one_line_error(tmp_path):
+    labels = make_digit5(tmp_path)
+    assert labels
+    # A MAT v5 header followed by a truncated data element (scipy raises its MatReadError).
+    good = (tmp_path / "usps_28x28.mat").read_bytes()
+    (tmp_path / "usps_28x28.mat").write_bytes(good[:200])
+    with pytest.raises(ReadError, match="usps_28x28.mat"):
+        digit5.read_digit5(tmp_path)
