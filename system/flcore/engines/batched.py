@@ -206,8 +206,8 @@ class BatchedEngine:
         for client in self.server.clients:
             if client.num_train:
                 return client.data.inputs("train", slice(0, 2))
-        shape = tuple(self.server.dataset.input_shape)
-        return torch.randn(2, *shape, device=self.flat.device)
+        # zeros in the inputs' dtype (integer token ids for text models)
+        return self.server.dataset.sample_inputs(2).to(self.flat.device)
 
     def _check_model(self) -> str | None:
         flat, module = self.flat, self.flat.module
