@@ -213,6 +213,10 @@ class BatchedEngine:
         flat, module = self.flat, self.flat.module
         if flat.num_total > flat.num_params:
             return "the model has float buffers (BatchNorm running statistics), which the batched step cannot update per client"
+        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+            # also without running statistics: a sample's output depends on its batch, and the
+            # batched step pads partial batches with repeated rows
+            return "the model has BatchNorm, whose batch statistics the batched step's padded batches would change"
         if _has_dropout(module):
             return "the model has dropout, whose per-client random masks only the sequential engine reproduces"
         if not flat.vector.is_floating_point():
