@@ -59,3 +59,20 @@ def test_batched_fasttext_trains_as_the_sequential_engine(tmp_path, capsys):
             results[engine] = f["rs_train_loss"][()], f["rs_test_acc"][()]
     assert np.allclose(results["sequential"][0], results["batched"][0], rtol=1e-5, atol=1e-6)
     assert np.array_equal(results["sequential"][1], results["batched"][1])
+
+
+@pytest.mark.slow
+def test_batched_groupnorm_resnet_trains_as_the_sequential_engine(tmp_path, capsys):
+    from toydata import make_dataset
+
+    data = make_dataset(tmp_path, name="TinyImages", num_clients=3, input_shape=(3, 16, 16), num_classes=4,
+                        train_sizes=[10, 7, 12], test_size=4, eight_bit=True)
+    results = {}
+    for engine in ("sequential", "batched"):
+        code, out, err = run_main(capsys, "-data", str(data), "-m", "ResNet10-GN", "-gr", "2", "-lr", "0.05",
+                                  "--engine", engine, "--results_dir", str(tmp_path / engine), "-q", "False")
+        assert code == 0, err
+        assert "training sequentially" not in out + err
+        with h5py.File(tmp_path / engine / "TinyImages_FedAvg_test_0.h5") as f:
+            results[engine] = f["rs_train_loss"][()]
+    assert np.allclose(results["sequential"], results["batched"], rtol=1e-4, atol=1e-5)
