@@ -68,7 +68,7 @@ class ClientData:
     table: torch.Tensor | None = None
 
     def inputs(self, split: str, idx: torch.Tensor | slice | None = None) -> torch.Tensor:
-        """Float inputs of ``split`` ("train" or "test"), rows ``idx`` (all rows by default)."""
+        """Inputs of ``split`` ("train" or "test"), rows ``idx`` (all rows by default): floats, or int64 token ids."""
         x = getattr(self, f"{split}_x")
         return decode_inputs(x if idx is None else x[idx], self.table)
 
