@@ -16,7 +16,7 @@ from torch import nn
 
 from flcore.registry import register_model
 from flcore.trainmodel.models import SplitModel, _feature_dim
-from flcore.trainmodel.norms import dropout, norm_layer, norm_layer_1d
+from flcore.trainmodel.norms import dropout, norm_layer, norm_layer_1d, register_with_groupnorm_variant
 
 
 @register_model("HARCNN")
@@ -49,6 +49,10 @@ def amazon_mlp(input_shape: Sequence[int], num_classes: int, args: Namespace | N
 
 
 def digit5_cnn(input_shape: Sequence[int], num_classes: int, norm: str) -> SplitModel:
+    """KD3A's Digit-Five CNN as in PFLlib: three 5x5 convolutions (64, 64, 128) with BatchNorm and
+    ReLU, 3x3/2 max-pools after the first two, FC 3072 (BatchNorm, ReLU, dropout 0.5), FC 2048
+    (BatchNorm, ReLU), linear classifier. The FC input is 8192 on 3x32x32 images (PFLlib's fixed
+    value), computed from the input here; PFLlib fixes 10 classes, the dataset's count is used."""
     if len(input_shape) != 3:
         raise ValueError(f"Digit5CNN needs image input [C, H, W], got {list(input_shape)}")
     encoder = nn.Sequential(
@@ -66,16 +70,4 @@ def digit5_cnn(input_shape: Sequence[int], num_classes: int, norm: str) -> Split
     return SplitModel(body, nn.Linear(2048, num_classes))
 
 
-@register_model("Digit5CNN")
-def digit5_cnn_bn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-    """KD3A's Digit-Five CNN as in PFLlib: three 5x5 convolutions (64, 64, 128) with BatchNorm and
-    ReLU, 3x3/2 max-pools after the first two, FC 3072 (BatchNorm, ReLU, dropout 0.5), FC 2048
-    (BatchNorm, ReLU), linear classifier. The FC input is 8192 on 3x32x32 images (PFLlib's fixed
-    value), computed from the input here; PFLlib fixes 10 classes, the dataset's count is used."""
-    return digit5_cnn(input_shape, num_classes, "bn")
-
-
-@register_model("Digit5CNN-GN")
-def digit5_cnn_gn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-    """Digit5CNN with GroupNorm instead of BatchNorm (also after the FC layers) and no dropout."""
-    return digit5_cnn(input_shape, num_classes, "gn")
+register_with_groupnorm_variant("Digit5CNN", digit5_cnn)

@@ -9,8 +9,12 @@ as BatchNorm (so the same parameter count), and the same result in training and 
 from __future__ import annotations
 
 import math
+from argparse import Namespace
+from typing import Callable, Sequence
 
 from torch import nn
+
+from flcore.registry import register_model
 
 #: Wu & He's default group count; layers whose channel count it does not divide use the largest
 #: common divisor (e.g. 8 groups for MobileNetV2's 24 channels, 16 for its 16 and 144 channels)
@@ -52,3 +56,17 @@ def dropout(p: float, norm: str) -> nn.Module:
     """``nn.Dropout(p)`` in the BatchNorm models; none in the ``-GN`` variants, which exist to run
     in the batched engine, and vmap cannot reproduce the sequential engine's per-client masks."""
     return nn.Identity() if norm == "gn" else nn.Dropout(p)
+
+
+def register_with_groupnorm_variant(name: str, build: Callable[[Sequence[int], int, str], nn.Module],
+                                    norm: str = "bn", aliases: Sequence[str] = ()) -> None:
+    """Register ``build(input_shape, num_classes, norm)`` as ``-m name`` (with ``norm``) and as
+    ``-m name-GN`` (GroupNorm and no dropout, for the batched engine)."""
+    for registered, kind, names in ((name, norm, aliases), (f"{name}-GN", "gn", ())):
+        def factory(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None,
+                    kind: str = kind) -> nn.Module:
+            return build(input_shape, num_classes, kind)
+
+        factory.__name__ = registered.replace("-", "_")
+        factory.__doc__ = f"{build.__doc__ or name} Normalisation: {kind}."
+        register_model(registered, *names)(factory)

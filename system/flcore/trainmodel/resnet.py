@@ -22,15 +22,13 @@ Differences, each deliberate:
 """
 from __future__ import annotations
 
-from argparse import Namespace
 from typing import Sequence
 
 import torch
 from torch import nn
 
-from flcore.registry import register_model
 from flcore.trainmodel.models import SplitModel
-from flcore.trainmodel.norms import norm_layer
+from flcore.trainmodel.norms import norm_layer, register_with_groupnorm_variant
 
 STAGE_WIDTHS = (64, 128, 256, 512)
 
@@ -83,17 +81,7 @@ RESNETS = {
     "ResNet18": ((2, 2, 2, 2), "bn"),  # torchvision's resnet18
     "ResNet34": ((3, 4, 6, 3), "bn"),  # torchvision's resnet34
 }
-
-
-def _register(name: str, blocks: tuple[int, ...], norm: str) -> None:
-    def factory(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-        return resnet(input_shape, num_classes, blocks, norm)
-
-    factory.__doc__ = f"{name}: basic blocks {blocks} per stage, normalisation {norm}."
-    factory.__name__ = name.replace("-", "_")
-    register_model(name)(factory)
-
-
 for _name, (_blocks, _norm) in RESNETS.items():
-    _register(_name, _blocks, _norm)
-    _register(f"{_name}-GN", _blocks, "gn")
+    register_with_groupnorm_variant(
+        _name, lambda shape, classes, norm, blocks=_blocks: resnet(shape, classes, blocks, norm), norm=_norm
+    )

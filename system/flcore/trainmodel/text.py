@@ -121,7 +121,7 @@ class FastTextBody(nn.Module):
         return self.hidden(self.embedding(ids).mean(dim=1))
 
 
-@register_model("fastText", "FastText")
+@register_model("fastText")
 def fasttext(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
     """PFLlib's fastText (Joulin et al., EACL 2017): the mean of the word embeddings (``-fd``, over
     all L positions including padding, whose embedding is zero: PFLlib's choice), a linear hidden

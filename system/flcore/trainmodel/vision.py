@@ -29,7 +29,7 @@ from torch import nn
 
 from flcore.registry import register_model
 from flcore.trainmodel.models import SplitModel
-from flcore.trainmodel.norms import dropout, norm_layer
+from flcore.trainmodel.norms import dropout, norm_layer, register_with_groupnorm_variant
 
 
 def _image_channels(name: str, input_shape: Sequence[int], min_size: int = 1) -> int:
@@ -108,6 +108,7 @@ GOOGLENET_STAGES: tuple = (
 
 
 def googlenet(input_shape: Sequence[int], num_classes: int, norm: str) -> SplitModel:
+    """GoogLeNet (Szegedy et al., CVPR 2015) as torchvision's ``googlenet(aux_logits=False)``."""
     channels = _image_channels("GoogleNet", input_shape)
 
     def conv(cin: int, cout: int, kernel: int, stride: int = 1) -> nn.Module:
@@ -135,16 +136,7 @@ def googlenet(input_shape: Sequence[int], num_classes: int, norm: str) -> SplitM
     return SplitModel(body, head)
 
 
-@register_model("GoogleNet", "GoogLeNet")
-def googlenet_bn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-    """GoogLeNet (Szegedy et al., CVPR 2015) with BatchNorm, as torchvision's ``googlenet(aux_logits=False)``."""
-    return googlenet(input_shape, num_classes, "bn")
-
-
-@register_model("GoogleNet-GN")
-def googlenet_gn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-    """GoogLeNet with GroupNorm and no dropout (batched-engine friendly)."""
-    return googlenet(input_shape, num_classes, "gn")
+register_with_groupnorm_variant("GoogleNet", googlenet)
 
 
 # ------------------------------------------------------------------------------------ MobileNetV2
@@ -180,6 +172,7 @@ MOBILENET_V2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2
 
 
 def mobilenet_v2(input_shape: Sequence[int], num_classes: int, norm: str) -> SplitModel:
+    """MobileNetV2 (Sandler et al., CVPR 2018), width 1.0, dropout 0.2 before the classifier."""
     channels = _image_channels("MobileNet", input_shape)
     width = _divisible_by_8(32)
     layers: list[nn.Module] = [ConvNormReLU(channels, width, 3, norm, stride=2, activation=nn.ReLU6)]
@@ -200,13 +193,4 @@ def mobilenet_v2(input_shape: Sequence[int], num_classes: int, norm: str) -> Spl
     return SplitModel(body, head)
 
 
-@register_model("MobileNet", "MobileNetV2")
-def mobilenet_bn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-    """MobileNetV2 (Sandler et al., CVPR 2018), width 1.0, BatchNorm, dropout 0.2 before the classifier."""
-    return mobilenet_v2(input_shape, num_classes, "bn")
-
-
-@register_model("MobileNet-GN")
-def mobilenet_gn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
-    """MobileNetV2 with GroupNorm and no dropout (batched-engine friendly)."""
-    return mobilenet_v2(input_shape, num_classes, "gn")
+register_with_groupnorm_variant("MobileNet", mobilenet_v2, aliases=("MobileNetV2",))
