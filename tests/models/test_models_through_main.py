@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-import main
+from test_main import run_main  # main.main on the CPU: (exit code, stdout, stderr)
 from toydata import make_dataset
 from utils.data_utils import load_federated_dataset
 
@@ -37,12 +37,6 @@ def write_token_dataset(root: Path, name: str = "TinyText", num_clients: int = 3
               "dataset": name, "vocab_size": vocab, "max_len": length, "format": "npz-xy-v1"}
     (folder / "config.json").write_text(json.dumps(config))
     return folder
-
-
-def run_main(capsys, *argv):
-    code = main.main(["-dev", "cpu", "--progress", "False", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 
 from fltest import build_server, dataset_from_arrays, make_args
 from modelcases import BIG, CASES, build, inputs
-from test_main_runs import run_main, write_token_dataset
+from test_models_through_main import run_main, write_token_dataset
 
 
 #: smaller images where only the kind of layers matters (Digit5CNN's FC layers shrink from 25M weights)
