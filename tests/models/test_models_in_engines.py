@@ -42,6 +42,7 @@ def test_batchnorm_models_fall_back(name):
     assert reason is not None and ("BatchNorm" in reason or "dropout" in reason)
 
 
+@pytest.mark.filterwarnings("ignore:There is a performance drop")  # torch: vmap over an LSTM loops
 @pytest.mark.parametrize("name", ["LSTM", "BiLSTM", "TextCNN", "Transformer", "fastText"])
 def test_text_models_get_a_clean_answer_from_the_batched_engine(name):
     reason = _server(name).engine.model_fallback_reason()
