@@ -261,23 +261,10 @@ class _Run:
     def round(self, rnd: int) -> None:
         server, args = self.server, self.args
         wall0, cpu0 = time.perf_counter(), time.process_time()
-        cohort = server.select_clients(rnd)
-        self.cohorts.append(len(cohort))
-        evaluated = 0.0
-        if rnd % args.eval_gap == 0:
-            server.evaluate(rnd)
-            evaluated = time.perf_counter() - wall0
-        package = server.make_package(rnd, cohort)
-        updates = server.engine.train([server.clients[i] for i in cohort], package)
-        updates = server.drop_uploads(rnd, updates)
-        if updates:
-            server.aggregate(updates, package)
-            server._check_finite(rnd)
-        server.after_round(rnd, package, updates)
-        if server.device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize(server.device)  # the round ends when its kernels have run
+        result = server.run_round(rnd, evaluate=rnd % args.eval_gap == 0)
+        self.cohorts.append(len(result.cohort))
+        evaluated = result.eval_seconds
+        updates = result.updates
         self.wall.append(time.perf_counter() - wall0)
         self.cpu.append(time.process_time() - cpu0)
         self.eval_wall.append(evaluated)

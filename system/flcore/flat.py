@@ -10,9 +10,14 @@ parameters in the vector so that they are aggregated with the model; integer buf
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 from torch import nn
+from torch.func import functional_call
+
+#: module types whose parameters and buffers are "normalisation layers" (FedBN keeps them local)
+NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class Segment:
     shape: tuple[int, ...]
     is_param: bool
     in_head: bool
+    in_norm: bool = False
 
 
 class FlatModel:
@@ -41,6 +47,7 @@ class FlatModel:
         params = list(self.module.named_parameters())
         buffers = [(n, b) for n, b in self.module.named_buffers() if b.is_floating_point()]
         head_names = self._head_names()
+        norm_names = self._norm_names()
         self.num_params = sum(p.numel() for _, p in params)
         self.num_total = self.num_params + sum(b.numel() for _, b in buffers)
         dtype = params[0][1].dtype if params else torch.float32
@@ -53,13 +60,13 @@ class FlatModel:
             self.vector[offset:stop].copy_(param.detach().reshape(-1))
             param.data = self.vector[offset:stop].view_as(param)
             param.grad = self.grad[offset:stop].view_as(param)
-            segments.append(Segment(name, offset, stop, tuple(param.shape), True, name in head_names))
+            segments.append(Segment(name, offset, stop, tuple(param.shape), True, name in head_names, name in norm_names))
             offset = stop
         for name, buffer in buffers:
             stop = offset + buffer.numel()
             self.vector[offset:stop].copy_(buffer.detach().reshape(-1))
             self._rebind_buffer(name, self.vector[offset:stop].view_as(buffer))
-            segments.append(Segment(name, offset, stop, tuple(buffer.shape), False, name in head_names))
+            segments.append(Segment(name, offset, stop, tuple(buffer.shape), False, name in head_names, name in norm_names))
             offset = stop
         self.segments: tuple[Segment, ...] = tuple(segments)
 
@@ -68,6 +75,15 @@ class FlatModel:
         if not isinstance(head, nn.Module):
             return set()
         return {f"head.{n}" for n, _ in head.named_parameters()} | {f"head.{n}" for n, _ in head.named_buffers()}
+
+    def _norm_names(self) -> set[str]:
+        names = set()
+        for prefix, sub in self.module.named_modules():
+            if isinstance(sub, NORM_LAYERS):
+                dot = f"{prefix}." if prefix else ""
+                names |= {dot + n for n, _ in sub.named_parameters(recurse=False)}
+                names |= {dot + n for n, _ in sub.named_buffers(recurse=False)}
+        return names
 
     def _rebind_buffer(self, qualified: str, view: torch.Tensor) -> None:
         owner_name, _, attr = qualified.rpartition(".")
@@ -91,11 +107,43 @@ class FlatModel:
 
     def head_mask(self) -> torch.Tensor:
         """Boolean mask over the vector, True on the classifier head (``module.head``)."""
+        return self.mask(lambda seg: seg.in_head)
+
+    def mask(self, keep) -> torch.Tensor:
+        """Boolean mask over the vector, True on the segments for which ``keep(segment)`` holds."""
         mask = torch.zeros(self.num_total, dtype=torch.bool, device=self.device)
         for seg in self.segments:
-            if seg.in_head:
+            if keep(seg):
                 mask[seg.start : seg.stop] = True
         return mask
+
+    def shared_mask(self, parts: str | Sequence[str]) -> torch.Tensor | None:
+        """The entries an algorithm uploads and aggregates; None when that is the whole vector.
+
+        ``parts``: ``"all"``, ``"body"``, ``"head"``, ``"no_norm"`` (everything but normalisation
+        layers' parameters and statistics, FedBN), or a sequence of parameter-name prefixes
+        (named groups, e.g. ``("body.0.", "head.")``)."""
+        if parts == "all":
+            return None
+        rules = {
+            "body": lambda seg: not seg.in_head,
+            "head": lambda seg: seg.in_head,
+            "no_norm": lambda seg: not seg.in_norm,
+        }
+        if isinstance(parts, str):
+            if parts not in rules:
+                raise ValueError(f"unknown shared part {parts!r}; use all, body, head, no_norm or name prefixes")
+            rule = rules[parts]
+        else:
+            prefixes = tuple(parts)
+            rule = lambda seg: seg.name.startswith(prefixes)  # noqa: E731
+        mask = self.mask(rule)
+        return None if bool(mask.all()) else mask
+
+    @property
+    def net(self) -> "Net":
+        """The working model as a loss hook sees it (features, logits, other models' outputs)."""
+        return Net(self.module, self)
 
     def param_segments(self) -> list[Segment]:
         return [seg for seg in self.segments if seg.is_param]
@@ -108,3 +156,51 @@ class FlatModel:
             for seg in self.segments
             if seg.is_param or not params_only
         }
+
+
+class Net:
+    """The model as a loss hook sees it: ``net(x)`` logits, ``net.features(x)``, ``net.head(f)``,
+    and ``net.at(vector)`` another model of the same architecture (the global model, the client's
+    previous model) evaluated through ``torch.func.functional_call`` on a flat vector, so no
+    module is ever copied.
+
+    ``params`` (named tensors) makes the net functional: the batched engine passes each client's
+    vmapped parameter views, so the same loss hook runs under ``torch.func.vmap``."""
+
+    def __init__(self, module: nn.Module, flat: FlatModel, params: dict[str, torch.Tensor] | None = None):
+        self.module = module
+        self.flat = flat
+        self.params = params
+
+    def _call(self, sub: str, x: torch.Tensor) -> torch.Tensor:
+        target = self.module if not sub else getattr(self.module, sub)
+        if self.params is None:
+            return target(x)
+        if not sub:
+            return functional_call(target, self.params, (x,))
+        prefix = f"{sub}."
+        named = {k[len(prefix):]: v for k, v in self.params.items() if k.startswith(prefix)}
+        return functional_call(target, named, (x,))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self._call("", x)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """The body's output (``module.body``): the representation the head classifies."""
+        return self._call("body", x)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self._call("head", features)
+
+    def at(self, vector: torch.Tensor) -> "Net":
+        """The same architecture with the parameters (and float buffers) of the flat ``vector``.
+
+        Buffers are passed as copies: a BatchNorm layer in train mode updates its running
+        statistics in place, which must never write into a vector the server sent."""
+        named = {}
+        for seg in self.flat.segments:
+            if seg.start >= vector.shape[-1]:
+                continue
+            view = vector[..., seg.start : seg.stop].reshape(*vector.shape[:-1], *seg.shape)
+            named[seg.name] = view if seg.is_param else view.clone()
+        return Net(self.module, self.flat, named)

@@ -100,13 +100,33 @@ class FederatedDataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self.config["input_shape"])
 
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(x, y, owner client) of split ``name`` over all clients, client by client in order.
+
+        The loader's merged tensors are returned as they are (the clients' tensors are views of
+        them); a dataset assembled without them gets them concatenated once."""
+        if name not in self.merged:
+            xs = [getattr(c, f"{name}_x") for c in self.clients]
+            ys = [getattr(c, f"{name}_y") for c in self.clients]
+            owner = torch.cat([torch.full((len(y),), i, dtype=torch.long, device=y.device) for i, y in enumerate(ys)])
+            self.merged[name] = (torch.cat(xs), torch.cat(ys), owner)
+        return self.merged[name]
+
+    def offsets(self, name: str) -> list[int]:
+        """The row of ``split(name)`` where each client's samples start."""
+        key = f"_offsets_{name}"
+        if key not in self.__dict__:
+            sizes = [len(getattr(c, f"{name}_y")) for c in self.clients]
+            self.__dict__[key] = [0, *np.cumsum(sizes)[:-1].tolist()] if sizes else []
+        return self.__dict__[key]
+
     def sample_inputs(self, count: int = 2) -> torch.Tensor:
         """Up to ``count`` decoded training inputs of the first client that has any (zeros of the
         inputs' dtype when no client has training data): what a model is probed with."""
         for client in self.clients:
             if client.num_train:
                 return client.inputs("train", slice(0, count))
-        empty = decode_inputs(self.merged["train"][0][:0], self.input_table) if "train" in self.merged else torch.zeros(0)
+        empty = decode_inputs(self.split("train")[0][:0], self.input_table) if self.clients else torch.zeros(0)
         return torch.zeros(count, *self.input_shape, dtype=empty.dtype, device=empty.device)
 
 

@@ -57,3 +57,18 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
+
+
+def rng_state(device: torch.device | str = "cpu") -> tuple:
+    """The global torch RNG state (and the CUDA generator's when ``device`` is a GPU), so that an
+    engine can resume a client's hooks from exactly where the sequential order leaves the RNG."""
+    device = torch.device(device)
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda, device
+
+
+def set_rng_state(state: tuple) -> None:
+    cpu, cuda, device = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)

@@ -47,9 +47,9 @@ def test_two_rounds_by_hand(prox):
 
     cloud = {i: hand_cloud_model(i, models, [0, 1], alpha_k, sigma) for i in range(2)}
     expected = {i: train(cloud[i], x, y) for i, (x, y) in enumerate(xy)}
-    run_round(server, 1)
+    sent = run_round(server, 1).package
     for i in range(2):
-        assert torch.allclose(server.state.get("u", i).double(), cloud[i], atol=1e-6)
+        assert torch.allclose(sent.payload(i)["u"].double(), cloud[i], atol=1e-6)
         assert torch.allclose(server.eval_params(i).double(), expected[i], atol=1e-5)
 
 
@@ -102,7 +102,7 @@ def test_partial_participation_keeps_state_and_first_timers_start_from_init():
     for i in cohort1:  # a first-timer's own model in u_i is the initial model
         members = {j: before[j].double() for j in set(cohort0) | {i}}
         want = hand_cloud_model(i, members, cohort0, 0.2, 1.0)
-        assert torch.allclose(server.state.get("u", i).double(), want, atol=1e-6)
+        assert torch.allclose(package.payload(i)["u"].double(), want, atol=1e-6)
     updates = server.engine.train([server.clients[i] for i in cohort1], package)
     server.aggregate(updates, package)
     for i in set(range(4)) - set(cohort1):

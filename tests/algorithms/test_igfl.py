@@ -48,7 +48,7 @@ class Scalar(nn.Module):
 class QuadraticMixin:
     """Test-only: f_i(w) = ½(w − c_i)² with c_i stored as the client's inputs."""
 
-    def compute_gradient(self, model, idx):
+    def compute_gradient(self, model, idx, ctx=None):
         model.zero_grad()
         c = float(self.data.train_x[0, 0])
         loss = 0.5 * ((model.module.w - c) ** 2).sum()

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from flcore.clients.clientbase import Client
-from flcore.engines.batched import BatchedEngine, client_is_vectorisable
+from flcore.engines.base import keeps_base_training as client_is_vectorisable
+from flcore.engines.batched import BatchedEngine
 from flcore.registry import ALGORITHMS, MODELS, list_algorithms
 from fltest import (OwnLoopServer, assert_same_training, build_server, engine_run, image_dataset, make_args, random_dataset,
                     sequential_reference)
@@ -26,8 +27,12 @@ ATOL, RTOL = 2e-5, 1e-4
 
 
 def _vectorisable(name: str) -> bool:
+    """Whether the batched engine trains this algorithm's clients itself (on the toy set-up's
+    full batches): the base training procedure with the base loss or a vmappable loss hook."""
     client_cls = ALGORITHMS.get(name).client_cls
-    return bool(client_cls.vectorisable) and client_cls.local_train is Client.local_train
+    own_loss = client_cls.local_loss is not Client.local_loss
+    return (bool(client_cls.vectorisable) and client_cls.train_job is Client.train_job
+            and (not own_loss or client_cls.vmappable_loss))
 
 
 ALGOS = list_algorithms()

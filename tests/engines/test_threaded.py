@@ -35,7 +35,7 @@ def test_every_algorithm_gives_the_sequential_numbers_exactly(algo):
     out = engine_run(algo, "threaded", workers=3)
     stats = out.engine.stats
     client_cls = ALGORITHMS.get(algo).client_cls
-    if client_cls.vectorisable and client_cls.local_train is Client.local_train:
+    if client_cls.vectorisable and client_cls.train_job is Client.train_job:
         # only a cohort of one is trained on the main thread (3 rounds: at most 3 such clients)
         assert stats["sequential_clients"] <= 3
     else:
@@ -225,11 +225,11 @@ def test_auto_is_the_default_and_picks_by_device():
     assert choose_engine(fake("cuda", 0)) is BatchedEngine
     dataset = random_dataset(num_clients=3, sizes=[8, 9, 12])
     server = build_server(make_args("FedAvg", engine="auto", workers=2), dataset)
-    assert isinstance(server.engine, AutoEngine) and isinstance(server.engine.delegate, ThreadedEngine)
+    assert isinstance(server.engine, ThreadedEngine)  # auto builds the engine it picks
     server.engine.train(server.clients, server.make_package(0, [0, 1, 2]))
     assert server.engine.stats["threaded_clients"] == 3
     single = build_server(make_args("FedAvg", engine="auto", workers=1), dataset)
-    assert isinstance(single.engine.delegate, SequentialEngine)
+    assert isinstance(single.engine, SequentialEngine)
 
 
 def test_auto_informs_rather_than_warns_about_sequential_clients(notices):

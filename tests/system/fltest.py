@@ -93,14 +93,8 @@ class Round(NamedTuple):
 
 def run_round(server, rnd: int, cohort: list[int] | None = None) -> Round:
     """One round of ``Server.train`` without evaluation or history; ``cohort`` replaces the selection."""
-    cohort = server.select_clients(rnd) if cohort is None else cohort
-    package = server.make_package(rnd, cohort)
-    updates = server.engine.train([server.clients[i] for i in cohort], package)
-    updates = server.drop_uploads(rnd, updates)
-    if updates:
-        server.aggregate(updates, package)
-    server.after_round(rnd, package, updates)
-    return Round(cohort, package, updates)
+    result = server.run_round(rnd, evaluate=False, cohort=cohort)
+    return Round(result.cohort, result.package, result.updates)
 
 
 @pytest.fixture(autouse=True, scope="module")

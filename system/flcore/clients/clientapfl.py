@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 
@@ -41,15 +41,13 @@ class APFLClient(Client):
         add_flag(parser, "--apfl_adaptive_alpha", type=bool, default=True,
                  help="learn α per client by gradient descent (paper); False keeps α fixed at -al")
 
-    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
-        rnd, lr = package.round, self.learning_rate()
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        rnd, lr, plan = job.package.round, job.lr, job.plan
         p = model.num_params
-        w = package.global_params.clone()
+        w = job.start.clone()
         v = self.state.get("personal", self.index).clone()  # both created by the server
         alpha = float(self.state.get("alpha", self.index)[0])
         adaptive = bool(self.args.apfl_adaptive_alpha)
-        self.seed_round(rnd)
-        plan = self.batch_plan(rnd)
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
         for idx in plan:
@@ -69,5 +67,4 @@ class APFLClient(Client):
         loss = self.check_loss(loss_sum, len(plan), rnd)
         self.state.set("personal", self.index, v)
         self.state.set("alpha", self.index, torch.tensor([alpha], dtype=torch.float64))
-        self.participations += 1
-        return ClientUpdate(self.index, self.num_train, len(plan), w, loss)
+        return w, loss

@@ -1,19 +1,36 @@
-"""The base client: local SGD on one shared working model, with hooks for what algorithms change.
+"""The base client and the one local-training sequence every engine runs.
 
 A client object is light (its data tensors and a few numbers); it trains by loading its start
 point into the engine's working :class:`~flcore.flat.FlatModel`, so no client holds a model copy.
 
+The sequence of one client in one round lives here once, in four steps that engines call
+(the sequential engine back to back, the threaded and batched engines spread over threads or
+stacked under vmap, but always in this order per client)::
+
+    job = client.plan_job(package)        seed (seed, t, client); minibatch plan
+    client.open_job(job)                  begin_round -> ctx; start point (+ private part); lr
+    params, loss = client.train_job(job, model)    local training on a working model
+    update = client.finish_job(job, params, loss)  participations, end_round, private part kept
+
 Hooks an algorithm overrides (most override one or two):
 
 * ``begin_round(package, steps)``: per-round context tensors (e.g. FedProx's anchor, SCAFFOLD's
-  controls); ``steps`` is the number of local steps this client takes this round.
+  controls, MOON's previous model); ``steps`` is the number of local steps this round.
 * ``adjust_grad(w, g, ctx)``: the local objective's extra gradient terms. It must be a pure
   function of tensors so the batched engine can ``vmap`` it; ``w`` and ``g`` cover the trainable
   parameters only.
+* ``local_loss(net, x, y, ctx)``: the minibatch loss, for algorithms that change the objective
+  (MOON's contrastive term, FedLC's calibrated logits). ``net`` gives logits, features, the head
+  and other models' outputs (:class:`~flcore.flat.Net`). Classes whose loss is a pure tensor
+  function set ``vmappable_loss = True`` so the batched engine runs it too.
 * ``end_round(params, package, ctx, steps, loss)``: build the upload and update per-client state.
 * ``start_point(package)``: where local training starts (the global model by default).
-* ``local_train(model, package)``: the whole procedure, for algorithms whose local step is not
-  plain gradient descent (these set ``vectorisable = False``).
+* ``train_job(job, model)``: the whole local procedure, for algorithms whose local step is not
+  "SGD on ``local_loss`` plus ``adjust_grad``" (these set ``vectorisable = False``).
+
+Per-client messages from the server arrive in ``package.payload(self.index)``; the parts of the
+model an algorithm keeps private (``Server.shared``) are merged into the start point and stored
+again after training by the sequence itself.
 """
 from __future__ import annotations
 
@@ -25,11 +42,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flcore.flat import FlatModel
+from flcore.flat import FlatModel, Net
 from flcore.state import ClientStateStore
 from utils.data_utils import ClientData
 from utils.errors import FLError
-from utils.seeding import numpy_rng, seed_global_rng, torch_generator
+from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -38,20 +55,35 @@ def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
 
 @dataclass
 class RoundPackage:
-    """What the server sends to each selected client in one round."""
+    """What the server sends to the selected clients in one round.
+
+    ``extras`` go to every client; ``payloads[i]`` only to client ``i`` (FedAMP's and FedACS's
+    personalised models). ``shared`` masks the entries of the model that are sent and aggregated
+    (None: all of it); the others are each client's own."""
 
     round: int
     global_params: torch.Tensor
     cohort: list[int]
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    payloads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    shared: torch.Tensor | None = None
 
     @property
     def cohort_size(self) -> int:
         return len(self.cohort)
 
-    def nbytes(self) -> int:
-        """Bytes one client downloads."""
-        return self.global_params.numel() * self.global_params.element_size() + _nbytes(self.extras)
+    def payload(self, index: int) -> dict[str, torch.Tensor]:
+        return self.payloads.get(index, {})
+
+    def nbytes(self, index: int | None = None) -> int:
+        """Bytes client ``index`` downloads (the shared part of the model, extras, its payload)."""
+        count = self.global_params.numel() if self.shared is None else int(self.shared.sum())
+        own = _nbytes(self.payload(index)) if index is not None else 0
+        return count * self.global_params.element_size() + _nbytes(self.extras) + own
+
+    def total_nbytes(self) -> int:
+        """Bytes the whole cohort downloads."""
+        return sum(self.nbytes(i) for i in self.cohort)
 
 
 @dataclass
@@ -65,17 +97,40 @@ class ClientUpdate:
     loss: float
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     uploads_params: bool = True
+    #: how many entries of ``params`` are really sent (the shared part); None = all
+    shared_numel: int | None = None
 
     def nbytes(self) -> int:
-        size = self.params.numel() * self.params.element_size() if self.uploads_params else 0
+        count = self.params.numel() if self.shared_numel is None else self.shared_numel
+        size = count * self.params.element_size() if self.uploads_params else 0
         return size + _nbytes(self.extras)
+
+
+@dataclass
+class LocalJob:
+    """One client's local training in one round, as the sequence prepares it for an engine."""
+
+    client: "Client"
+    package: RoundPackage
+    plan: list
+    rng: tuple
+    ctx: dict = field(default_factory=dict)
+    start: torch.Tensor | None = None
+    lr: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.plan)
 
 
 class Client:
     """FedAvg's client: ``E`` epochs of minibatch SGD from the global model."""
 
-    #: whether ``adjust_grad`` fully describes the local step (the batched engine can run it)
+    #: whether ``local_loss`` + ``adjust_grad`` fully describe the local step and the hooks touch
+    #: only this client's state (the threaded and batched engines may then run it)
     vectorisable: ClassVar[bool] = True
+    #: whether an overridden ``local_loss`` is a pure tensor function the batched engine can vmap
+    vmappable_loss: ClassVar[bool] = False
 
     def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore):
         self.index = index
@@ -101,6 +156,10 @@ class Client:
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         return g
+
+    def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The minibatch loss (cross-entropy of the logits)."""
+        return F.cross_entropy(net(x), y)
 
     def end_round(
         self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int, loss: float
@@ -145,10 +204,10 @@ class Client:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
         seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
+    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
+        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         model.zero_grad()
-        loss = F.cross_entropy(model.module(self.data.inputs("train", idx)), self.data.train_y[idx])
+        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx or {})
         loss.backward()
         return loss.detach()
 
@@ -169,17 +228,63 @@ class Client:
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
         for idx in plan:
-            loss_sum += self.compute_gradient(model, idx)
+            loss_sum += self.compute_gradient(model, idx, ctx)
             direction = self.adjust_grad(model.params, model.grad, ctx)
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)
 
-    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
-        """Sequential-engine entry point: start point -> SGD -> upload."""
+    # ------------------------------------------------------ the local sequence
+    def plan_job(self, package: RoundPackage) -> LocalJob:
+        """Step 1: seed the global RNG from (seed, round, client) and plan the minibatches."""
         self.seed_round(package.round)
         plan = self.batch_plan(package.round)
-        ctx = self.begin_round(package, len(plan))
-        model.load(self.start_point(package))
-        loss = self.sgd(model, package, ctx, plan, self.learning_rate())
+        return LocalJob(self, package, plan, rng_state(self.data.train_y.device))
+
+    def open_job(self, job: LocalJob) -> None:
+        """Step 2: the round's context, start point (with this client's private part) and lr.
+        Resumes the RNG where step 1 left it, so an engine may run it later."""
+        set_rng_state(job.rng)
+        job.ctx = self.begin_round(job.package, job.steps)
+        job.start = self.with_private(self.start_point(job.package), job.package)
+        job.lr = self.learning_rate()
+        job.rng = rng_state(self.data.train_y.device)
+
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        """Step 3: local training on ``model`` (any working model); returns (params, mean loss).
+        Algorithms with another local procedure override this (and set ``vectorisable = False``)."""
+        model.load(job.start)
+        loss = self.sgd(model, job.package, job.ctx, job.plan, job.lr)
+        return model.snapshot(), loss
+
+    def finish_job(self, job: LocalJob, params: torch.Tensor, loss: float) -> ClientUpdate:
+        """Step 4: count the participation, build the upload, keep the private part."""
+        set_rng_state(job.rng)
         self.participations += 1
-        return self.end_round(model.snapshot(), package, ctx, len(plan), loss)
+        update = self.end_round(params, job.package, job.ctx, job.steps, loss)
+        shared = job.package.shared
+        if shared is not None:
+            self.state.set("private", self.index, params[~shared])
+            # the private entries never leave the client: the upload carries the server's values there
+            update.params = torch.where(shared, update.params, job.package.global_params)
+            update.shared_numel = int(shared.sum())
+        return update
+
+    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
+        """The whole sequence for one client on ``model`` (what the sequential engine runs)."""
+        job = self.plan_job(package)
+        self.open_job(job)
+        params, loss = self.train_job(job, model)
+        return self.finish_job(job, params, loss)
+
+    def with_private(self, start: torch.Tensor, package: RoundPackage) -> torch.Tensor:
+        """``start`` with this client's private part (the part ``Server.shared`` excludes) put in;
+        before its first participation the private part is that of ``start``."""
+        shared = package.shared
+        if shared is None:
+            return start
+        private = self.state.get("private", self.index)
+        if private is None:
+            return start
+        merged = start.clone()
+        merged[~shared] = private.to(merged.dtype)
+        return merged

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 
@@ -40,8 +40,8 @@ class DittoClient(Client):
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         return g + ctx["mu"] * (w - ctx["anchor"][..., : w.shape[-1]])
 
-    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
-        rnd, lr = package.round, self.learning_rate()
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        package, rnd, lr = job.package, job.package.round, job.lr
         anchor = package.global_params
         personal = self.state.get("personal", self.index)  # created by the server (initial model)
         mu = torch.tensor(float(self.args.mu), dtype=anchor.dtype, device=anchor.device)
@@ -52,8 +52,6 @@ class DittoClient(Client):
         self.state.set("personal", self.index, model.vector)
 
         self.seed_round(rnd)
-        plan = self.batch_plan(rnd)
         model.load(anchor)
-        loss = self.sgd(model, package, {"anchor": anchor, "mu": torch.zeros_like(mu)}, plan, lr)
-        self.participations += 1
-        return ClientUpdate(self.index, self.num_train, len(plan), model.snapshot(), loss)
+        loss = self.sgd(model, package, {"anchor": anchor, "mu": torch.zeros_like(mu)}, job.plan, lr)
+        return model.snapshot(), loss

@@ -17,7 +17,7 @@ from utils.cli import add_flag
 
 
 class FedACSClient(Client):
-    """Starts from u_i (per-client state ``u``); the step is plain SGD."""
+    """Starts from u_i (the server's per-client payload ``u``); the step is plain SGD."""
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -25,7 +25,7 @@ class FedACSClient(Client):
                  help="local minibatch steps from u_i: -1 = E epochs (-ls), k > 0 = exactly k steps (1 = Eq. 5)")
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:
-        return self.state.get("u", self.index)
+        return package.payload(self.index)["u"]
 
     def batch_plan(self, rnd: int, epochs: int | None = None) -> list[torch.Tensor]:
         steps = int(self.args.fedacs_local_steps)

@@ -42,7 +42,7 @@ from argparse import ArgumentParser
 import numpy as np
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 from utils.seeding import numpy_rng, seed_global_rng
@@ -152,18 +152,16 @@ class FedALAClient(Client):
         return weights
 
     # ------------------------------------------------------------- training
-    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         """ALA (unless the server already ran it at send time), then FedAvg's SGD; keep the result."""
-        rnd = package.round
+        package, rnd = job.package, job.package.round
         if self.args.ala_all_clients:
             start = self.state.get("local", self.index, init=lambda: package.global_params)
         else:
             start = self.adaptive_local_aggregation(model, package.global_params, rnd)
         self.seed_round(rnd)
-        plan = self.batch_plan(rnd)
         model.load(start)
-        loss = self.sgd(model, package, {}, plan, self.learning_rate())
-        self.participations += 1
+        loss = self.sgd(model, package, {}, job.plan, job.lr)
         params = model.snapshot()
         self.state.set("local", self.index, params)
-        return ClientUpdate(self.index, self.num_train, len(plan), params, loss)
+        return params, loss

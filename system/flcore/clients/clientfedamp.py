@@ -26,7 +26,7 @@ from utils.cli import add_flag
 
 
 class FedAMPClient(Client):
-    """SGD with the proximal gradient towards u_i (per-client state ``u``)."""
+    """SGD with the proximal gradient towards u_i (the server's per-client payload ``u``)."""
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -39,11 +39,11 @@ class FedAMPClient(Client):
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:
         if self.args.fedamp_start == "u":
-            return self.state.get("u", self.index)
+            return package.payload(self.index)["u"]
         return self.state.get("latest", self.index, init=lambda: package.global_params.clone())
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        return {"anchor": self.state.get("u", self.index)}
+        return {"anchor": package.payload(self.index)["u"]}
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         coef = float(self.args.lamda) / float(self.args.alphaK)

@@ -30,7 +30,7 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 from utils.seeding import seed_global_rng, torch_generator
@@ -86,12 +86,14 @@ class PerAvgClient(Client):
         products = torch.autograd.grad(_flatten(params, live, grads) @ vector, live, allow_unused=True)
         return _flatten(params, live, products).detach()
 
-    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
-        rnd = package.round
-        self.seed_round(rnd)
-        steps = self.meta_batches(rnd)
-        alpha, beta = self.learning_rate(), self.outer_step_size()
-        model.load(package.global_params)
+    def batch_plan(self, rnd: int, epochs: int | None = None) -> list:
+        """A round's plan is its meta-steps (pairs or triples of minibatches)."""
+        return self.meta_batches(rnd) if epochs is None else super().batch_plan(rnd, epochs)
+
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        rnd, steps = job.package.round, job.plan
+        alpha, beta = job.lr, self.outer_step_size()
+        model.load(job.start)
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
         for batches in steps:
@@ -104,9 +106,7 @@ class PerAvgClient(Client):
             if len(batches) == 3:
                 direction -= alpha * self.hessian_vector(model, batches[2], direction)
             model.params.add_(direction, alpha=-beta)
-        loss = self.check_loss(loss_sum, len(steps), rnd)
-        self.participations += 1
-        return ClientUpdate(self.index, self.num_train, len(steps), model.snapshot(), loss)
+        return model.snapshot(), self.check_loss(loss_sum, len(steps), rnd)
 
     def adapted(self, model: FlatModel, global_params: torch.Tensor, rnd: int) -> torch.Tensor:
         """The personalised model: one SGD step (lr α) from ``global_params`` on one training batch.

@@ -29,7 +29,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 
@@ -49,10 +49,8 @@ class PFedMeClient(Client):
         add_flag(parser, "--pfedme_mu", type=float, default=0.001,
                  help="pFedMe: weight decay μ·θ in the inner step (PFLlib/authors' optimizer 0.001; paper 0)")
 
-    def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
-        rnd = package.round
-        self.seed_round(rnd)
-        plan = self.batch_plan(rnd)
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        package, rnd, plan = job.package, job.package.round, job.plan
         lam, mu, inner = float(self.args.lamda), float(self.args.pfedme_mu), int(self.args.K)
         decay = self.learning_rate() / float(self.args.local_learning_rate)  # -ld factor (1 without -ld)
         eta, lrp = self.learning_rate(), float(self.args.p_learning_rate) * decay
@@ -67,9 +65,8 @@ class PFedMeClient(Client):
                 theta.sub_(lrp * (model.grad + lam * (theta - w) + mu * theta))
             w.sub_(eta * lam * (w - theta))
         loss = self.check_loss(loss_sum, len(plan) * inner, rnd)
-        self.participations += 1
         personal = model.snapshot()
         self.state.set("personal", self.index, personal)
         upload = personal.clone()
         upload[: model.num_params] = w
-        return ClientUpdate(self.index, self.num_train, len(plan), upload, loss)
+        return upload, loss

@@ -19,7 +19,6 @@ import logging
 from argparse import ArgumentParser
 from typing import TYPE_CHECKING
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.engines.batched import BatchedEngine
 from flcore.engines.sequential import SequentialEngine
 from flcore.engines.threaded import ThreadedEngine, available_cores
@@ -41,33 +40,17 @@ def choose_engine(server: "Server") -> type:
 
 @register_engine("auto")
 class AutoEngine:
-    """Delegates to the batched (GPU), threaded (multi-core CPU) or sequential engine."""
+    """Not an engine of its own: building it builds the engine ``choose_engine`` picks, which then
+    only informs (rather than warns) about what it trains sequentially."""
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         BatchedEngine.add_args(parser)
         ThreadedEngine.add_args(parser)
 
-    def __init__(self, server: "Server"):
+    def __new__(cls, server: "Server"):
         chosen = choose_engine(server)
-        self.delegate = chosen(server)
-        if hasattr(self.delegate, "notice_level"):
-            self.delegate.notice_level = logging.INFO  # auto only informs about what it trains sequentially
-        self.chosen_name = chosen.registered_name
-        log.info("engine auto: %s on %s", self.chosen_name, server.model.device)
-
-    @property
-    def stats(self) -> dict:
-        return getattr(self.delegate, "stats", {})
-
-    def model_fallback_reason(self) -> str | None:
-        reason = getattr(self.delegate, "model_fallback_reason", None)
-        return reason() if reason else None
-
-    def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
-        return self.delegate.train(clients, package)
-
-    def close(self) -> None:
-        close = getattr(self.delegate, "close", None)
-        if close is not None:
-            close()
+        engine = chosen(server)
+        engine.notice_level = logging.INFO
+        log.info("engine auto: %s on %s", chosen.registered_name, server.model.device)
+        return engine

@@ -3,12 +3,12 @@
 Every local step of every selected client is one ``torch.func.vmap`` of ``grad_and_value`` over
 the ``[K, D]`` tensor of stacked client models (passed as named ``[K, *shape]`` views) and a
 ``[B, K, ...]`` tensor of their minibatches, then one SGD update of the ``[K, D]`` tensor. Per
-client it runs exactly the sequential engine's procedure (``Client.local_train``)::
+client it runs the one local sequence of ``clientbase`` with ``train_job`` replaced by a stacked
+step::
 
-    seed_round(t); plan = batch_plan(t)                  # the same minibatches as sequentially
-    ctx = begin_round(package, len(plan)); w = start_point(package); lr = learning_rate()
-    for idx in plan: w -= lr * adjust_grad(w, grad CE(w; idx), ctx)
-    check_loss(...); participations += 1; end_round(w, package, ctx, len(plan), loss)
+    job = plan_job(package); open_job(job)                # the same minibatches and context
+    for idx in job.plan: w -= lr * adjust_grad(w, grad local_loss(w; idx), ctx)
+    finish_job(job, w, check_loss(...))
 
 Design (what a reader should know before changing it):
 
@@ -20,7 +20,7 @@ Design (what a reader should know before changing it):
   padding. Batch indices come from each client's own ``batch_plan`` and are turned into one
   ``[K, T_max, B]`` tensor of row indices into the concatenated training data (the server's
   evaluation cache when it exists, else a per-chunk concatenation), so a step gathers all
-  clients' minibatches with one indexing op. Partial batches (``--drop_last False``) are padded
+  clients' minibatches with one indexing op (rows and client offsets come from the dataset). Partial batches (``--drop_last False``) are padded
   and masked out of the loss (sum of per-sample losses / valid count = the mean the sequential
   engine takes).
 * **Chunks.** ``--cohort_chunk N`` trains at most N clients at once (0 = the whole cohort); the
@@ -55,9 +55,12 @@ Design (what a reader should know before changing it):
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
 * **Who is batched.** A client is batched when its class says ``vectorisable = True`` and keeps
-  the base ``local_train``, ``sgd`` and ``compute_gradient`` (the batched step re-implements
-  exactly those three); other clients are trained by their own ``local_train`` on the server's
-  working model, i.e. by the sequential engine, in cohort order before the batched groups.
+  the base ``train_job``, ``sgd`` and ``compute_gradient`` (the batched step re-implements
+  exactly those), with the base ``local_loss`` or one it declares vmappable
+  (``vmappable_loss = True``; such a loss gets a functional :class:`~flcore.flat.Net` of each
+  client's parameters and its context, and needs full batches, ``--drop_last``); other clients
+  are trained by the sequential sequence on the server's working model, in cohort order before
+  the batched groups.
 * **Which models.** The model must be a deterministic, buffer-free function of its parameters in
   train mode. Models with float buffers (BatchNorm running statistics: functorch cannot update
   them per client under ``grad``) and models with dropout (``vmap(randomness="different")``
@@ -88,45 +91,22 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.engines.base import Engine, has_dropout, keeps_base_training
+from flcore.flat import Net
 from flcore.registry import register_engine
 from flcore.trainmodel.layout import plain_convolutions
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs
+from utils.errors import FLError
 from utils.mem_utils import OUT_OF_MEMORY
 
 if TYPE_CHECKING:
     from flcore.servers.serverbase import Server
 
 log = logging.getLogger("fl")
-
-
-def client_is_vectorisable(client: Client) -> bool:
-    """True when the batched step reproduces ``client.local_train`` exactly."""
-    cls = type(client)
-    return (
-        bool(getattr(cls, "vectorisable", False))
-        and cls.local_train is Client.local_train
-        and cls.sgd is Client.sgd
-        and cls.compute_gradient is Client.compute_gradient
-    )
-
-
-def _rng_state(device: torch.device) -> tuple:
-    return torch.get_rng_state(), (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-
-
-def _set_rng_state(state: tuple, device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
-
-
-def _has_dropout(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) and float(m.p) > 0 for m in module.modules())
 
 
 def _same_for_all(values: list[Any]) -> bool:
@@ -162,11 +142,8 @@ def stack_contexts(ctxs: list[dict[str, Any]], device: torch.device) -> tuple[di
 
 
 @register_engine("batched")
-class BatchedEngine:
+class BatchedEngine(Engine):
     """Train the vectorisable part of the cohort with ``torch.func``; the rest sequentially."""
-
-    #: how the fallback notice is logged (``auto`` only informs, ``batched`` warns)
-    notice_level = logging.WARNING
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -175,32 +152,26 @@ class BatchedEngine:
                       "bounds memory to chunk x (model + context + activations)")
 
     def __init__(self, server: "Server"):
-        self.server = server
-        self.flat = server.model
+        super().__init__(server)
         self.chunk = int(getattr(server.args, "cohort_chunk", 0) or 0)
         if self.chunk < 0:
-            from utils.errors import FLError
-
             raise FLError(f"--cohort_chunk must be >= 0, got {self.chunk}")
-        self._model_reason: str | None | bool = False  # False = not checked yet, None = qualifies
-        self._noticed: set[str] = set()
-        self._offsets: list[int] | None = None
-        self._step_fns: dict[tuple[bool, bool], Callable] = {}
+        self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
         self._rng_after: dict[int, tuple] = {}
         self.stats = {"batched_clients": 0, "sequential_clients": 0}
 
     # ------------------------------------------------------------ qualification
-    def _notice(self, key: str, message: str) -> None:
-        if key not in self._noticed:
-            self._noticed.add(key)
-            log.log(self.notice_level, "%s", message)
-
-    def model_fallback_reason(self) -> str | None:
-        """Why this model cannot be batched (None when it can); checked once per engine."""
-        if self._model_reason is False:
-            self._model_reason = self._check_model()
-        return self._model_reason  # type: ignore[return-value]
+    def client_fallback_reason(self, client: Client) -> str | None:
+        if not keeps_base_training(client):
+            return "is not vectorisable"
+        cls = type(client)
+        if cls.local_loss is not Client.local_loss:
+            if not cls.vmappable_loss:
+                return "has a loss hook that is not declared vmappable"
+            if not self.server.args.drop_last:
+                return "has its own loss, which the batched engine runs on full batches only (--drop_last)"
+        return None
 
     def _probe_input(self) -> torch.Tensor:
         for client in self.server.clients:
@@ -209,15 +180,15 @@ class BatchedEngine:
         # zeros in the inputs' dtype (integer token ids for text models)
         return self.server.dataset.sample_inputs(2).to(self.flat.device)
 
-    def _check_model(self) -> str | None:
+    def check_model(self) -> str | None:
         flat, module = self.flat, self.flat.module
         if flat.num_total > flat.num_params:
             return "the model has float buffers (BatchNorm running statistics), which the batched step cannot update per client"
-        if any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules()):
             # also without running statistics: a sample's output depends on its batch, and the
             # batched step pads partial batches with repeated rows
             return "the model has BatchNorm, whose batch statistics the batched step's padded batches would change"
-        if _has_dropout(module):
+        if has_dropout(module):
             return "the model has dropout, whose per-client random masks only the sequential engine reproduces"
         if not flat.vector.is_floating_point():
             return "the model is not floating point"
@@ -236,7 +207,7 @@ class BatchedEngine:
             y = torch.zeros(2, len(x), dtype=torch.long, device=x.device)
             rows = flat.params.detach().unsqueeze(0).repeat(2, 1)
             with plain_convolutions():
-                self._step(False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
+                self._step(Client, False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
         except Exception as exc:  # noqa: BLE001 - any failure means: train it sequentially
             return f"the model cannot run under torch.func.vmap ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
         finally:
@@ -245,33 +216,46 @@ class BatchedEngine:
         return None
 
     # ------------------------------------------------------------ the vmapped step
-    def _step(self, masked: bool, batched: bool = True) -> Callable:
-        """vmap(grad_and_value(CE)) over (params {name: [K, ...]}, x [B, K, ...], y [K, B][, mask [K, B]]);
-        with ``batched=False`` the same function for one client without vmap (the tail of a
-        ragged cohort, where a vmap over one client only adds overhead).
+    def _step(self, owner: Client | type, masked: bool, batched: bool = True, ctx_dims: dict | None = None) -> Callable:
+        """vmap(grad_and_value(loss)) over (params {name: [K, ...]}, x [B, K, ...], y [K, B][, mask
+        [K, B]][, ctx]); with ``batched=False`` the same function for one client without vmap (the
+        tail of a ragged cohort, where a vmap over one client only adds overhead).
 
+        The loss is cross-entropy, or ``owner``'s own ``local_loss`` (a vmappable loss hook) on a
+        functional :class:`Net` of the client's parameters, which then also gets the context.
         The parameters go in as named views of the ``[K, D]`` tensor and the gradients come back
         per name, so the plain SGD update needs no flat copy of the gradient. The inputs carry the
         client axis second: functorch's batched convolution folds it into the channel axis
         (``groups=K``), which is then a free view instead of a transposing copy per layer."""
-        fn = self._step_fns.get((masked, batched))
+        cls = owner if isinstance(owner, type) else type(owner)
+        own_loss = cls.local_loss is not Client.local_loss
+        dims_key = tuple(sorted((ctx_dims or {}).items())) if own_loss else ()
+        key = (cls if own_loss else Client, masked, batched, dims_key)
+        fn = self._step_fns.get(key)
         if fn is not None:
             return fn
-        module = self.flat.module
+        module, flat = self.flat.module, self.flat
 
-        if masked:
+        if own_loss:
+            hook = owner.local_loss
+
+            def loss_fn(params, x, y, ctx):
+                return hook(Net(module, flat, params), x, y, ctx)
+
+            in_dims: tuple = (0, 1, 0, dict(ctx_dims or {}))
+        elif masked:
             def loss_fn(params, x, y, m):
                 per_sample = F.cross_entropy(functional_call(module, params, (x,)), y, reduction="none")
                 return (per_sample * m).sum() / m.sum()
 
-            in_dims: tuple = (0, 1, 0, 0)
+            in_dims = (0, 1, 0, 0)
         else:
             def loss_fn(params, x, y):
                 return F.cross_entropy(functional_call(module, params, (x,)), y)
 
             in_dims = (0, 1, 0)
         fn = vmap(grad_and_value(loss_fn), in_dims=in_dims) if batched else grad_and_value(loss_fn)
-        self._step_fns[(masked, batched)] = fn
+        self._step_fns[key] = fn
         return fn
 
     def _param_views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -280,173 +264,102 @@ class BatchedEngine:
         return {s.name: rows[:, s.start : s.stop].view(count, *s.shape) for s in self.flat.param_segments()}
 
     # ------------------------------------------------------------ data
-    def _client_offsets(self) -> list[int]:
-        if self._offsets is None:
-            offsets, total = [], 0
-            for client in self.server.clients:
-                offsets.append(total)
-                total += client.num_train
-            self._offsets = offsets
-        return self._offsets
-
     def _data_for(self, clients: list[Client]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-        """(x, y, row offset of each client) covering ``clients``' training data.
-
-        The server's concatenated training data (built for the train-loss evaluation anyway) is
-        shared when it exists; otherwise the chunk's data is concatenated for this round only."""
-        server = self.server
-        cached = getattr(server, "_train_cat", None)
-        concatenated = getattr(server, "_concatenated", None)
-        merged = bool(getattr(getattr(server, "dataset", None), "merged", None))
-        if cached is None and concatenated is not None and (merged or getattr(server.args, "eval_train_loss", False)):
-            cached = concatenated("train")
-        if cached is not None and all(server.clients[c.index] is c for c in clients):
-            offsets = self._client_offsets()
-            return cached[0], cached[1], [offsets[c.index] for c in clients]
-        xs = [c.data.train_x for c in clients]
-        ys = [c.data.train_y for c in clients]
-        offsets, total = [], 0
-        for y in ys:
-            offsets.append(total)
-            total += len(y)
-        return torch.cat(xs), torch.cat(ys), offsets
+        """(x, y, row offset of each client) covering ``clients``' training data: the dataset's
+        merged training split, which the clients' tensors are views of."""
+        dataset = self.server.dataset
+        x, y, _ = dataset.split("train")
+        offsets = dataset.offsets("train")
+        return x, y, [offsets[c.index] for c in clients]
 
     # ------------------------------------------------------------ training
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         updates: list[ClientUpdate | None] = [None] * len(clients)
-        reason = self.model_fallback_reason() if clients else None
         groups: dict[type, list[int]] = {}
         for pos, client in enumerate(clients):
-            if reason is None and client_is_vectorisable(client):
+            if self.qualifies(client):
                 groups.setdefault(type(client), []).append(pos)
             else:
-                if reason is not None:
-                    self._notice("model", f"engine {self.registered_name}: {reason}; training sequentially")
-                else:
-                    self._notice(
-                        f"client:{type(client).__qualname__}",
-                        f"engine {self.registered_name}: {type(client).__name__} is not vectorisable; "
-                        "its clients are trained sequentially",
-                    )
-                self.stats["sequential_clients"] += 1
-                updates[pos] = client.local_train(self.flat, package)
-                self._rng_after[client.index] = _rng_state(self.flat.device)
+                updates[pos] = self.train_sequentially(client, package)
+                self._rng_after[client.index] = self.rng_now()
         self._finals = {}
         for positions in groups.values():
             group = [clients[p] for p in positions]
             for pos, update in zip(positions, self._train_group(group, package)):
                 updates[pos] = update
             self.stats["batched_clients"] += len(group)
-        if clients and clients[-1].index in self._finals:
-            # leave the working model where the sequential engine leaves it: the last client's model
-            self.flat.vector.copy_(self._finals[clients[-1].index])
-        if clients and clients[-1].index in self._rng_after:
-            # and the global RNG where the last client's end_round left it
-            _set_rng_state(self._rng_after[clients[-1].index], self.flat.device)
+        if clients:
+            last = clients[-1].index
+            self.end_like_sequential(self._finals.get(last), self._rng_after.get(last))
         self._finals, self._rng_after = {}, {}
         return updates  # type: ignore[return-value]
 
     def _train_group(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         """Batched local training of clients of one class; updates in the given order."""
-        rnd = package.round
-        plans = []
-        for client in clients:
-            client.seed_round(rnd)
-            plans.append(client.batch_plan(rnd))
-        order = sorted(range(len(clients)), key=lambda k: -len(plans[k]))
+        jobs = [client.plan_job(package) for client in clients]
+        order = sorted(range(len(clients)), key=lambda k: -jobs[k].steps)
         size = self.chunk if self.chunk > 0 else len(clients)
         updates: list[ClientUpdate | None] = [None] * len(clients)
         for start in range(0, len(order), size):
             members = order[start : start + size]
-            for k, update in self._train_chunk([clients[k] for k in members], [plans[k] for k in members], package):
+            for k, update in self._train_chunk([jobs[k] for k in members]):
                 updates[members[k]] = update
         return updates  # type: ignore[return-value]
 
-    def _train_chunk(
-        self, clients: list[Client], plans: list[list[torch.Tensor]], package: RoundPackage
-    ) -> list[tuple[int, ClientUpdate]]:
+    def _train_chunk(self, jobs: list[LocalJob]) -> list[tuple[int, ClientUpdate]]:
         """Train one chunk (sorted by steps, descending); returns (chunk position, update) pairs."""
-        flat, rnd = self.flat, package.round
+        flat = self.flat
         device = flat.device
-        count = len(clients)
-        steps = [len(p) for p in plans]
-        cohort_order = sorted(range(count), key=lambda j: clients[j].index)
-        ctxs: list[dict[str, Any]] = [None] * count  # type: ignore[list-item]
-        starts: list[torch.Tensor] = [None] * count  # type: ignore[list-item]
-        lrs: list[float] = [0.0] * count
-        rng: list[tuple] = [()] * count
+        count = len(jobs)
+        cohort_order = sorted(range(count), key=lambda j: jobs[j].client.index)
         for j in cohort_order:
-            client = clients[j]
-            client.seed_round(rnd)
-            ctxs[j] = client.begin_round(package, steps[j])
-            starts[j] = client.start_point(package)
-            lrs[j] = client.learning_rate()
-            rng[j] = _rng_state(device)  # training draws nothing: end_round resumes from here
+            jobs[j].client.open_job(jobs[j])
 
-        weights = torch.stack([s.to(device=device, dtype=flat.vector.dtype) for s in starts])  # [K, D], fresh
+        weights = torch.stack([job.start.to(device=device, dtype=flat.vector.dtype) for job in jobs])  # [K, D], fresh
         losses = torch.zeros(count, dtype=weights.dtype, device=device)
-        max_steps = max(steps) if steps else 0
-        if max_steps:
-            self._run_steps_fitting(clients, plans, steps, ctxs, lrs, weights, losses, starts)
+        if max(job.steps for job in jobs):
+            self._run_steps_fitting(jobs, weights, losses)
 
         out = []
         for j in cohort_order:
-            client = clients[j]
-            _set_rng_state(rng[j], device)
-            loss = client.check_loss(losses[j], steps[j], rnd)
-            client.participations += 1
+            job = jobs[j]
+            client = job.client
+            loss = client.check_loss(losses[j], job.steps, job.package.round)
             self._finals[client.index] = weights[j]
-            out.append((j, client.end_round(weights[j], package, ctxs[j], steps[j], loss)))
-            self._rng_after[client.index] = _rng_state(device)
+            out.append((j, client.finish_job(job, weights[j], loss)))
+            self._rng_after[client.index] = self.rng_now()
         return out
 
-    def _run_steps_fitting(
-        self,
-        clients: list[Client],
-        plans: list[list[torch.Tensor]],
-        steps: list[int],
-        ctxs: list[dict[str, Any]],
-        lrs: list[float],
-        weights: torch.Tensor,
-        losses: torch.Tensor,
-        starts: list[torch.Tensor],
-    ) -> None:
+    def _run_steps_fitting(self, jobs: list[LocalJob], weights: torch.Tensor, losses: torch.Tensor) -> None:
         """``_run_steps``, in halves when the device runs out of memory (and with half the chunk
         from then on), so that ``auto`` on a GPU never fails for a cohort too large to train at once.
         Each half restarts from its clients' start points, so the result is that of a smaller
         ``--cohort_chunk``. The halves are contiguous, hence still sorted by step count."""
         try:
-            self._run_steps(clients, plans, steps, ctxs, lrs, weights, losses)
+            self._run_steps(jobs, weights, losses)
             return
         except OUT_OF_MEMORY:
-            if len(clients) == 1:
+            if len(jobs) == 1:
                 raise
         if weights.device.type == "cuda":
             torch.cuda.empty_cache()
-        half = (len(clients) + 1) // 2
+        half = (len(jobs) + 1) // 2
         self.chunk = half if self.chunk <= 0 else min(self.chunk, half)
         log.warning("engine %s: out of memory training %d clients at once; continuing with --cohort_chunk %d",
-                    self.registered_name, len(clients), self.chunk)
-        for part in (slice(0, half), slice(half, len(clients))):
+                    self.registered_name, len(jobs), self.chunk)
+        for part in (slice(0, half), slice(half, len(jobs))):
             rows = weights[part]
-            for row, start in zip(rows, starts[part]):
-                row.copy_(start)
+            for row, job in zip(rows, jobs[part]):
+                row.copy_(job.start)
             losses[part] = 0
-            self._run_steps_fitting(clients[part], plans[part], steps[part], ctxs[part], lrs[part], rows,
-                                    losses[part], starts[part])
+            self._run_steps_fitting(jobs[part], rows, losses[part])
 
-    def _run_steps(
-        self,
-        clients: list[Client],
-        plans: list[list[torch.Tensor]],
-        steps: list[int],
-        ctxs: list[dict[str, Any]],
-        lrs: list[float],
-        weights: torch.Tensor,
-        losses: torch.Tensor,
-    ) -> None:
+    def _run_steps(self, jobs: list[LocalJob], weights: torch.Tensor, losses: torch.Tensor) -> None:
         flat = self.flat
         device = weights.device
+        clients = [job.client for job in jobs]
+        plans, steps = [job.plan for job in jobs], [job.steps for job in jobs]
+        ctxs, lrs = [job.ctx for job in jobs], [job.lr for job in jobs]
         count, max_steps = len(clients), max(steps)
         bs = max(len(b) for p in plans for b in p)
         x_all, y_all, offsets = self._data_for(clients)
@@ -482,33 +395,43 @@ class BatchedEngine:
 
         module = flat.module
         module.train()
-        step_plain, step_masked = self._step(False), (self._step(True) if mask is not None else None)
-        single_plain, single_masked = self._step(False, False), (self._step(True, False) if mask is not None else None)
+        own_loss = type(owner).local_loss is not Client.local_loss  # a vmappable loss hook (full batches)
+        if own_loss:
+            step_plain, single_plain = self._step(owner, False, True, ctx_dims), self._step(owner, False, False, ctx_dims)
+            step_masked = single_masked = None
+        else:
+            step_plain, single_plain = self._step(owner, False), self._step(owner, False, False)
+            step_masked = self._step(owner, True) if mask is not None else None
+            single_masked = self._step(owner, True, False) if mask is not None else None
         with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
             for t in range(max_steps):
                 a = active[t]
                 w = views if a == count else {n: v[:a] for n, v in views.items()}
                 rows = index[:a, t]
                 masked = mask is not None and not bool(mask[:a, t].all())
+                ctx_a = ctx_values if a == count else {
+                    k: (v[:a] if ctx_dims[k] == 0 else v) for k, v in ctx_values.items()
+                }
+                extra: tuple = ()
                 if a == 1:
                     # one client left: the same function without vmap
                     one = {n: v[0] for n, v in w.items()}
-                    if masked:
-                        grads, loss = single_masked(one, decode_inputs(x_all[rows[0]], table), y_all[rows[0]], mask[0, t])
-                    else:
-                        grads, loss = single_plain(one, decode_inputs(x_all[rows[0]], table), y_all[rows[0]])
+                    if own_loss:
+                        extra = ({k: (v[0] if ctx_dims[k] == 0 else v) for k, v in ctx_a.items()},)
+                    elif masked:
+                        extra = (mask[0, t],)
+                    step = single_masked if masked else single_plain
+                    grads, loss = step(one, decode_inputs(x_all[rows[0]], table), y_all[rows[0]], *extra)
                     grads, loss = {n: g.unsqueeze(0) for n, g in grads.items()}, loss.unsqueeze(0)
                 else:
                     x, y = decode_inputs(x_all[rows.t()], table), y_all[rows]  # x: [B, a, ...] (client axis second)
-                    if masked:
-                        grads, loss = step_masked(w, x, y, mask[:a, t])
-                    else:
-                        grads, loss = step_plain(w, x, y)
+                    if own_loss:
+                        extra = (ctx_a,)
+                    elif masked:
+                        extra = (mask[:a, t],)
+                    grads, loss = (step_masked if masked else step_plain)(w, x, y, *extra)
                 if vadjust is not None:
                     # the algorithm's term works on flat vectors: one [a, P] gradient, one fused update
-                    ctx_a = ctx_values if a == count else {
-                        k: (v[:a] if ctx_dims[k] == 0 else v) for k, v in ctx_values.items()
-                    }
                     flat_grad = torch.cat([grads[n].reshape(a, -1) for n in names], dim=1)
                     del grads  # peak memory: the per-name gradients are no longer needed
                     direction = vadjust(params[:a], flat_grad, ctx_a)

@@ -7,16 +7,15 @@ working model (one model per worker, never one per client) and lets each worker 
 with one intra-op thread. PyTorch releases the GIL inside its kernels and the autograd engine, so
 the workers run in parallel.
 
-Per client it runs exactly the sequential engine's procedure (``Client.local_train``)::
+Per client it runs the one local sequence of ``clientbase``::
 
-    seed_round(t); plan = batch_plan(t); ctx = begin_round(package, len(plan))   # main thread
-    start = start_point(package); lr = learning_rate()                           # main thread
-    loss = sgd(worker_model <- start, package, ctx, plan, lr)                     # a worker
-    end_round(worker_model.snapshot(), package, ctx, len(plan), loss)            # main thread
+    job = client.plan_job(package); client.open_job(job)      # main thread
+    params, loss = client.train_job(job, worker_model)         # a worker
+    client.finish_job(job, params, loss)                       # main thread
 
 * **Who runs in a worker.** Only the SGD loop of clients whose class keeps the base
-  ``local_train``/``sgd``/``compute_gradient`` and says ``vectorisable = True`` (their hooks touch
-  only the client's own state and ``adjust_grad`` is pure, the contract of the batched engine).
+  ``train_job``/``sgd``/``compute_gradient`` and says ``vectorisable = True`` (their hooks touch
+  only the client's own state; a ``local_loss`` hook runs in the worker too).
   The hooks run on the main thread. Other clients, and every client of a model whose forward pass
   draws random numbers (dropout: torch's global generator is shared by all threads), are trained on
   the main thread as the sequential engine does, in cohort order, with a one-line notice.
@@ -43,7 +42,6 @@ Per client it runs exactly the sequential engine's procedure (``Client.local_tra
 from __future__ import annotations
 
 import copy
-import logging
 import os
 import threading
 from argparse import ArgumentParser
@@ -53,8 +51,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
-from flcore.engines.batched import _has_dropout, _rng_state, _set_rng_state, client_is_vectorisable
+from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.engines.base import Engine, has_dropout
 from flcore.flat import FlatModel
 from flcore.registry import register_engine
 from utils.cli import add_flag
@@ -62,8 +60,6 @@ from utils.errors import FLError
 
 if TYPE_CHECKING:
     from flcore.servers.serverbase import Server
-
-log = logging.getLogger("fl")
 
 
 def available_cores() -> int:
@@ -74,11 +70,8 @@ def available_cores() -> int:
 
 
 @register_engine("threaded")
-class ThreadedEngine:
+class ThreadedEngine(Engine):
     """Worker threads, each with its own working model, train the cohort's clients in parallel."""
-
-    #: how the fallback notice is logged (``auto`` only informs, ``threaded`` warns)
-    notice_level = logging.WARNING
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -87,7 +80,7 @@ class ThreadedEngine:
                       "thread (0 = one per CPU core)")
 
     def __init__(self, server: "Server"):
-        self.server = server
+        super().__init__(server)
         requested = int(getattr(server.args, "workers", 0) or 0)
         if requested < 0:
             raise FLError(f"--workers must be >= 0, got {requested}")
@@ -95,36 +88,14 @@ class ThreadedEngine:
         self._models: list[FlatModel] = []
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
-        self._random_forward: bool | None = None
-        self._noticed: set[str] = set()
         self.stats = {"threaded_clients": 0, "sequential_clients": 0}
 
-    # ------------------------------------------------------------ qualification
-    def _notice(self, key: str, message: str) -> None:
-        if key not in self._noticed:
-            self._noticed.add(key)
-            log.log(self.notice_level, "%s", message)
-
-    def model_fallback_reason(self) -> str | None:
-        if self.server.model.device.type != "cpu":
+    def check_model(self) -> str | None:
+        if self.flat.device.type != "cpu":
             return "the threaded engine is for CPUs (use --engine batched on a GPU)"
-        if self._random_forward is None:
-            self._random_forward = _has_dropout(self.server.model.module)
-        if self._random_forward:
+        if has_dropout(self.flat.module):
             return "the model has dropout, whose random masks come from the one global generator all threads share"
         return None
-
-    def _qualifies(self, client: Client) -> bool:
-        reason = self.model_fallback_reason()
-        if reason is not None:
-            self._notice("model", f"engine {self.registered_name}: {reason}; training sequentially")
-            return False
-        if not client_is_vectorisable(client):
-            self._notice(f"client:{type(client).__qualname__}",
-                         f"engine {self.registered_name}: {type(client).__name__} is not vectorisable; "
-                         "its clients are trained sequentially")
-            return False
-        return True
 
     # ------------------------------------------------------------ workers
     def _worker_model(self) -> FlatModel:
@@ -132,17 +103,13 @@ class ThreadedEngine:
         model = getattr(self._local, "model", None)
         if model is None:
             torch.set_num_threads(1)  # OpenMP's thread count is per thread: set it in each worker once
-            source = self.server.model
-            model = FlatModel(copy.deepcopy(source.module), source.device)
+            model = FlatModel(copy.deepcopy(self.flat.module), self.flat.device)
             self._local.model = model
             self._models.append(model)
         return model
 
-    def _train_one(self, client: Client, package: RoundPackage, ctx, start: torch.Tensor, plan, lr: float):
-        model = self._worker_model()
-        model.load(start)
-        loss = client.sgd(model, package, ctx, plan, lr)
-        return model.snapshot(), loss
+    def _train_one(self, job: LocalJob) -> tuple[torch.Tensor, float]:
+        return job.client.train_job(job, self._worker_model())
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
@@ -153,9 +120,9 @@ class ThreadedEngine:
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         if not clients:
             return []
-        parallel = [c for c in clients if self._qualifies(c)] if self.num_workers > 1 and len(clients) > 1 else []
+        parallel = [c for c in clients if self.qualifies(c)] if self.num_workers > 1 and len(clients) > 1 else []
         if len(parallel) < 2:
-            return self._train(clients, [], package)
+            return [self.train_sequentially(c, package) for c in clients]
         # the hooks run here while the workers train: on one thread, or the cores are oversubscribed
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -165,30 +132,21 @@ class ThreadedEngine:
             torch.set_num_threads(threads)
 
     def _train(self, clients: list[Client], parallel: list[Client], package: RoundPackage) -> list[ClientUpdate]:
-        device = self.server.model.device
-        rnd = package.round
-        plans = {}
-        for client in parallel:  # the plans first, in cohort order, to schedule by length
-            client.seed_round(rnd)
-            plans[id(client)] = (client.batch_plan(rnd), _rng_state(device))
+        jobs = {id(c): c.plan_job(package) for c in parallel}  # plans first, in cohort order, to schedule
         # longest clients first, so no worker is left with a long client at the end of the round
-        waiting = deque(sorted(parallel, key=lambda c: -len(plans[id(c)][0])))
-        running: dict[Future, tuple] = {}
+        waiting = deque(sorted(parallel, key=lambda c: -jobs[id(c)].steps))
+        running: dict[Future, LocalJob] = {}
         pool = self._executor()
 
         def start_next() -> None:
-            """begin_round of the next waiting client (with the RNG state its plan left) and its SGD
-            handed to a worker. Only ``window`` clients hold a context at a time, so contexts that
-            copy a model-sized vector (SCAFFOLD's controls) cost a few vectors, not a cohort's."""
-            client = waiting.popleft()
-            plan, rng = plans.pop(id(client))
-            _set_rng_state(rng, device)
-            ctx = client.begin_round(package, len(plan))
-            start, lr = client.start_point(package), client.learning_rate()
-            job = pool.submit(self._train_one, client, package, ctx, start, plan, lr)
-            running[job] = (client, plan, ctx, _rng_state(device))
+            """Open the next waiting client's job and hand its training to a worker. Only
+            ``window`` clients hold a context at a time, so contexts that copy a model-sized vector
+            (SCAFFOLD's controls) cost a few vectors, not a cohort's."""
+            job = jobs.pop(id(waiting.popleft()))
+            job.client.open_job(job)
+            running[pool.submit(self._train_one, job)] = job
 
-        done: dict[int, tuple] = {}  # id(client) -> (update, final params or None, RNG after end_round)
+        done: dict[int, tuple] = {}  # id(client) -> (update, final params or None, RNG after finish_job)
         failed: dict[int, BaseException] = {}
         window = 2 * self.num_workers
         while waiting and len(running) < window:
@@ -196,34 +154,28 @@ class ThreadedEngine:
         in_workers = {id(c) for c in parallel}
         for client in clients:  # the clients this engine cannot parallelise, in cohort order
             if id(client) not in in_workers:
-                self.stats["sequential_clients"] += 1
-                done[id(client)] = (client.local_train(self.server.model, package), None, _rng_state(device))
+                done[id(client)] = (self.train_sequentially(client, package), None, self.rng_now())
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for job in finished:
-                client, plan, ctx, rng = running.pop(job)
+            for future in finished:
+                job = running.pop(future)
+                client = job.client
                 try:
-                    final, loss = job.result()
+                    params, loss = future.result()
                 except FLError as error:  # e.g. a NaN loss: raised below for the first such client
                     failed[id(client)] = error
                 else:
-                    _set_rng_state(rng, device)
-                    client.participations += 1
                     self.stats["threaded_clients"] += 1
-                    update = client.end_round(final, package, ctx, len(plan), loss)
+                    update = client.finish_job(job, params, loss)
                     # the final model is kept only where the working model must end up
-                    done[id(client)] = (update, final if client is clients[-1] else None, _rng_state(device))
+                    done[id(client)] = (update, params if client is clients[-1] else None, self.rng_now())
                 if waiting:
                     start_next()
         for client in clients:  # the sequential engine's error: that of the first failing client
             if id(client) in failed:
                 raise failed[id(client)]
-        # leave the RNG and the working model where the sequential engine leaves them: after the
-        # last client's end_round, holding that client's model
-        _, last_final, last_rng = done[id(clients[-1])]
-        _set_rng_state(last_rng, device)
-        if last_final is not None:
-            self.server.model.load(last_final)
+        _, last_params, last_rng = done[id(clients[-1])]
+        self.end_like_sequential(last_params, last_rng)
         return [done[id(client)][0] for client in clients]
 
     def close(self) -> None:

@@ -1,14 +1,17 @@
 """The base server: the only round loop of the platform.
 
-One round (PFLlib's order)::
+One round (PFLlib's order), :meth:`Server.run_round`::
 
     cohort  = select_clients(t)
     evaluate(t)                      every -eg rounds, before training, so entry 0 is the initial model
     package = make_package(t, cohort)
     updates = engine.train(clients, package)   the one seam to local training
     updates = drop_uploads(updates)            -cdr
-    aggregate(updates, package)
+    aggregate(updates, package)                then the private part of the model is restored
     after_round(t, package, updates)
+
+``train`` runs it for every round and hands each :class:`RoundResult` to callbacks (history,
+progress bar, auto-break); the benchmark and the tests call ``run_round`` themselves.
 
 PFLlib runs ``gr + 1`` rounds and evaluates before each, so the last round's training is never
 measured. We evaluate at rounds 0..gr and train rounds 0..gr-1: the recorded curve is identical
@@ -16,14 +19,17 @@ and the unmeasured final training is skipped. ``rs_eval_rounds`` holds how many 
 evaluation saw.
 
 Algorithms subclass :class:`Server`, set ``client_cls`` and override the hooks above; flags are
-declared with an ``add_args`` classmethod in the algorithm's own file.
+declared with an ``add_args`` classmethod in the algorithm's own file. ``shared`` says which part
+of the model is uploaded and aggregated (``"all"``, ``"body"``, ``"head"``, ``"no_norm"`` or
+name prefixes); the rest stays with each client and is evaluated as part of its model.
 """
 from __future__ import annotations
 
 import logging
 import time
 from argparse import ArgumentParser, Namespace
-from typing import Callable, ClassVar
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
@@ -65,6 +71,8 @@ class Server:
     has_global_model: ClassVar[bool] = True
     #: a selection policy this algorithm always uses (e.g. AdaFL); None = the ``--select`` flag
     selector_name: ClassVar[str | None] = None
+    #: the part of the model clients upload and the server aggregates (see ``FlatModel.shared_mask``)
+    shared: ClassVar[str | Sequence[str]] = "all"
 
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
@@ -75,14 +83,13 @@ class Server:
             use_channels_last(module)
         self.model = FlatModel(module, device)
         self.global_params = self.model.snapshot()
+        self.shared_mask = self.model.shared_mask(self.shared)
         self.state = make_state_store(args, device)
         self.clients = [self.client_cls(i, data, args, self.state) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
         self.engine = ENGINES.get(args.engine)(self)
         self.history = RunHistory()
-        self._test_cat: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._train_cat: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.setup()
 
     @classmethod
@@ -97,7 +104,7 @@ class Server:
         return self.selector.select(rnd)
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
-        return RoundPackage(rnd, self.global_params, cohort)
+        return self.package(rnd, cohort)
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         """FedAvg: the new global model is the sample-weighted mean of the uploaded models."""
@@ -107,48 +114,65 @@ class Server:
         self.selector.observe(rnd, package, updates)
 
     def eval_params(self, index: int) -> torch.Tensor:
-        """The model evaluated on client ``index`` (personalised algorithms override)."""
-        return self.global_params
+        """The model evaluated on client ``index``: the global model, with the client's private
+        part where the algorithm shares only part of it (personalised algorithms override)."""
+        if self.shared_mask is None:
+            return self.global_params
+        private = self.state.get("private", index)
+        if private is None:
+            return self.global_params
+        params = self.global_params.clone()
+        params[~self.shared_mask] = private.to(params.dtype)
+        return params
+
+    # ------------------------------------------------------------ helpers
+    def package(self, rnd: int, cohort: list[int], **parts) -> RoundPackage:
+        """The round's package with this server's global model and shared mask; ``parts`` are
+        RoundPackage fields (``extras``, ``payloads``)."""
+        return RoundPackage(rnd, self.global_params, cohort, shared=self.shared_mask, **parts)
 
     def summary(self) -> dict[str, object]:
         """Algorithm hyperparameters logged at the start of a run."""
         return {}
 
     # ------------------------------------------------------------- the loop
-    def train(self, progress: bool = True) -> RunHistory:
-        args = self.args
-        rounds = int(args.global_rounds)
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:  # pragma: no cover - tqdm is a declared dependency
-            tqdm = None
-        bar = tqdm(total=rounds + 1, desc=args.algorithm, unit="round", disable=not progress or tqdm is None, leave=False)
-        for rnd in range(rounds + 1):
-            start = time.perf_counter()
-            is_last = rnd == rounds
-            cohort = self.select_clients(rnd) if not is_last else []
-            if rnd % args.eval_gap == 0 or is_last:
-                result = self.evaluate(rnd)
-                bar.set_postfix(acc=f"{result.test_acc:.4f}")
-            if is_last:
-                bar.update(1)
-                break
-            package = self.make_package(rnd, cohort)
-            updates = self.engine.train([self.clients[i] for i in cohort], package)
-            updates = self.drop_uploads(rnd, updates)
+    def run_round(self, rnd: int, evaluate: bool = True, train: bool = True, cohort: list[int] | None = None) -> "RoundResult":
+        """One round: selection, evaluation (when ``evaluate``), local training and aggregation
+        (when ``train``); ``cohort`` replaces the selection."""
+        start = time.perf_counter()
+        result = RoundResult(rnd)
+        if train:
+            result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
+        if evaluate:
+            result.evaluation = self.evaluate(rnd)
+            result.eval_seconds = time.perf_counter() - start
+        if train:
+            package = result.package = self.make_package(rnd, result.cohort)
+            updates = self.engine.train([self.clients[i] for i in result.cohort], package)
+            result.updates = updates = self.drop_uploads(rnd, updates)
             if updates:
+                previous = self.global_params
                 self.aggregate(updates, package)
+                if self.shared_mask is not None:  # the private part is no part of the global model
+                    self.global_params = torch.where(self.shared_mask, self.global_params, previous)
                 self._check_finite(rnd)
             self.after_round(rnd, package, updates)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
-            self.history.round_time.append(time.perf_counter() - start)
-            self.history.bytes_down.append(package.nbytes() * len(cohort))
-            self.history.bytes_up.append(sum(u.nbytes() for u in updates))
-            self.history.clients_per_round.append(len(updates))
-            bar.update(1)
-            if args.auto_break and self._stalled():
-                log.info("auto-break: best accuracy is more than %d evaluations old", args.top_cnt)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def train(self, progress: bool = True, callbacks: Sequence[Callable] = ()) -> RunHistory:
+        """Every round of the run; each callback gets (server, result) and may return True to stop."""
+        rounds = int(self.args.global_rounds)
+        bar = ProgressBar(rounds + 1, self.args.algorithm, progress)
+        steps = [record_round, bar, *callbacks]
+        if self.args.auto_break:
+            steps.append(stop_when_stalled)
+        for rnd in range(rounds + 1):
+            is_last = rnd == rounds
+            result = self.run_round(rnd, evaluate=is_last or rnd % self.args.eval_gap == 0, train=not is_last)
+            if any([bool(step(self, result)) for step in steps]):
                 break
         bar.close()
         return self.history
@@ -182,26 +206,10 @@ class Server:
                 f"the global model has NaN/inf values after round {rnd}; lower the learning rate (-lr)"
             )
 
-    def _stalled(self) -> bool:
-        acc = self.history.test_acc
-        return len(acc) > self.args.top_cnt and int(np.argmax(acc)) < len(acc) - self.args.top_cnt
-
     # --------------------------------------------------------- evaluation
     def _concatenated(self, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        cached = self._test_cat if split == "test" else self._train_cat
-        if cached is None:
-            if split in self.dataset.merged and len(self.dataset.clients) == len(self.clients):
-                cached = self.dataset.merged[split]  # the clients' tensors are views of it: no copy
-            else:
-                xs = [getattr(c.data, f"{split}_x") for c in self.clients]
-                ys = [getattr(c.data, f"{split}_y") for c in self.clients]
-                owner = torch.cat([torch.full((len(y),), i, dtype=torch.long, device=y.device) for i, y in enumerate(ys)])
-                cached = (torch.cat(xs), torch.cat(ys), owner)
-            if split == "test":
-                self._test_cat = cached
-            else:
-                self._train_cat = cached
-        return cached
+        """(x, y, owner) of ``split`` over all clients (the dataset's merged tensors)."""
+        return self.dataset.split(split)
 
     @torch.no_grad()
     def _forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -280,3 +288,59 @@ class Server:
             rnd, result.test_acc, result.test_acc_std, result.test_auc, loss, extra,
         )
         return result
+
+
+@dataclass
+class RoundResult:
+    """What one round produced (``Server.run_round``)."""
+
+    round: int
+    cohort: list[int] = field(default_factory=list)
+    package: RoundPackage | None = None
+    updates: list[ClientUpdate] = field(default_factory=list)
+    evaluation: EvalResult | None = None
+    seconds: float = 0.0
+    eval_seconds: float = 0.0
+
+    @property
+    def trained(self) -> bool:
+        return self.package is not None
+
+
+def record_round(server: Server, result: RoundResult) -> None:
+    """Callback: time, traffic and uploads of a training round into the run's history."""
+    if not result.trained:
+        return
+    history = server.history
+    history.round_time.append(result.seconds)
+    history.bytes_down.append(result.package.total_nbytes())
+    history.bytes_up.append(sum(u.nbytes() for u in result.updates))
+    history.clients_per_round.append(len(result.updates))
+
+
+def stop_when_stalled(server: Server, result: RoundResult) -> bool:
+    """Callback for ``-ab``: stop once the best accuracy is more than ``-tc`` evaluations old."""
+    acc, patience = server.history.test_acc, server.args.top_cnt
+    if result.trained and len(acc) > patience and int(np.argmax(acc)) < len(acc) - patience:
+        log.info("auto-break: best accuracy is more than %d evaluations old", patience)
+        return True
+    return False
+
+
+class ProgressBar:
+    """Callback: a tqdm bar over rounds showing the latest accuracy."""
+
+    def __init__(self, total: int, name: str, enabled: bool):
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # pragma: no cover - tqdm is a declared dependency
+            tqdm = None
+        self.bar = tqdm(total=total, desc=name, unit="round", disable=not enabled or tqdm is None, leave=False)
+
+    def __call__(self, server: Server, result: RoundResult) -> None:
+        if result.evaluation is not None:
+            self.bar.set_postfix(acc=f"{result.evaluation.test_acc:.4f}")
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()

@@ -111,9 +111,8 @@ class FedAMPServer(Server):
         return out
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
-        for i, u in self.cloud_models(cohort).items():
-            self.state.set("u", i, u)
-        return RoundPackage(rnd, self.global_params, cohort)
+        """Each selected client receives its own cloud model u_i (a per-client payload)."""
+        return self.package(rnd, cohort, payloads={i: {"u": u} for i, u in self.cloud_models(cohort).items()})
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         """No global model: remember each upload as its client's latest model."""
