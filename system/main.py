@@ -173,7 +173,7 @@ def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module:
     """Integer inputs index the model's embedding table: every id must be in [0, table size), or
     the first batch holding a larger one would stop the run with an indexing error."""
     tables = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
-    inputs = [x for x, _, _ in dataset.merged.values() if x.numel() and not x.is_floating_point()]
+    inputs = [x for x in (dataset.split("train")[0], dataset.split("test")[0]) if x.numel() and not x.is_floating_point()]
     if not tables or not inputs:
         return
     low, high = min(int(x.min()) for x in inputs), max(int(x.max()) for x in inputs)
