@@ -53,6 +53,7 @@ if str(SYSTEM) not in sys.path:  # also importable from the tests and from anoth
     sys.path.insert(0, str(SYSTEM))
 
 import main  # noqa: E402
+from utils.cli import IGNORED_DEST  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 from utils.plot_utils import AlgorithmSummary, format_summary_table, load_run, summarize_runs  # noqa: E402
 from utils.result_utils import result_path  # noqa: E402
@@ -168,12 +169,15 @@ class _ParserCache:
 
 
 def find_action(parser: argparse.ArgumentParser, key: str) -> argparse.Action | None:
-    """The action of ``key`` as typed: ``-lr``, ``lr``, ``--fedacs_p``, ``fedacs_p``, ``local_learning_rate``."""
+    """The action of ``key`` as typed (``-lr``, ``lr``, ``--fedacs_p``, ``fedacs_p``,
+    ``local_learning_rate``) when the parser's algorithm uses it. main.py also accepts every other
+    algorithm's flags and ignores them; those count as absent, so a sweep does not run an
+    algorithm once per value of a flag it ignores."""
     candidates = [key] if key.startswith("-") else [f"--{key}", f"-{key}"]
     for candidate in candidates:
         action = parser._option_string_actions.get(candidate)
         if action is not None:
-            return action
+            return None if action.dest == IGNORED_DEST else action
     return None
 
 
@@ -286,8 +290,8 @@ def plan(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Job]]:
                 jobs.setdefault(job.path, job)
     unknown = [axis.key for axis in axes if axis.key not in declared]
     if unknown:
-        raise FLError(f"{', '.join(unknown)}: not a main.py flag of {' or '.join(algorithms)} "
-                      f"(see python main.py -algo NAME -h)")
+        raise FLError(f"{', '.join(unknown)}: not a flag that {' or '.join(algorithms)} use(s); main.py would "
+                      f"ignore it (see python main.py -algo NAME -h)")
     return own, list(jobs.values())
 
 

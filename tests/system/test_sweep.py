@@ -58,7 +58,8 @@ def test_zip_pairs_axes_and_equal_values_are_one_setting(toy, tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--grid", "no_such_flag=1,2"], "no_such_flag: not a main.py flag"),
+    (["--grid", "no_such_flag=1,2"], "no_such_flag: not a flag that FedAvg use(s)"),
+    (["-mu", "0.1,0.5"], "-mu: not a flag that FedAvg use(s); main.py would ignore it"),  # PFLlib's, ignored
     (["-lr", "0.1,abc"], "FedAvg -lr=abc: main.py: error: argument -lr"),
     (["-pv", "1"], "the sweep sets it"),
     (["-lr", "0.1", "0.2"], "separate a sweep's values with commas"),
