@@ -239,3 +239,19 @@ def test_bad_evaluation_flags_are_one_line_errors(tmp_path, capsys, argv, needle
                       "--progress", "False", "--results_dir", str(tmp_path / "res"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_params_for_may_use_autograd(group):
+    """PerAvg's evaluated model is one gradient step from the global model, taken inside
+    ``params_for``: the evaluation must not switch gradients off around it."""
+    server = make_server("linear", eval_group=group)
+    vectors = personal_vectors(server)
+
+    def one_step(i):
+        w = vectors[i].clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad((w * w).sum(), w)
+        return (w - 0.01 * grad).detach()
+
+    stepped = [one_step(i) for i in range(len(vectors))]
+    assert_matches(server.evaluate_models(one_step), reference(server, stepped))
