@@ -112,6 +112,7 @@ class Evaluator:
             raise FLError(f"--eval_group must be >= 0 (0 = auto), got {args.eval_group}")
         self._auto_group: int | None = None  # measured on first use (a GPU only)
         self._vmap_ok = True  # False once a forward failed under vmap
+        self._bounds: dict[str, list[tuple[int, int]]] = {}
 
     # ------------------------------------------------------------ public
     def evaluate(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
@@ -307,11 +308,12 @@ class Evaluator:
 
     # ------------------------------------------------------------ bookkeeping
     def _rows(self, split: str, clients: list[int]) -> _Rows:
-        dataset = self.server.dataset
-        offsets = dataset.offsets(split)
-        total = len(self.server._concatenated(split)[1])
-        ends = [*offsets[1:], total]
-        return _Rows(clients, [offsets[c] for c in clients], [ends[c] - offsets[c] for c in clients])
+        if split not in self._bounds:  # (start, stop) row of every client, from the dataset's offsets
+            offsets = self.server.dataset.offsets(split)
+            stops = [*offsets[1:], len(self.server._concatenated(split)[1])]
+            self._bounds[split] = list(zip(offsets, stops))
+        bounds = self._bounds[split]
+        return _Rows(clients, [bounds[c][0] for c in clients], [bounds[c][1] - bounds[c][0] for c in clients])
 
     @staticmethod
     def _row_index(rows: _Rows, device: torch.device) -> torch.Tensor:
