@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from flcore.flat import FlatModel, Net
 from flcore.state import ClientStateStore
+from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
@@ -106,6 +107,15 @@ class ClientUpdate:
         return size + _nbytes(self.extras)
 
 
+@dataclass(frozen=True)
+class Task:
+    """What every client knows of the run besides its own data: the task's classes (not only those
+    it holds) and the length of the model's trainable prefix of the flat vector."""
+
+    num_classes: int
+    num_params: int
+
+
 @dataclass
 class LocalJob:
     """One client's local training in one round, as the sequence prepares it for an engine."""
@@ -131,12 +141,18 @@ class Client:
     vectorisable: ClassVar[bool] = True
     #: whether an overridden ``local_loss`` is a pure tensor function the batched engine can vmap
     vmappable_loss: ClassVar[bool] = False
+    #: context keys holding one entry per local step (leading axis = steps): step t's hooks see
+    #: entry t (e.g. FedGen's generated features, drawn up front from (seed, round, client))
+    per_step_context: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore):
+    def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore,
+                 task: Task | None = None):
         self.index = index
+        self.task = task
         self.cid = data.cid
         self.data = data
         self.args = args
+        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this client class declares
         self.state = state
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)
@@ -227,11 +243,18 @@ class Client:
         """Minibatch SGD over ``plan``, each step ``w -= lr * adjust_grad(w, g)``; returns the mean loss."""
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
-        for idx in plan:
-            loss_sum += self.compute_gradient(model, idx, ctx)
-            direction = self.adjust_grad(model.params, model.grad, ctx)
+        for step, idx in enumerate(plan):
+            step_ctx = self.context_at(ctx, step)
+            loss_sum += self.compute_gradient(model, idx, step_ctx)
+            direction = self.adjust_grad(model.params, model.grad, step_ctx)
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)
+
+    def context_at(self, ctx: dict, step: int) -> dict:
+        """The context local step ``step`` sees: ``per_step_context`` entries sliced at ``step``."""
+        if not self.per_step_context:
+            return ctx
+        return {k: (v[step] if k in self.per_step_context else v) for k, v in ctx.items()}
 
     # ------------------------------------------------------ the local sequence
     def plan_job(self, package: RoundPackage) -> LocalJob:

@@ -31,6 +31,8 @@ Design (what a reader should know before changing it):
   except a key whose value is *the same object* for every client of the chunk (``is``; e.g.
   FedProx's anchor ``package.global_params`` or a server-wide control): it is passed unbatched.
   Non-tensor values that are equal (``==``) for all clients are passed unbatched too.
+  Keys a client class lists in ``per_step_context`` hold one entry per local step; they are
+  padded to the chunk's longest plan and sliced at the current step.
 * **adjust_grad.** The first client's bound ``adjust_grad`` is vmapped for all clients of its
   class (a pure function of ``(w, g, ctx)`` and of run-wide hyperparameters on ``self``); it is
   skipped when the class keeps the base identity. With an ``adjust_grad`` the per-name gradients
@@ -121,6 +123,20 @@ def _same_for_all(values: list[Any]) -> bool:
         return False
 
 
+def _pad_steps(value: torch.Tensor, steps: int) -> torch.Tensor:
+    if value.shape[0] == steps:
+        return value
+    pad = value.new_zeros((steps - value.shape[0], *value.shape[1:]))
+    return torch.cat([value, pad])
+
+
+def _at_step(value, step: int | None, dim: int | None):
+    """A per-step context entry at ``step`` (axis 1 when stacked over clients, else axis 0)."""
+    if step is None:
+        return value
+    return value[:, step] if dim == 0 else value[step]
+
+
 def stack_contexts(ctxs: list[dict[str, Any]], device: torch.device) -> tuple[dict[str, Any], dict[str, int | None]]:
     """(values, in_dims) for vmap: one entry per key, stacked on axis 0 unless shared by all."""
     if not ctxs:
@@ -177,13 +193,17 @@ class BatchedEngine(Engine):
         for client in self.server.clients:
             if client.num_train:
                 return client.data.inputs("train", slice(0, 2))
-        shape = tuple(self.server.dataset.input_shape)
-        return torch.randn(2, *shape, device=self.flat.device)
+        # zeros in the inputs' dtype (integer token ids for text models)
+        return self.server.dataset.sample_inputs(2).to(self.flat.device)
 
     def check_model(self) -> str | None:
         flat, module = self.flat, self.flat.module
         if flat.num_total > flat.num_params:
             return "the model has float buffers (BatchNorm running statistics), which the batched step cannot update per client"
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+            # also without running statistics: a sample's output depends on its batch, and the
+            # batched step pads partial batches with repeated rows
+            return "the model has BatchNorm, whose batch statistics the batched step's padded batches would change"
         if has_dropout(module):
             return "the model has dropout, whose per-client random masks only the sequential engine reproduces"
         if not flat.vector.is_floating_point():
@@ -384,6 +404,9 @@ class BatchedEngine(Engine):
         names = list(views)
         owner = clients[0]
         adjust = None if type(owner).adjust_grad is Client.adjust_grad else owner.adjust_grad
+        per_step = set(type(owner).per_step_context)
+        if per_step:  # one entry per step: pad the shorter clients' (their padded steps never run)
+            ctxs = [{k: (_pad_steps(v, max_steps) if k in per_step else v) for k, v in ctx.items()} for ctx in ctxs]
         ctx_values, ctx_dims = stack_contexts(ctxs, device)
         vadjust = vmap(adjust, in_dims=(0, 0, ctx_dims)) if adjust is not None else None
         same_lr = all(lr == lrs[0] for lr in lrs)
@@ -405,8 +428,9 @@ class BatchedEngine(Engine):
                 w = views if a == count else {n: v[:a] for n, v in views.items()}
                 rows = index[:a, t]
                 masked = mask is not None and not bool(mask[:a, t].all())
-                ctx_a = ctx_values if a == count else {
-                    k: (v[:a] if ctx_dims[k] == 0 else v) for k, v in ctx_values.items()
+                ctx_a = ctx_values if a == count and not per_step else {
+                    k: _at_step(v[:a] if ctx_dims[k] == 0 else v, t if k in per_step else None, ctx_dims[k])
+                    for k, v in ctx_values.items()
                 }
                 extra: tuple = ()
                 if a == 1:

@@ -35,12 +35,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
+from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset
 from utils.errors import FLError
 from utils.metrics import EvalResult
@@ -76,6 +77,7 @@ class Server:
 
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
+        self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
         self.dataset = dataset
         self.device = device
         self.num_classes = dataset.num_classes
@@ -85,7 +87,8 @@ class Server:
         self.global_params = self.model.snapshot()
         self.shared_mask = self.model.shared_mask(self.shared)
         self.state = make_state_store(args, device)
-        self.clients = [self.client_cls(i, data, args, self.state) for i, data in enumerate(dataset.clients)]
+        task = Task(dataset.num_classes, self.model.num_params)
+        self.clients = [self.client_cls(i, data, args, self.state, task) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
         self.engine = ENGINES.get(args.engine)(self)
