@@ -33,7 +33,6 @@ class FedDynClient(Client):
     """SGD on the dynamically regularised local objective; ∇L_k persists across participations."""
 
     #: length of the trainable prefix of the flat vector; set by the server
-    num_params: int | None = None
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -44,7 +43,7 @@ class FedDynClient(Client):
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
         anchor = package.global_params  # the same object for all clients: the batched engine shares it
-        state = self.state.get("dyn_grad", self.index, init=lambda: torch.zeros_like(anchor[: self.num_params]))
+        state = self.state.get("dyn_grad", self.index, init=lambda: torch.zeros_like(anchor[: self.task.num_params]))
         return {"anchor": anchor, "dyn_grad": state.to(anchor.device)}
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -60,7 +59,7 @@ class FedDynClient(Client):
     def end_round(
         self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int, loss: float
     ) -> ClientUpdate:
-        n = self.num_params
+        n = self.task.num_params
         updated = ctx["dyn_grad"] - self.hp.alpha * (params[:n] - ctx["anchor"][:n])
         self.state.set("dyn_grad", self.index, updated)
         return super().end_round(params, package, ctx, steps, loss)

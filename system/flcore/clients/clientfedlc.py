@@ -43,8 +43,6 @@ class FedLCClient(Client):
     """Local SGD on the logit-calibrated cross-entropy."""
 
     vmappable_loss = True
-    #: the task's number of classes; set by the server (a client's labels may miss some)
-    num_classes: int | None = None
     #: PFLlib's label counts over all clients (``--fedlc_counts global``); None = this client's own
     global_counts: torch.Tensor | None = None
 
@@ -58,7 +56,7 @@ class FedLCClient(Client):
     def label_counts(self) -> torch.Tensor:
         if self.global_counts is not None:
             return self.global_counts
-        return torch.bincount(self.data.train_y, minlength=self.num_classes)
+        return torch.bincount(self.data.train_y, minlength=self.task.num_classes)
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
         margins = calibration_margins(self.label_counts(), self.hp.tau, package.global_params.dtype)

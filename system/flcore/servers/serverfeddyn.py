@@ -44,8 +44,6 @@ class FedDynServer(Server):
         if alpha == 0:
             log.warning("warning: FedDyn with -al 0 has no dynamic regulariser: FedAvg with a uniform mean")
         self.h = torch.zeros_like(self.global_params[: self.model.num_params])
-        for client in self.clients:  # the state covers the trainable prefix of the flat vector
-            client.num_params = self.model.num_params
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         n, alpha = self.model.num_params, self.hp.alpha

@@ -30,8 +30,6 @@ class FedLCServer(Server):
             raise FLError(f"FedLC needs a calibration strength -tau >= 0, got {tau}")
         if tau == 0:
             log.warning("warning: FedLC with -tau 0 is FedAvg; set -tau, e.g. 1")
-        for client in self.clients:  # each client knows the task's classes, not only those it holds
-            client.num_classes = self.num_classes
         if self.hp.fedlc_counts == "global":
             total = sum(client.label_counts() for client in self.clients)
             for client in self.clients:
