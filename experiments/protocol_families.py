@@ -23,16 +23,17 @@ method off: MOON's ``-mu`` defaults to 0 (= FedAvg, PFLlib), so it runs with the
 (all PFLlib's defaults).
 
 Every (row, seed) is one ``main.main`` run in a worker process, ``--jobs`` at a time (one torch
-thread each, ``--engine``), so the machine's cores are used without oversubscribing them. With
-``--seeds N`` every number is the mean over seeds ``seed .. seed+N-1`` and the std across seeds is
-given. 'last 10%' = mean over the last 10% of evaluations (at least one).
+thread each, ``--engine``), so the machine's cores are used without oversubscribing them. Every
+number is the mean ± population std over ``--times`` runs (default 3, seeds ``seed .. seed+times-1``:
+the partition stays, initialisation and batches change), as in the other experiment scripts. 'last 10%' = mean over the last 10% of evaluations (at least one).
 
 Usage (from the repository root)::
 
-    .venv/bin/python experiments/protocol_families.py                      # 30 rounds, seed 0, 2 jobs
-    .venv/bin/python experiments/protocol_families.py --quick              # 2 rounds: every row runs
-    .venv/bin/python experiments/protocol_families.py --only global --seeds 3
-    .venv/bin/python experiments/protocol_families.py --reuse --seeds 3 --skip FedGen batchnorm  # add seeds 1, 2
+    .venv/bin/python experiments/protocol_families.py                      # 30 rounds, seeds 0-2, 2 jobs
+    .venv/bin/python experiments/protocol_families.py --quick --times 1    # 2 rounds: every row runs
+    .venv/bin/python experiments/protocol_families.py --times 1            # seed 0 only, then ...
+    .venv/bin/python experiments/protocol_families.py --reuse              # ... seeds 1, 2 added to it
+    .venv/bin/python experiments/protocol_families.py --only global --skip FedGen
     .venv/bin/python experiments/protocol_families.py --only FedBN Local --rounds 50
 """
 from __future__ import annotations
@@ -48,8 +49,8 @@ from typing import NamedTuple
 import h5py
 import numpy as np
 
-from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, results_folder,
-                    run_variant, write_table)
+from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std,
+                    results_folder, run_variant, write_table)
 from flcore.registry import ALGORITHMS, load_all  # importable once common has put system/ on the path
 
 EXPERIMENT = "protocol_families"
@@ -115,8 +116,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bn_eval_gap", type=int, default=5,
                         help="evaluate every N rounds on --bn_model (a CNN evaluation of every test split "
                              "costs about as much as several training rounds of the small partition)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--seeds", type=int, default=1, help="seeds seed..seed+N-1, one run each")
     add_only_and_data_flags(parser, "families, labels or -algo names to run (default: all)")
     parser.add_argument("--skip", nargs="*", default=[], help="families, labels or -algo names to leave out")
     parser.add_argument("--reuse", action="store_true",
@@ -126,8 +125,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bn_data", type=Path, default=None,
                         help="dataset folder of the FedBN family (default: generated under out/)")
     args = parser.parse_args(argv)
-    if args.jobs < 1 or args.seeds < 1:
-        parser.error("--jobs and --seeds must be at least 1")
+    if args.jobs < 1 or args.times < 1:
+        parser.error("--jobs and --times must be at least 1")
     return args
 
 
@@ -196,7 +195,7 @@ def run_job(job: Job, args: argparse.Namespace, data: dict[str, Path], rounds: i
     load_all()
     model = args.model if job.setup == "main" else args.bn_model
     gap = args.eval_gap if job.setup == "main" else args.bn_eval_gap
-    extra = ["-jr", "1", "-t", "1", "--engine", args.engine, "--num_threads", str(args.threads), "-eg", str(gap)]
+    extra = ["-jr", "1", "--engine", args.engine, "--num_threads", str(args.threads), "-eg", str(gap)]
     label = f"{job.algo} {' '.join(job.flags)} {model} seed{job.seed}"  # flags in the label: own folder
     if args.reuse:
         expected = {"dataset": str(data[job.setup]), "model": model, "global_rounds": rounds, "algorithm": job.algo,
@@ -205,8 +204,9 @@ def run_job(job: Job, args: argparse.Namespace, data: dict[str, Path], rounds: i
         found = earlier_run(results_folder(EXPERIMENT, label), expected)
         if found is not None:
             return read_run(found)
-    run = run_variant(EXPERIMENT, label, job.algo, list(job.flags), data[job.setup],
-                      argparse.Namespace(**{**vars(args), "seed": job.seed}), model, rounds, extra, quiet=True)
+    one_seed = argparse.Namespace(**{**vars(args), "seed": job.seed, "times": 1})  # a job is one run
+    run = run_variant(EXPERIMENT, label, job.algo, list(job.flags), data[job.setup], one_seed, model, rounds, extra,
+                      quiet=True)
     if isinstance(run, str):
         return run
     if len(run.paths) != 1:
@@ -214,39 +214,25 @@ def run_job(job: Job, args: argparse.Namespace, data: dict[str, Path], rounds: i
     return read_run(run.paths[0])
 
 
-def combine(outcomes: list[dict[str, float] | str]) -> dict[str, float] | str:
-    """Mean over seeds of every number, with the std across seeds of the main metric."""
+def row_cells(outcomes: list[dict[str, float] | str], personal: bool) -> list[str]:
+    """A row's numbers as mean ± std over its runs (a failed run's note instead, if any)."""
     notes = [o for o in outcomes if isinstance(o, str)]
     if notes:
-        return notes[0]
-    keys = set.intersection(*(set(o) for o in outcomes))
-    out = {key: float(np.mean([o[key] for o in outcomes])) for key in keys}
-    out["last10_std"] = float(np.std([o["last10"] for o in outcomes]))
-    return out
+        return [notes[0]] + [""] * (5 if personal else 3)
+    keys = ["last10", "best", "final"] + (["client_last10", "shared_last10"] if personal else [])
+    seconds = np.mean([o["time"] for o in outcomes])
+    return [mean_std([o.get(key) for o in outcomes]) for key in keys] + [f"{seconds:.0f}"]
 
 
-def pct(value: float | None) -> str:
-    return "" if value is None else f"{100 * value:.2f}"
-
-
-def family_table(family: str, rows: list[Row], results: dict[Row, dict[str, float] | str], seeds: int) -> list[str]:
+def family_table(family: str, rows: list[Row], results: dict[Row, list[dict[str, float] | str]]) -> list[str]:
     personal = family != "global"
     metric = "personalised acc (weighted)" if personal else "global acc"
     lines = [f"### {FAMILY_TITLES[family]}", "",
-             f"| method | flags | {metric}, last 10% | std over {seeds} seed(s) | best | final |"
-             + (" mean over clients, last 10% | shared model, last 10% |" if personal else "") + " time (s) |",
-             "|---|---|---|---|---|---|" + ("---|---|" if personal else "") + "---|"]
+             f"| method | flags | {metric}, last 10% | best | final |"
+             + (" mean over clients, last 10% | shared model, last 10% |" if personal else "") + " time per run (s) |",
+             "|---|---|---|---|---|" + ("---|---|" if personal else "") + "---|"]
     for row in rows:
-        outcome = results[row]
-        if isinstance(outcome, str):
-            lines.append(f"| {row.label} | {' '.join(row.flags)} | {outcome} | | | |" + (" | |" if personal else "") + " |")
-            continue
-        cells = [row.label, " ".join(row.flags), pct(outcome["last10"]), pct(outcome["last10_std"]),
-                 pct(outcome["best"]), pct(outcome["final"])]
-        if personal:
-            cells += [pct(outcome["client_last10"]), pct(outcome.get("shared_last10"))]
-        cells.append(f"{outcome['time']:.0f}")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join([row.label, " ".join(row.flags), *row_cells(results[row], personal)]) + " |")
     return lines + [""]
 
 
@@ -261,22 +247,22 @@ def main_script() -> None:
         data["main"] = ensure_data(args.data, args.samples_per_client)
     if "bn" in setups:
         data["bn"] = ensure_data(args.bn_data, args.bn_samples_per_client)
-    seeds = range(args.seed, args.seed + args.seeds)
+    seeds = range(args.seed, args.seed + args.times)
     jobs = plan_jobs(chosen, seeds)
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {job: pool.submit(run_job, job, args, data, rounds) for job in jobs}
         for job, future in futures.items():
             outcome = future.result()
-            shown = outcome if isinstance(outcome, str) else f"{pct(outcome['last10'])} ({outcome['time']:.0f} s)"
+            shown = outcome if isinstance(outcome, str) else f"{100 * outcome['last10']:.2f} ({outcome['time']:.0f} s)"
             print(f"done: {job.algo} {' '.join(job.flags)} [{job.setup}] seed {job.seed}: {shown}", flush=True)
-    results = {row: combine([futures[Job(row.algo, row.flags, row.setup, s)].result() for s in seeds])
-               if row.algo in ALGORITHMS else f"skipped: algorithm {row.algo!r} is not registered"
+    results = {row: [futures[Job(row.algo, row.flags, row.setup, s)].result() for s in seeds]
+               if row.algo in ALGORITHMS else [f"skipped: algorithm {row.algo!r} is not registered"]
                for row in chosen}
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Protocol families (issue 11): MNIST, Dirichlet 0.1, 20 clients, full participation", "",
         f"{date}; {rounds} rounds, E={args.local_epochs}, B={args.batch_size}, lr={args.lr}, seeds "
-        f"{args.seed}..{args.seed + args.seeds - 1}, engine {args.engine}, {args.threads} torch thread(s) per run, "
+        f"{args.seed}..{args.seed + args.times - 1} (mean ± population std), engine {args.engine}, {args.threads} torch thread(s) per run, "
         f"{args.jobs} run(s) at a time{' (quick)' if args.quick else ''}", "",
         f"Global and personalised families: model {args.model}, data {data.get('main', Path('-')).name}, "
         f"evaluated every {args.eval_gap} round(s). BatchNorm family: model {args.bn_model}, data "
@@ -288,7 +274,7 @@ def main_script() -> None:
     for family in FAMILY_TITLES:
         rows = [row for row in chosen if row.family == family]
         if rows:
-            lines += family_table(family, rows, results, args.seeds)
+            lines += family_table(family, rows, results)
     write_table(EXPERIMENT, lines)
 
 

@@ -39,13 +39,16 @@ def test_run_job_reads_its_own_result_file(tmp_path, monkeypatch, algo):
         assert 0 <= outcome["last10"] <= 1 and outcome["best"] >= outcome["final"] - 1e-12
         assert 0 <= outcome["client_last10"] <= 1 and outcome["time"] > 0
     assert len(list((tmp_path / "out" / "results" / pf.EXPERIMENT).rglob("*.h5"))) == 2
-    combined = pf.combine(outcomes)
-    assert combined["last10"] == pytest.approx(np.mean([o["last10"] for o in outcomes]))
-    assert combined["last10_std"] == pytest.approx(np.std([o["last10"] for o in outcomes]))
+    cells = pf.row_cells(outcomes, personal=True)
+    last10 = [o["last10"] for o in outcomes]
+    assert cells[0] == f"{100 * np.mean(last10):.2f} ± {100 * np.std(last10):.2f}"
+    assert cells[4] == "–"  # neither FedAvg nor Local records a shared model besides its evaluated one
+    assert len(cells) == 6 and len(pf.row_cells(outcomes, personal=False)) == 4
 
 
-def test_combine_passes_on_a_failed_run():
-    assert pf.combine([{"last10": 0.5}, "failed: main.main exited with 2"]) == "failed: main.main exited with 2"
+def test_a_failed_run_fills_the_row_with_its_note():
+    note = "failed: main.main exited with 2"
+    assert pf.row_cells([{"last10": 0.5}, note], personal=False) == [note, "", "", ""]
 
 
 def test_reuse_takes_a_matching_results_file_and_only_that(tmp_path, monkeypatch):
