@@ -196,7 +196,8 @@ def run_job(job: Job, args: argparse.Namespace, data: dict[str, Path], rounds: i
     model = args.model if job.setup == "main" else args.bn_model
     gap = args.eval_gap if job.setup == "main" else args.bn_eval_gap
     extra = ["-jr", "1", "--engine", args.engine, "--num_threads", str(args.threads), "-eg", str(gap)]
-    label = f"{job.algo} {' '.join(job.flags)} {model} seed{job.seed}"  # flags in the label: own folder
+    # flags and rounds in the label: a quick run gets its own folder and leaves the full runs' files alone
+    label = f"{job.algo} {' '.join(job.flags)} {model} {rounds}r seed{job.seed}"
     if args.reuse:
         expected = {"dataset": str(data[job.setup]), "model": model, "global_rounds": rounds, "algorithm": job.algo,
                     "local_learning_rate": args.lr, "batch_size": args.batch_size, "local_epochs": args.local_epochs,
