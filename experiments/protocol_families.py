@@ -25,7 +25,8 @@ method off: MOON's ``-mu`` defaults to 0 (= FedAvg, PFLlib), so it runs with the
 Every (row, seed) is one ``main.main`` run in a worker process, ``--jobs`` at a time (one torch
 thread each, ``--engine``), so the machine's cores are used without oversubscribing them. Every
 number is the mean ± population std over ``--times`` runs (default 3, seeds ``seed .. seed+times-1``:
-the partition stays, initialisation and batches change), as in the other experiment scripts. 'last 10%' = mean over the last 10% of evaluations (at least one).
+the partition stays, initialisation and batches change), as in the other experiment scripts.
+'last 10%' = mean over the last 10% of evaluations (at least one).
 
 Usage (from the repository root)::
 
