@@ -204,3 +204,26 @@ def test_fedper_with_nothing_shared_is_local(join_ratio):
     for i in range(4):
         assert torch.equal(ours.eval_params(i), local.eval_params(i))
     assert ours.history.test_acc == local.history.test_acc
+
+
+def check_two_rounds_by_hand(algorithm: str, shares_body: bool) -> None:
+    """FedPer (shares the body) and LG-FedAvg (shares the head) on :class:`TwoLayer`, two rounds by
+    hand: each client trains its whole model (2 full-batch steps) from the global shared part and
+    its own private part; the server averages the shared part (0.4 / 0.6) and keeps no private part."""
+    lr = 0.1
+    data, server = two_layer_server(algorithm, local_learning_rate=lr)
+    w = server.global_params.double()
+    shared = body_mask(w) if shares_body else ~body_mask(w)
+    own = [w.clone(), w.clone()]
+    for rnd in range(2):
+        trained = [masked_descent(torch.where(shared, w, own[i]), c.train_x.double(), c.train_y, 2, lr)
+                   for i, c in enumerate(data.clients)]
+        uploads = [torch.where(shared, t, w) for t in trained]
+        w = torch.where(shared, 0.4 * trained[0] + 0.6 * trained[1], w)
+        own = trained
+        updates = run_round(server, rnd).updates
+        assert [u.num_steps for u in updates] == [2, 2]
+        for i in range(2):
+            assert torch.allclose(updates[i].params.double(), uploads[i], atol=1e-6)
+            assert torch.allclose(server.eval_params(i).double(), torch.where(shared, w, own[i]), atol=1e-6)
+        assert torch.allclose(server.global_params.double(), w, atol=1e-6)
