@@ -1,0 +1,50 @@
+"""FedBN: the first round against FedAvg (same training, normalisation layers kept), the next
+round's start point merges each client's own normalisation layers, a run through main.
+
+Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): normalisation
+layers never leave the client, bytes count the rest only, state under partial participation,
+FedBN on a model without normalisation layers is FedAvg."""
+from __future__ import annotations
+
+import h5py
+import torch
+
+from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
+from test_partial_sharing import TinyBN
+
+
+def _server(algorithm: str, data):
+    torch.manual_seed(0)
+    args = make_args(algorithm, batch_size=4, local_learning_rate=0.1, engine="sequential")
+    return build_server(args, data, TinyBN(4, 3))
+
+
+def test_norm_layers_stay_with_each_client():
+    data = random_dataset(num_clients=3, dim=4, num_classes=3, seed=11)
+    fedbn, fedavg = _server("FedBN", data), _server("FedAvg", data)
+    shared = fedbn.shared_mask
+    norm = fedbn.model.mask(lambda seg: seg.in_norm)
+    assert torch.equal(~shared, norm) and int(norm.sum()) == 4 * 4  # weight, bias, running mean and var
+    init = fedbn.global_params.clone()
+    ours, theirs = run_round(fedbn, 0).updates, run_round(fedavg, 0).updates
+    # Round 0 starts everyone from the same model: the shared part is FedAvg's average bit for bit,
+    # the normalisation layers stay the initial ones on the server and each client's own after training.
+    assert torch.equal(fedbn.global_params[shared], fedavg.global_params[shared])
+    assert torch.equal(fedbn.global_params[norm], init[norm])
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert torch.equal(a.params[shared], b.params[shared])
+        assert torch.equal(fedbn.eval_params(i)[norm], b.params[norm])
+        assert not torch.equal(b.params[norm], init[norm])
+    # Round 1: each client starts from the global shared part and its own normalisation layers.
+    package = fedbn.make_package(1, [0, 1, 2])
+    for i, client in enumerate(fedbn.clients):
+        job = client.plan_job(package)
+        client.open_job(job)
+        assert torch.equal(job.start, torch.where(shared, fedbn.global_params, theirs[i].params))
+
+
+def test_two_round_run_through_main(tmp_path):
+    path = run_main_two_rounds(tmp_path, "FedBN", "-jr", "0.5")
+    with h5py.File(path, "r") as f:
+        acc = f["rs_test_acc"][:]
+        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
