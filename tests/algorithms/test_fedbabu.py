@@ -1,17 +1,16 @@
 """FedBABU: a round by hand (body trained and averaged, head frozen at its initial values),
 fine-tuning by hand (whole model or head), when fine-tuned models are evaluated, fine-tuning never
-changes training, flags and warnings, a run through main.
+changes training, flags and warnings.
 
 Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): the head is never
 uploaded, bytes count the body only, state under partial participation (the head never moves)."""
 from __future__ import annotations
 
-import h5py
 import numpy as np
 import pytest
 import torch
 
-from fltest import build_server, fl_log_messages, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import build_server, fl_log_messages, make_args, random_dataset, run_round
 from test_partial_sharing import TwoLayer, body_mask, masked_descent, two_layer_server, unpack
 from utils.errors import FLError
 
@@ -91,10 +90,3 @@ def test_flags_and_warnings():
     with pytest.raises(FLError):
         build_server(make_args("FedBABU", "-fte", "-1"), data, TwoLayer())
 
-
-def test_two_round_run_through_main(tmp_path):
-    path = run_main_two_rounds(tmp_path, "FedBABU", "-fte", "1", "-jr", "0.5")
-    with h5py.File(path, "r") as f:
-        acc = f["rs_test_acc"][:]
-        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
-        assert len(f["rs_test_acc_global"][:]) == 3

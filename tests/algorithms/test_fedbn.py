@@ -1,15 +1,14 @@
 """FedBN: the first round against FedAvg (same training, normalisation layers kept), the next
-round's start point merges each client's own normalisation layers, a run through main.
+round's start point merges each client's own normalisation layers.
 
 Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): normalisation
 layers never leave the client, bytes count the rest only, state under partial participation,
 FedBN on a model without normalisation layers is FedAvg."""
 from __future__ import annotations
 
-import h5py
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import build_server, make_args, random_dataset, run_round
 from test_partial_sharing import TinyBN
 
 
@@ -42,9 +41,3 @@ def test_norm_layers_stay_with_each_client():
         client.open_job(job)
         assert torch.equal(job.start, torch.where(shared, fedbn.global_params, theirs[i].params))
 
-
-def test_two_round_run_through_main(tmp_path):
-    path = run_main_two_rounds(tmp_path, "FedBN", "-jr", "0.5")
-    with h5py.File(path, "r") as f:
-        acc = f["rs_test_acc"][:]
-        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

@@ -1,15 +1,14 @@
 """FedRep: two rounds by hand (head epochs with the body frozen, then body epochs with the head
-frozen; bodies averaged), -pls 0 is FedBABU's training, uniform weighting, flags, a run through main.
+frozen; bodies averaged), -pls 0 is FedBABU's training, uniform weighting, flags.
 
 Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): the head never
 leaves the client, bytes count the body only, state under partial participation."""
 from __future__ import annotations
 
-import h5py
 import pytest
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import build_server, make_args, random_dataset, run_round
 from test_partial_sharing import TwoLayer, body_mask, masked_descent, two_layer_server
 from utils.errors import FLError
 
@@ -61,9 +60,3 @@ def test_flags():
     with pytest.raises(FLError):
         build_server(make_args("FedRep", "-pls", "-1"), data, TwoLayer())
 
-
-def test_two_round_run_through_main(tmp_path):
-    path = run_main_two_rounds(tmp_path, "FedRep", "-pls", "2", "-jr", "0.5")
-    with h5py.File(path, "r") as f:
-        acc = f["rs_test_acc"][:]
-        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)

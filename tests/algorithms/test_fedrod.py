@@ -1,6 +1,6 @@
 """FedROD: two rounds by hand (balanced softmax on body + generic head, cross-entropy of the
 personalised prediction on the personal head only), both personal-head starts, the shared vector is
-the generic model, a client missing classes, flags, a run through main.
+the generic model, a client missing classes, flags.
 
 Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): the personal head
 never leaves the client, bytes count body + generic head only, state under partial participation."""
@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import math
 
-import h5py
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fltest import build_server, dataset_from_arrays, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import build_server, dataset_from_arrays, make_args, random_dataset, run_round
 from test_partial_sharing import TwoLayer, masked_descent, two_layer_server, unpack
 from utils.errors import FLError
 
@@ -95,10 +94,3 @@ def test_flags_and_model_check():
     with pytest.raises(FLError, match="body and head"):
         build_server(make_args("FedROD"), data, nn.Linear(2, 2))
 
-
-def test_two_round_run_through_main(tmp_path):
-    path = run_main_two_rounds(tmp_path, "FedROD", "-jr", "0.5")
-    with h5py.File(path, "r") as f:
-        acc = f["rs_test_acc"][:]
-        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
-        assert len(f["rs_test_acc_global"][:]) == 3

@@ -7,12 +7,13 @@ its loss on a flat vector (the platform's layout), and a small BatchNorm model.
 """
 from __future__ import annotations
 
+import h5py
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fltest import TinyLinear, build_server, make_args, random_dataset, run_round, trained_server
+from fltest import TinyLinear, build_server, make_args, random_dataset, run_main_two_rounds, run_round
 
 PARTIAL = ["FedPer", "LG-FedAvg", "FedRep", "FedBABU", "FedBN", "FedROD"]
 
@@ -89,6 +90,18 @@ def model_for(algorithm: str, data) -> nn.Module:
 def partial_server(algorithm: str, data, *flags: str, **settings):
     settings = {"batch_size": 4, "local_learning_rate": 0.1, **settings}
     return build_server(make_args(algorithm, *flags, engine="sequential", **settings), data, model_for(algorithm, data))
+
+
+@pytest.mark.parametrize("algorithm, flags", [("FedPer", ()), ("LG-FedAvg", ()), ("FedRep", ("-pls", "2")),
+                                              ("FedBABU", ("-fte", "1")), ("FedBN", ()), ("FedROD", ())])
+def test_two_round_run_through_main(tmp_path, algorithm, flags):
+    """Partial participation through main; FedBABU (the global model before fine-tuning) and FedROD
+    (the generic model) also record the shared model's accuracy, the others have no such model."""
+    path = run_main_two_rounds(tmp_path, algorithm, *flags, "-jr", "0.5")
+    with h5py.File(path, "r") as f:
+        acc = f["rs_test_acc"][:]
+        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
+        assert ("rs_test_acc_global" in f) == (algorithm in ("FedBABU", "FedROD"))
 
 
 @pytest.mark.parametrize("algorithm", PARTIAL)
