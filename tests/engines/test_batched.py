@@ -27,8 +27,12 @@ ATOL, RTOL = 2e-5, 1e-4
 
 
 def _vectorisable(name: str) -> bool:
+    """Whether the batched engine trains this algorithm's clients itself (on the toy set-up's
+    full batches): the base training procedure with the base loss or a vmappable loss hook."""
     client_cls = ALGORITHMS.get(name).client_cls
-    return bool(client_cls.vectorisable) and client_cls.local_train is Client.local_train
+    own_loss = client_cls.local_loss is not Client.local_loss
+    return (bool(client_cls.vectorisable) and client_cls.train_job is Client.train_job
+            and (not own_loss or client_cls.vmappable_loss))
 
 
 ALGOS = list_algorithms()

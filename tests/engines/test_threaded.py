@@ -35,7 +35,7 @@ def test_every_algorithm_gives_the_sequential_numbers_exactly(algo):
     out = engine_run(algo, "threaded", workers=3)
     stats = out.engine.stats
     client_cls = ALGORITHMS.get(algo).client_cls
-    if client_cls.vectorisable and client_cls.local_train is Client.local_train:
+    if client_cls.vectorisable and client_cls.train_job is Client.train_job:
         # only a cohort of one is trained on the main thread (3 rounds: at most 3 such clients)
         assert stats["sequential_clients"] <= 3
     else:
