@@ -39,6 +39,8 @@ class FedBABUClient(Client):
         saved = rng_state(model.device)
         self.seed_round(package.round)
         model.load(package.global_params)
-        self.sgd(model, package, {"trainable": trainable}, self.batch_plan(package.round, epochs), self.learning_rate())
+        with torch.enable_grad():  # evaluation may run under no_grad
+            self.sgd(model, package, {"trainable": trainable}, self.batch_plan(package.round, epochs),
+                     self.learning_rate())
         set_rng_state(saved)
         return model.snapshot()
