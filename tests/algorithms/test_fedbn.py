@@ -6,7 +6,9 @@ layers never leave the client, bytes count the rest only, state under partial pa
 FedBN on a model without normalisation layers is FedAvg."""
 from __future__ import annotations
 
+import pytest
 import torch
+from torch import nn
 
 from fltest import build_server, make_args, random_dataset, run_round
 from test_partial_sharing import TinyBN
@@ -41,3 +43,30 @@ def test_norm_layers_stay_with_each_client():
         client.open_job(job)
         assert torch.equal(job.start, torch.where(shared, fedbn.global_params, theirs[i].params))
 
+
+
+class BNAndGN(nn.Module):
+    """A body with a BatchNorm and a GroupNorm layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 4), nn.GroupNorm(2, 4))
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+@pytest.mark.parametrize("local, private_names", [
+    ("norm", {"body.1.weight", "body.1.bias", "body.1.running_mean", "body.1.running_var",
+              "body.3.weight", "body.3.bias"}),
+    ("batchnorm", {"body.1.weight", "body.1.bias", "body.1.running_mean", "body.1.running_var"}),
+])
+def test_which_layers_stay_local(local, private_names):
+    data = random_dataset(num_clients=2, dim=4, num_classes=3, seed=12)
+    server = build_server(make_args("FedBN", "--fedbn_local", local), data, BNAndGN())
+    assert server.summary() == {"fedbn_local": local}
+    expected = server.model.mask(lambda seg: seg.name in private_names)
+    assert torch.equal(~server.shared_mask, expected)
+    updates = run_round(server, 0).updates
+    assert all(u.shared_numel == int((~expected).sum()) for u in updates)
