@@ -15,9 +15,10 @@ When the fine-tuned models are evaluated (``--fedbabu_finetune_at``):
 * ``every``: every evaluation fine-tunes (costs ``-fte`` local epochs of every client per
   evaluation), which gives the paper's personalised-accuracy curve.
 
-What is fine-tuned (``--fedbabu_finetune``): ``all`` (default) the whole model, as PFLlib and the
-paper's main results do; ``head`` the head only (the paper's comparison of fine-tuned parts).
-The paper's main tables fine-tune for 5 epochs; ``-fte`` keeps PFLlib's default of 10. With
+What is fine-tuned (``--fedbabu_finetune``): ``all`` (default, PFLlib's ``fine_tune``) the whole
+model; ``head`` the head only, the reading of the paper's abstract ("the head is fine-tuned for
+personalization"); the paper reports both. Its experiments fine-tune for 5 epochs (as Flower's
+reproduction does); ``-fte`` keeps PFLlib's default of 10. With
 ``-fte 0`` every client is evaluated with the global model (a warning says so). Fine-tuned models
 are computed for the evaluation and never stored; a client's batches and dropout come from the
 (seed, round, client) streams of the evaluated round.
@@ -50,7 +51,7 @@ class FedBABUServer(Server):
         add_flag(parser, "-fte", "--fine_tuning_epochs", type=int, default=10,
                  help="local epochs of fine-tuning before a client is evaluated (paper: 5)")
         add_flag(parser, "--fedbabu_finetune", type=str, default="all", choices=["all", "head"],
-                 help="fine-tune the whole model (paper, PFLlib) or the head only")
+                 help="fine-tune the whole model (PFLlib) or the head only")
         add_flag(parser, "--fedbabu_finetune_at", type=str, default="final", choices=["final", "every"],
                  help="evaluate fine-tuned models at the last evaluation only (PFLlib) or at every one")
 
