@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import generic_parser
+from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
+                       generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.errors import FLError
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
@@ -34,20 +35,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
     """Show defaults and keep the epilog's line breaks."""
 
 
-def _declare(cls: type, group: argparse._ArgumentGroup, seen: set) -> None:
-    """Call every ``add_args`` defined along ``cls``'s MRO, base classes first, once each."""
-    for klass in reversed(cls.__mro__):
-        hook = vars(klass).get("add_args")
-        if hook is not None and klass not in seen:
-            seen.add(klass)
-            hook.__func__(klass, group)
-
-
 def _probe(argv: list[str]) -> argparse.Namespace:
-    """The names that decide which flags exist, found by exact token match.
-
-    argparse would treat an algorithm's short flags as prefixes of generic ones in a first pass
-    (``-al`` as ``-algo``, ``-tau`` as ``-t au``), so this pass does not use it."""
+    """The names that decide which flags get their own types and defaults, found by exact token match
+    before any parser exists (``-algo``, ``--algorithm``, ``--select``, ``--engine``, each also as
+    ``name=value``)."""
     found = {"algorithm": "FedAvg", "select": "uniform", "engine": "auto"}
     names = {"-algo": "algorithm", "--algorithm": "algorithm", "--select": "select", "--engine": "engine"}
     for i, token in enumerate(argv):
@@ -64,20 +55,30 @@ def algorithm_flags_text() -> str:
     """One line per algorithm naming its flags, for the help epilog."""
     lines = []
     for name in ALGORITHMS.names():
-        scratch = argparse.ArgumentParser(add_help=False)
-        server_cls = ALGORITHMS.get(name)
-        seen: set = set()
-        _declare(server_cls, scratch, seen)
-        _declare(server_cls.client_cls, scratch, seen)
-        if server_cls.selector_name:
-            _declare(SELECTORS.get(server_cls.selector_name), scratch, seen)
-        flags = [a.option_strings[0] for a in scratch._actions if a.option_strings]
+        flags = [action.option_strings[0] for action in declared_actions(*_algorithm_classes(ALGORITHMS.get(name)))]
         lines.append(f"  {name}: {' '.join(flags) if flags else '(no own flags)'}")
     return "\n".join(lines)
 
 
+def _algorithm_classes(server_cls: type) -> tuple[type, ...]:
+    """The classes whose flags belong to an algorithm: its server, its client and a fixed policy."""
+    fixed = (SELECTORS.get(server_cls.selector_name),) if server_cls.selector_name else ()
+    return (server_cls, server_cls.client_cls, *fixed)
+
+
+def other_declarations() -> list[argparse.Action]:
+    """Every flag declared anywhere: by each registered algorithm (by name), selection policy and
+    engine, then PFLlib's algorithm flags; for flags declared twice, the first declaration is used
+    to check an ignored value."""
+    actions = [action for name in ALGORITHMS.names() for action in declared_actions(*_algorithm_classes(ALGORITHMS.get(name)))]
+    actions += [action for name in SELECTORS.names() for action in declared_actions(SELECTORS.get(name))]
+    actions += [action for name in ENGINES.names() for action in declared_actions(ENGINES.get(name))]
+    return actions + list(pfllib_algorithm_actions())
+
+
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    """The generic flags plus those of the selected algorithm and selection policy."""
+    """The generic flags, those of the selected algorithm, selection policy and engine, and every
+    other algorithm's (and PFLlib's) flags, accepted and ignored."""
     load_all()
     probe = _probe(argv)
     parser = generic_parser()
@@ -88,15 +89,19 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         + f"\nmodels (-m): {', '.join(MODELS.names())}"
         + f"\nselection policies (--select, composable with any algorithm): {', '.join(SELECTORS.names())}"
         + f"\ntraining engines (--engine): {', '.join(ENGINES.names())}"
+        + "\nevery algorithm flag above and every one of PFLlib's ("
+        + " ".join(short for short, *_ in PFLLIB_ALGORITHM_FLAGS)
+        + ") is accepted with any -algo; those the selected algorithm does not use are ignored with an info line"
     )
     server_cls = ALGORITHMS.get(probe.algorithm)
     group = parser.add_argument_group(f"{server_cls.registered_name} flags")
     seen: set = set()
-    _declare(server_cls, group, seen)
-    _declare(server_cls.client_cls, group, seen)
+    declare_flags(server_cls, group, seen)
+    declare_flags(server_cls.client_cls, group, seen)
     select = server_cls.selector_name or probe.select
-    _declare(SELECTORS.get(select), parser.add_argument_group(f"--select {select} flags"), seen)
-    _declare(ENGINES.get(probe.engine), parser.add_argument_group(f"--engine {probe.engine} flags"), seen)
+    declare_flags(SELECTORS.get(select), parser.add_argument_group(f"--select {select} flags"), seen)
+    declare_flags(ENGINES.get(probe.engine), parser.add_argument_group(f"--engine {probe.engine} flags"), seen)
+    accept_other_flags(parser, other_declarations())
     return parser
 
 
@@ -104,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    setattr(args, IGNORED_DEST, getattr(args, IGNORED_DEST, []))
     server_cls = ALGORITHMS.get(args.algorithm)
     args.algorithm = server_cls.registered_name
     args.select = server_cls.selector_name or args.select
@@ -188,6 +194,8 @@ def setup_logging(quiet: bool) -> None:
 def run(args: argparse.Namespace) -> list[Path]:
     """Run ``-t`` repeats of the experiment; returns the result files written."""
     setup_logging(args.quiet)
+    if getattr(args, IGNORED_DEST, None):
+        log.info("%s does not use %s: ignored", args.algorithm, ", ".join(getattr(args, IGNORED_DEST)))
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     device = resolve_device(args)

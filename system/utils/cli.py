@@ -3,13 +3,27 @@
 Every long PFLlib flag (``--global_rounds``) also accepts the dashed spelling
 (``--global-rounds``). PFLlib declares booleans with ``type=bool``, so ``-ab False`` turns
 auto-break *on*; here ``-ab``, ``-ab True`` and ``-ab 1`` turn it on and ``-ab False`` /
-``-ab 0`` off. Algorithm flags are not declared here: each algorithm file declares its own and
-``main.py`` adds only those of the selected algorithm (and of the selection policy).
+``-ab 0`` off.
+
+Algorithm flags are declared by each algorithm file (``add_args``); ``main.py`` declares those of
+the selected algorithm, selection policy and engine with their types and defaults. As PFLlib's one
+parser knows every flag whatever ``-algo`` is, the flags of every other registered algorithm,
+policy and engine and PFLlib's own algorithm flags (:data:`PFLLIB_ALGORITHM_FLAGS`) are accepted
+too and ignored (:func:`accept_other_flags`). Tokens are matched exactly (:class:`ExactParser`):
+``-mu`` is never ``-m u`` and ``--glob`` never ``--global_rounds``.
+
+An algorithm reads its own flags as typed, frozen attributes (:func:`hyperparameters`), built
+from the same ``add_args`` declarations.
 """
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import dataclasses
+import functools
+import typing
+from typing import Any, Iterable
+
+from utils.errors import FLError
 
 
 def str2bool(value: str | bool) -> bool:
@@ -36,13 +50,236 @@ def add_flag(parser: argparse.ArgumentParser | Any, *names: str, **kwargs: Any) 
     parser.add_argument(*spellings, **kwargs)
 
 
+class ExactParser(argparse.ArgumentParser):
+    """An ArgumentParser that takes a token as a flag only when it is one, or ``flag=value``.
+
+    argparse keeps two guesses even with ``allow_abbrev=False``: a single-dash token that is not a
+    flag is split into a short flag and its value (``-mu 0.1`` is ``-m u`` followed by a stray
+    ``0.1``, ``-tau 1.0`` is ``-t au``), and unknown prefixes are looked up among the flags. With
+    PFLlib's many short flags either guess turns a typo or another algorithm's flag into a
+    different setting, so both are switched off here (``_get_option_tuples`` is where argparse
+    makes them, in every Python version we support)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def _get_option_tuples(self, option_string: str) -> list:
+        return []
+
+    def error(self, message: str) -> typing.NoReturn:
+        """One line on stderr and exit status 2, like every other input error (no usage dump)."""
+        self.exit(2, f"{self.prog}: error: {message} (`{self.prog} -h` lists the flags)\n")
+
+
+class _SameAs(argparse.Action):
+    """Another spelling of a declared flag: parsed with that flag's type and stored through it."""
+
+    def __init__(self, option_strings: list[str], dest: str, target: argparse.Action, **kwargs: Any):
+        super().__init__(option_strings, dest, **kwargs)
+        self.target = target
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        self.target(parser, namespace, values, option_string)
+
+
+class _Ignored(argparse.Action):
+    """A flag of another algorithm (or of PFLlib's): its value is checked, then only its name is kept,
+    in ``args.ignored_flags``, for the one info line of the run."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        seen = list(getattr(namespace, IGNORED_DEST, None) or [])
+        if option_string not in seen:
+            seen.append(option_string)
+        setattr(namespace, IGNORED_DEST, seen)
+
+
+#: where the parsed namespace lists the given flags that the selected algorithm does not use
+IGNORED_DEST = "ignored_flags"
+
+#: PFLlib's algorithm-specific flags with its types and defaults (``../shared/specs/pfllib-cli.md``):
+#: PFLlib's parser knows them whatever ``-algo`` is, so scripts pass them along with any algorithm.
+#: An algorithm here that uses one declares it itself (possibly with its own default).
+PFLLIB_ALGORITHM_FLAGS: tuple[tuple[str, str, type, Any], ...] = (
+    ("-bt", "--beta", float, 0.0),
+    ("-lam", "--lamda", float, 1.0),
+    ("-mu", "--mu", float, 0.0),
+    ("-K", "--K", int, 5),
+    ("-lrp", "--p_learning_rate", float, 0.01),
+    ("-M", "--M", int, 5),
+    ("-itk", "--itk", int, 4000),
+    ("-alk", "--alphaK", float, 1.0),
+    ("-sg", "--sigma", float, 1.0),
+    ("-al", "--alpha", float, 1.0),
+    ("-pls", "--plocal_epochs", int, 1),
+    ("-tau", "--tau", float, 1.0),
+    ("-fte", "--fine_tuning_epochs", int, 10),
+    ("-dlr", "--dr_learning_rate", float, 0.0),
+    ("-L", "--L", float, 1.0),
+    ("-nd", "--noise_dim", int, 512),
+    ("-glr", "--generator_learning_rate", float, 0.005),
+    ("-hd", "--hidden_dim", int, 512),
+    ("-se", "--server_epochs", int, 1000),
+    ("-lf", "--localize_feature_extractor", bool, False),
+    ("-slr", "--server_learning_rate", float, 1.0),
+    ("-et", "--eta", float, 1.0),
+    ("-s", "--rand_percent", int, 80),
+    ("-p", "--layer_idx", int, 2),
+    ("-mlr", "--mentee_learning_rate", float, 0.005),
+    ("-Ts", "--T_start", float, 0.95),
+    ("-Te", "--T_end", float, 0.98),
+    ("-mo", "--momentum", float, 0.1),
+    ("-klw", "--kl_weight", float, 0.0),
+    ("-fsb", "--first_stage_bound", int, 0),
+    ("-ca", "--fedcross_alpha", float, 0.99),
+    ("-cmss", "--collaberative_model_select_strategy", int, 1),
+)
+
+
+def declare_flags(cls: type, parser: argparse.ArgumentParser | Any, seen: set) -> None:
+    """Call every ``add_args`` defined along ``cls``'s MRO, base classes first, once each."""
+    for klass in reversed(cls.__mro__):
+        hook = vars(klass).get("add_args")
+        if hook is not None and klass not in seen:
+            seen.add(klass)
+            hook.__func__(klass, parser)
+
+
+@functools.lru_cache(maxsize=None)
+def declared_actions(*classes: type) -> tuple[argparse.Action, ...]:
+    """The flags that ``classes`` (and their bases) declare, in declaration order.
+
+    Cached (declarations are fixed once a class exists): every parse accepts every algorithm's
+    flags, and the tests parse hundreds of times. Callers only read the actions."""
+    scratch = ExactParser(add_help=False)
+    seen: set = set()
+    for cls in classes:
+        declare_flags(cls, scratch, seen)
+    return tuple(action for action in scratch._actions if action.option_strings)
+
+
+@functools.lru_cache(maxsize=None)
+def pfllib_algorithm_actions() -> tuple[argparse.Action, ...]:
+    """:data:`PFLLIB_ALGORITHM_FLAGS` declared as an algorithm would declare them."""
+    scratch = ExactParser(add_help=False)
+    for short, long, kind, default in PFLLIB_ALGORITHM_FLAGS:
+        add_flag(scratch, short, long, type=kind, default=default)
+    return tuple(action for action in scratch._actions if action.option_strings)
+
+
+def accept_other_flags(parser: argparse.ArgumentParser, others: Iterable[argparse.Action]) -> None:
+    """Let ``parser`` accept every spelling in ``others`` (other algorithms' declarations) it lacks.
+
+    A spelling whose destination the parser already has (declared by the selected algorithm, its
+    policy or engine, or a generic flag) becomes another spelling of that flag: the selected
+    declaration's type and default win. Any other spelling is parsed with the first declaration
+    seen in ``others`` (so a bad value is still an error) and then ignored: its name goes to
+    ``args.ignored_flags``. Neither kind is listed by ``-h``; the epilog names them per algorithm."""
+    own = {action.dest: action for action in parser._actions if action.option_strings}
+    for action in others:
+        missing = [name for name in action.option_strings if name not in parser._option_string_actions]
+        if not missing:
+            continue
+        target = own.get(action.dest)
+        like = target if target is not None else action
+        kwargs = dict(nargs=like.nargs, const=like.const, type=like.type, choices=like.choices,
+                      metavar=like.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        if target is not None:
+            parser.add_argument(*missing, action=_SameAs, target=target, dest=target.dest, **kwargs)
+        else:
+            parser.add_argument(*missing, action=_Ignored, dest=IGNORED_DEST, **kwargs)
+
+
+# ------------------------------------------------------------------ typed hyperparameters
+#: the Python type of a value parsed with each ``type=`` of a declaration (``add_flag``'s bool is str2bool)
+_PYTHON_TYPES: dict[Any, type] = {str2bool: bool, int: int, float: float, str: str, None: str}
+
+
+def _is_list(action: argparse.Action) -> bool:
+    return action.nargs in ("*", "+") or (isinstance(action.nargs, int) and action.nargs > 1)
+
+
+def _field_type(action: argparse.Action) -> Any:
+    kind = _PYTHON_TYPES.get(action.type, Any)
+    if _is_list(action):
+        return tuple
+    return kind | None if action.default is None and kind is not Any else kind
+
+
+def _convert_one(value: Any, action: argparse.Action) -> Any:
+    kind = _PYTHON_TYPES.get(action.type)
+    if kind is None or (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))):
+        return value
+    if isinstance(value, str):
+        return action.type(value)  # the flag's own parser: "False" is False for a boolean flag
+    if kind is bool and value not in (0, 1):
+        raise ValueError("expected a boolean")
+    if kind is int and value != int(value):
+        raise ValueError("expected a whole number")
+    return kind(value)
+
+
+def _convert(value: Any, action: argparse.Action) -> Any:
+    """``value`` as the declared type: strings through the flag's own parser, whole floats to int,
+    ints to float; choices are checked (a value set after parsing has not been)."""
+    if value is None:
+        return None
+    flag = action.option_strings[0]
+    try:
+        if _is_list(action):
+            converted = tuple(_convert_one(item, action) for item in value)
+        else:
+            converted = _convert_one(value, action)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+        raise FLError(f"{flag}: cannot read {value!r} as {_field_type(action)}: {exc}") from exc
+    items = converted if isinstance(converted, tuple) else (converted,)
+    if action.choices is not None and any(item not in action.choices for item in items):
+        raise FLError(f"{flag}: {value!r} is not one of {', '.join(map(str, action.choices))}")
+    return converted
+
+
+@functools.lru_cache(maxsize=None)
+def hyperparameter_type(*classes: type) -> type:
+    """A frozen dataclass with one typed field (name = dest, default = declared default) per flag
+    that ``classes`` declare; built once per combination of classes."""
+    fields = []
+    for action in declared_actions(*classes):
+        default = tuple(action.default) if _is_list(action) and action.default is not None else action.default
+        fields.append((action.dest, _field_type(action),
+                       dataclasses.field(default=default, metadata={"action": action})))
+    name = "".join(cls.__name__ for cls in classes) + "Hyperparameters"
+    return dataclasses.make_dataclass(name, fields, frozen=True)
+
+
+@functools.lru_cache(maxsize=256)
+def _frozen(kind: type, values: tuple[tuple[str, Any], ...]) -> Any:
+    return kind(**dict(values))
+
+
+def hyperparameters(args: argparse.Namespace | Any, *classes: type) -> Any:
+    """The flags that ``classes`` declare, read from ``args`` as typed, frozen attributes.
+
+    ``Server`` builds ``self.hp`` from its class and its client class (a server reads its client's
+    flags too, e.g. FedProx logs ``mu``), a ``Client`` from its own class, a selector from its own.
+    A flag missing from ``args`` (not parsed for this algorithm) takes its declared default. Equal
+    settings share one object, so a thousand clients hold one."""
+    kind = hyperparameter_type(*classes)
+    values = []
+    for field in dataclasses.fields(kind):
+        action = field.metadata["action"]
+        values.append((field.name, _convert(getattr(args, field.name, field.default), action)))
+    try:
+        return _frozen(kind, tuple(values))
+    except TypeError:  # an unhashable value (a declaration without a type=): not shared
+        return kind(**dict(values))
+
+
 def generic_parser() -> argparse.ArgumentParser:
     """The flags every run has (PFLlib's generic flags plus ours)."""
-    parser = argparse.ArgumentParser(
+    parser = ExactParser(
         prog="main.py",
-        description="Federated-learning simulation (PFLlib-compatible command line).",
+        description="FedCohort: federated-learning simulation (PFLlib-compatible command line).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        allow_abbrev=False,
     )
     g = parser.add_argument_group("general (PFLlib)")
     add_flag(g, "-go", "--goal", type=str, default="test", help="experiment tag, part of the result file name")
@@ -50,7 +287,7 @@ def generic_parser() -> argparse.ArgumentParser:
              help="cuda falls back to cpu with a warning when no GPU is available")
     add_flag(g, "-did", "--device_id", type=str, default="0", help="GPU index used with -dev cuda")
     add_flag(g, "-data", "--dataset", type=str, default="MNIST", help="folder under dataset/ (or a path)")
-    add_flag(g, "-ncl", "--num_classes", type=int, default=None,
+    add_flag(g, "-ncl", "-nb", "--num_classes", type=int, default=None,
              help="number of classes; read from config.json (an explicit value must match it)")
     add_flag(g, "-m", "--model", type=str, default="CNN", help="model name (see the model registry)")
     add_flag(g, "-lbs", "--batch_size", type=int, default=10, help="local minibatch size B")

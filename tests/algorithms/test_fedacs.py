@@ -1,6 +1,8 @@
 """FedACS: the spec's hand example, one round by hand, partial participation, p = 1 is Local, main."""
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -51,7 +53,7 @@ def test_quantile_without_diagonal_and_alpha():
     assert server.history.extra_series["fedacs_delta"][0] == 0.0
     assert torch.allclose(u[0].double(), torch.tensor([1 + s, s], dtype=torch.float64) / (1 + s), atol=1e-6)
     assert torch.allclose(u[1].double(), torch.tensor([1 + s, 1 + s], dtype=torch.float64) / (1 + 2 * s), atol=1e-6)
-    server.args.fedacs_alpha = 0.5
+    server.hp = dataclasses.replace(server.hp, fedacs_alpha=0.5)
     u_half = server.intermediate_models([0, 1, 2])
     assert torch.allclose(u_half[0], 0.5 * torch.tensor([1.0, 0.0]) + 0.5 * u[0], atol=1e-6)
 

@@ -1,6 +1,7 @@
 """FedALA: ALA and local training by hand, η = 0 is FedAvg, state under partial participation, main."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import h5py
@@ -68,17 +69,17 @@ def test_window_and_sample():
     client, model = server.clients[0], server.model
     assert client.ala_window(model) == (6, 8)  # weight 2x3, then the bias
     for p, lo in (("0", 0), ("2", 0), ("5", 0)):
-        client.args.layer_idx = int(p)
+        client.hp = dataclasses.replace(client.hp, layer_idx=int(p))
         assert client.ala_window(model) == (lo, 8)
     batches = client.ala_batches(rnd=3)
     sample = torch.cat(batches)
     assert [len(b) for b in batches] == [4, 4, 4, 4, 4]  # int(0.8 * 25) = 20 samples
     assert torch.equal(sample, torch.arange(int(sample[0]), int(sample[0]) + 20))
     assert all(torch.equal(a, b) for a, b in zip(batches, client.ala_batches(rnd=3)))  # seeded
-    client.args.ala_sample = "random"
+    client.hp = dataclasses.replace(client.hp, ala_sample="random")
     sample = torch.cat(client.ala_batches(rnd=3))
     assert len(sample) == 20 and len(set(sample.tolist())) == 20 and int(sample.max()) < 25
-    client.args.rand_percent = 0
+    client.hp = dataclasses.replace(client.hp, rand_percent=0)
     assert client.ala_batches(rnd=3) == []
 
 

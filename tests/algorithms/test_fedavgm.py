@@ -24,6 +24,26 @@ def test_server_momentum_matches_hand_computation_over_two_rounds():
     assert torch.allclose(server.velocity.double(), v, atol=1e-6, rtol=0)
 
 
+def test_matches_flowers_fedavgm_recursion_under_partial_participation():
+    # Flower's form: pseudo-gradient g = w − mean, momentum = g in the first round and β·momentum + g
+    # after it, w ← w − η_s·momentum (sample-weighted mean of the results received).
+    beta, slr, lr = 0.8, 0.7, 0.1
+    data = random_dataset(num_clients=3, dim=2, num_classes=2, sizes=[4, 6, 5], seed=7)
+    server = build_server(make_args("FedAvgM", "-slr", str(slr), server_momentum=beta, batch_size=6,
+                                    local_epochs=2, drop_last=False, local_learning_rate=lr), data)
+    w, momentum = server.global_params.double(), None
+    for rnd, cohort in enumerate([[0, 1], [1, 2], [0, 2]]):
+        local = [gradient_descent(w, data.clients[i].train_x.double(), data.clients[i].train_y, 2, 2, lr)
+                 for i in cohort]
+        sizes = [data.clients[i].num_train for i in cohort]
+        mean = sum(n * m for n, m in zip(sizes, local)) / sum(sizes)
+        pseudo_gradient = w - mean
+        momentum = pseudo_gradient if momentum is None else beta * momentum + pseudo_gradient
+        w = w - slr * momentum
+        run_round(server, rnd, cohort)
+        assert torch.allclose(server.global_params.double(), w, atol=1e-6, rtol=0)
+
+
 def test_zero_momentum_is_fedavg_over_two_rounds():
     data = random_dataset(num_clients=3, dim=4, num_classes=3, seed=4)
     finals = [trained_server(data, algo, *extra, global_rounds=2, batch_size=4, local_epochs=2).global_params

@@ -71,10 +71,34 @@ def test_bias_correction_flag():
 
 def test_defaults_follow_the_paper():
     args = make_args("FedAdam")
-    defaults = (args.server_lr, args.beta1, args.beta2, args.tau, args.fedopt_bias_correction)
-    assert defaults == (0.01, 0.9, 0.99, 1e-3, False)
     server = build_server(args, random_dataset(num_clients=2, dim=2, num_classes=2))
+    hp = server.hp
+    defaults = (hp.server_learning_rate, hp.beta1, hp.beta2, hp.tau, hp.fedopt_bias_correction)
+    assert defaults == (0.01, 0.9, 0.99, 1e-3, False)
     assert torch.allclose(server.second_moment, torch.full_like(server.second_moment, 1e-6))
+
+
+def test_beta1_is_a_per_algorithm_default():
+    # Adagrad has no momentum (the paper's experiments, Flower); Adam and Yogi keep Algorithm 2's 0.9.
+    assert [make_args(variant).beta1 for variant in ("FedAdam", "FedYogi", "FedAdagrad")] == [0.9, 0.9, 0.0]
+    assert make_args("FedAdagrad", "--beta1", "0.9").beta1 == 0.9
+
+
+def test_fedadagrad_default_step_has_no_momentum():
+    # β1 = 0: m = Δ of this round only, v = τ² + ΣΔ², w ← w + η·Δ/(√v + τ).
+    data, server = two_client_server("FedAdagrad", "--server_lr", "0.05", "--tau", "0.01", seed=6,
+                                     local_learning_rate=0.5)
+    eta, tau = 0.05, 0.01
+    w = server.global_params.double()
+    v = torch.full_like(w, tau**2)
+    for rnd in range(3):
+        local = [gradient_descent(w, c.train_x.double(), c.train_y, 2, 2, 0.5) for c in data.clients]
+        delta = 0.4 * local[0] + 0.6 * local[1] - w
+        v = v + delta**2
+        w = w + eta * delta / (v.sqrt() + tau)
+        run_round(server, rnd)
+        assert torch.allclose(server.global_params.double(), w, atol=1e-6, rtol=0)
+    assert torch.allclose(server.first_moment.double(), delta, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("variant", ["FedAdam", "FedYogi", "FedAdagrad"])

@@ -47,7 +47,7 @@ class APFLClient(Client):
         w = job.start.clone()
         v = self.state.get("personal", self.index).clone()  # both created by the server
         alpha = float(self.state.get("alpha", self.index)[0])
-        adaptive = bool(self.args.apfl_adaptive_alpha)
+        adaptive = self.hp.apfl_adaptive_alpha
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
         for idx in plan:

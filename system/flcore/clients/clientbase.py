@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from flcore.flat import FlatModel, Net
 from flcore.state import ClientStateStore
+from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
@@ -131,12 +132,16 @@ class Client:
     vectorisable: ClassVar[bool] = True
     #: whether an overridden ``local_loss`` is a pure tensor function the batched engine can vmap
     vmappable_loss: ClassVar[bool] = False
+    #: context keys holding one entry per local step (leading axis = steps): step t's hooks see
+    #: entry t (e.g. FedGen's generated features, drawn up front from (seed, round, client))
+    per_step_context: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore):
         self.index = index
         self.cid = data.cid
         self.data = data
         self.args = args
+        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this client class declares
         self.state = state
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)
@@ -227,11 +232,18 @@ class Client:
         """Minibatch SGD over ``plan``, each step ``w -= lr * adjust_grad(w, g)``; returns the mean loss."""
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
-        for idx in plan:
-            loss_sum += self.compute_gradient(model, idx, ctx)
-            direction = self.adjust_grad(model.params, model.grad, ctx)
+        for step, idx in enumerate(plan):
+            step_ctx = self.context_at(ctx, step)
+            loss_sum += self.compute_gradient(model, idx, step_ctx)
+            direction = self.adjust_grad(model.params, model.grad, step_ctx)
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)
+
+    def context_at(self, ctx: dict, step: int) -> dict:
+        """The context local step ``step`` sees: ``per_step_context`` entries sliced at ``step``."""
+        if not self.per_step_context:
+            return ctx
+        return {k: (v[step] if k in self.per_step_context else v) for k, v in ctx.items()}
 
     # ------------------------------------------------------ the local sequence
     def plan_job(self, package: RoundPackage) -> LocalJob:

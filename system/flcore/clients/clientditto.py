@@ -44,11 +44,11 @@ class DittoClient(Client):
         package, rnd, lr = job.package, job.package.round, job.lr
         anchor = package.global_params
         personal = self.state.get("personal", self.index)  # created by the server (initial model)
-        mu = torch.tensor(float(self.args.mu), dtype=anchor.dtype, device=anchor.device)
+        mu = torch.tensor(self.hp.mu, dtype=anchor.dtype, device=anchor.device)
 
         self.seed_round(rnd)
         model.load(personal)
-        self.sgd(model, package, {"anchor": anchor, "mu": mu}, self.batch_plan(rnd, int(self.args.plocal_epochs)), lr)
+        self.sgd(model, package, {"anchor": anchor, "mu": mu}, self.batch_plan(rnd, self.hp.plocal_epochs), lr)
         self.state.set("personal", self.index, model.vector)
 
         self.seed_round(rnd)

@@ -28,7 +28,7 @@ class FedACSClient(Client):
         return package.payload(self.index)["u"]
 
     def batch_plan(self, rnd: int, epochs: int | None = None) -> list[torch.Tensor]:
-        steps = int(self.args.fedacs_local_steps)
+        steps = self.hp.fedacs_local_steps
         if steps <= 0 or epochs is not None:
             return super().batch_plan(rnd, epochs)
         per_epoch = self.num_train // self.batch_size if self.args.drop_last else -(-self.num_train // self.batch_size)

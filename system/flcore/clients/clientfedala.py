@@ -71,21 +71,24 @@ class FedALAClient(Client):
                  help="FedALA: number of recent ALA epoch losses whose std decides convergence")
         add_flag(parser, "--ala_max_init_epochs", type=int, default=100,
                  help="FedALA: at most this many ALA epochs in the start phase (PFLlib: unbounded)")
+        add_flag(parser, "--ala_all_clients", type=bool, default=False,
+                 help="FedALA: run ALA on every client after each aggregation and evaluate the ALA models "
+                      "(PFLlib); default: ALA only on selected clients, evaluate their trained local models")
 
     # ------------------------------------------------------------------ ALA
     def ala_window(self, model: FlatModel) -> tuple[int, int]:
         """Flat range [lo, hi) of the last ``-p`` parameter tensors (all of them for p = 0)."""
         segments = model.param_segments()
-        p = int(self.args.layer_idx)
+        p = self.hp.layer_idx
         lo = 0 if p == 0 or p >= len(segments) else segments[-p].start
         return lo, model.num_params
 
     def ala_batches(self, rnd: int) -> list[torch.Tensor]:
         """Minibatches (in order, last one partial) of the s% sample W is learned on this round."""
         n = self.num_train
-        size = int(self.args.rand_percent / 100 * n)
+        size = int(self.hp.rand_percent / 100 * n)
         rng = numpy_rng(self.args.seed, "ala-sample", rnd, self.cid)
-        if self.args.ala_sample == "contiguous":
+        if self.hp.ala_sample == "contiguous":
             start = int(rng.integers(0, n - size + 1))
             sample = torch.arange(start, start + size)
         else:
@@ -118,7 +121,7 @@ class FedALAClient(Client):
     def _learn_weights(self, model: FlatModel, global_params: torch.Tensor, gap: torch.Tensor, weights: torch.Tensor,
                        batches: list[torch.Tensor], start_phase: bool, rnd: int) -> torch.Tensor:
         lo, hi = self.ala_window(model)
-        anchor, eta = global_params[lo:hi], float(self.args.eta)
+        anchor, eta = global_params[lo:hi], self.hp.eta
         seed_global_rng(self.args.seed, "ala", rnd, self.cid)
         model.load(global_params)
         model.module.train()
@@ -129,8 +132,8 @@ class FedALAClient(Client):
         for param in frozen:
             param.requires_grad_(False)
         try:
-            window = int(self.args.ala_num_pre_loss)
-            max_epochs = int(self.args.ala_max_init_epochs) if start_phase else 1
+            window = self.hp.ala_num_pre_loss
+            max_epochs = self.hp.ala_max_init_epochs if start_phase else 1
             losses: list[float] = []
             for _ in range(max_epochs):
                 for idx in batches:
@@ -138,14 +141,14 @@ class FedALAClient(Client):
                     weights = torch.clamp(weights - eta * model.grad[lo:hi] * gap, 0, 1)
                     top.copy_(anchor - gap * (1 - weights))
                 losses.append(float(loss))
-                if start_phase and len(losses) > window and np.std(losses[-window:]) < self.args.ala_threshold:
+                if start_phase and len(losses) > window and np.std(losses[-window:]) < self.hp.ala_threshold:
                     log.info("FedALA client %d: start phase converged after %d ALA epochs", self.cid, len(losses))
                     break
             else:
                 if start_phase:
                     log.warning("warning: FedALA client %d: ALA start phase stopped at --ala_max_init_epochs %d "
                                 "without converging (std of the last losses %.4f >= --ala_threshold %g)", self.cid,
-                                max_epochs, float(np.std(losses[-window:])), self.args.ala_threshold)
+                                max_epochs, float(np.std(losses[-window:])), self.hp.ala_threshold)
         finally:
             for param in frozen:
                 param.requires_grad_(True)
@@ -155,7 +158,7 @@ class FedALAClient(Client):
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         """ALA (unless the server already ran it at send time), then FedAvg's SGD; keep the result."""
         package, rnd = job.package, job.package.round
-        if self.args.ala_all_clients:
+        if self.hp.ala_all_clients:
             start = self.state.get("local", self.index, init=lambda: package.global_params)
         else:
             start = self.adaptive_local_aggregation(model, package.global_params, rnd)

@@ -30,6 +30,9 @@ class FedAMPClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-alk", "--alphaK", type=float, default=1.0,
+                 help="α_K: server step of the attentive message passing (ξ_ij = α_K·exp(−d²/σ)/σ); "
+                      "the proximal coefficient is λ/α_K")
         add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
                  help="λ of the proximal term λ/(2α_K)·‖w − u_i‖²")
         add_flag(parser, "--fedamp_prox", type=str, default="squared", choices=["squared", "norm"],
@@ -38,7 +41,7 @@ class FedAMPClient(Client):
                  help="local training starts from u_i or from the client's own latest model (PFLlib)")
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:
-        if self.args.fedamp_start == "u":
+        if self.hp.fedamp_start == "u":
             return package.payload(self.index)["u"]
         return self.state.get("latest", self.index, init=lambda: package.global_params.clone())
 
@@ -46,9 +49,9 @@ class FedAMPClient(Client):
         return {"anchor": package.payload(self.index)["u"]}
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        coef = float(self.args.lamda) / float(self.args.alphaK)
+        coef = self.hp.lamda / self.hp.alphaK
         diff = w - ctx["anchor"][..., : w.shape[-1]]
-        if self.args.fedamp_prox == "squared":
+        if self.hp.fedamp_prox == "squared":
             return g + coef * diff
         norm = torch.linalg.vector_norm(diff, dim=-1, keepdim=True)
         return g + 0.5 * coef * diff / norm.clamp_min(1e-12)

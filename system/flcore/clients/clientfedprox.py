@@ -35,4 +35,4 @@ class FedProxClient(FedAvgClient):
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         # The anchor is the whole model vector; w covers the trainable prefix only.
         anchor = ctx["anchor"][..., : w.shape[-1]]
-        return g + float(self.args.mu) * (w - anchor)
+        return g + self.hp.mu * (w - anchor)

@@ -75,8 +75,8 @@ class IGFLClient(Client):
                       "P = all clients (the derivation, Eq. 9)")
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        if self.args.igfl_c_denominator == "P":
-            denominator = int(self.args.num_clients)
+        if self.hp.igfl_c_denominator == "P":
+            denominator = self.args.num_clients
         else:
             denominator = package.cohort_size
         server_step = package.extras[SERVER_STEP_KEY]

@@ -52,12 +52,12 @@ class PerAvgClient(Client):
                  help="Per-FedAvg (HF): finite-difference step δ of the Hessian-vector product")
 
     def outer_step_size(self) -> float:
-        beta = float(self.args.beta)
-        return beta if beta > 0 else float(self.args.local_learning_rate)
+        beta = self.hp.beta
+        return beta if beta > 0 else self.args.local_learning_rate
 
     def meta_batches(self, rnd: int) -> list[tuple[torch.Tensor, ...]]:
         """Consecutive pairs (triples for Hessian-free) of this round's minibatches, within epochs."""
-        group = 2 if self.args.peravg_order == "first" else 3
+        group = 2 if self.hp.peravg_order == "first" else 3
         epochs = self.epochs_this_round(rnd)
         plan = self.batch_plan(rnd, epochs)
         per_epoch = len(plan) // epochs
@@ -69,8 +69,8 @@ class PerAvgClient(Client):
 
     def hessian_vector(self, model: FlatModel, idx: torch.Tensor, vector: torch.Tensor) -> torch.Tensor:
         """H(w; idx) · vector at the model's current parameters w (left in place), as a flat tensor."""
-        if self.args.peravg_order == "hessian_free":
-            delta = float(self.args.peravg_delta)
+        if self.hp.peravg_order == "hessian_free":
+            delta = self.hp.peravg_delta
             start = model.params.clone()
             model.params.add_(vector, alpha=delta)
             self.compute_gradient(model, idx)

@@ -51,9 +51,9 @@ class PFedMeClient(Client):
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         package, rnd, plan = job.package, job.package.round, job.plan
-        lam, mu, inner = float(self.args.lamda), float(self.args.pfedme_mu), int(self.args.K)
-        decay = self.learning_rate() / float(self.args.local_learning_rate)  # -ld factor (1 without -ld)
-        eta, lrp = self.learning_rate(), float(self.args.p_learning_rate) * decay
+        lam, mu, inner = self.hp.lamda, self.hp.pfedme_mu, self.hp.K
+        decay = self.learning_rate() / self.args.local_learning_rate  # -ld factor (1 without -ld)
+        eta, lrp = self.learning_rate(), self.hp.p_learning_rate * decay
         model.load(package.global_params)
         model.module.train()
         theta = model.params

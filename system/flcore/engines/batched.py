@@ -31,6 +31,8 @@ Design (what a reader should know before changing it):
   except a key whose value is *the same object* for every client of the chunk (``is``; e.g.
   FedProx's anchor ``package.global_params`` or a server-wide control): it is passed unbatched.
   Non-tensor values that are equal (``==``) for all clients are passed unbatched too.
+  Keys a client class lists in ``per_step_context`` hold one entry per local step; they are
+  padded to the chunk's longest plan and sliced at the current step.
 * **adjust_grad.** The first client's bound ``adjust_grad`` is vmapped for all clients of its
   class (a pure function of ``(w, g, ctx)`` and of run-wide hyperparameters on ``self``); it is
   skipped when the class keeps the base identity. With an ``adjust_grad`` the per-name gradients
@@ -119,6 +121,20 @@ def _same_for_all(values: list[Any]) -> bool:
         return all(not isinstance(v, torch.Tensor) and bool(v == first) for v in values)
     except Exception:  # noqa: BLE001 - an odd value type is simply stacked
         return False
+
+
+def _pad_steps(value: torch.Tensor, steps: int) -> torch.Tensor:
+    if value.shape[0] == steps:
+        return value
+    pad = value.new_zeros((steps - value.shape[0], *value.shape[1:]))
+    return torch.cat([value, pad])
+
+
+def _at_step(value, step: int | None, dim: int | None):
+    """A per-step context entry at ``step`` (axis 1 when stacked over clients, else axis 0)."""
+    if step is None:
+        return value
+    return value[:, step] if dim == 0 else value[step]
 
 
 def stack_contexts(ctxs: list[dict[str, Any]], device: torch.device) -> tuple[dict[str, Any], dict[str, int | None]]:
@@ -384,6 +400,9 @@ class BatchedEngine(Engine):
         names = list(views)
         owner = clients[0]
         adjust = None if type(owner).adjust_grad is Client.adjust_grad else owner.adjust_grad
+        per_step = set(type(owner).per_step_context)
+        if per_step:  # one entry per step: pad the shorter clients' (their padded steps never run)
+            ctxs = [{k: (_pad_steps(v, max_steps) if k in per_step else v) for k, v in ctx.items()} for ctx in ctxs]
         ctx_values, ctx_dims = stack_contexts(ctxs, device)
         vadjust = vmap(adjust, in_dims=(0, 0, ctx_dims)) if adjust is not None else None
         same_lr = all(lr == lrs[0] for lr in lrs)
@@ -405,8 +424,9 @@ class BatchedEngine(Engine):
                 w = views if a == count else {n: v[:a] for n, v in views.items()}
                 rows = index[:a, t]
                 masked = mask is not None and not bool(mask[:a, t].all())
-                ctx_a = ctx_values if a == count else {
-                    k: (v[:a] if ctx_dims[k] == 0 else v) for k, v in ctx_values.items()
+                ctx_a = ctx_values if a == count and not per_step else {
+                    k: _at_step(v[:a] if ctx_dims[k] == 0 else v, t if k in per_step else None, ctx_dims[k])
+                    for k, v in ctx_values.items()
                 }
                 extra: tuple = ()
                 if a == 1:

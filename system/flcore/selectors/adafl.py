@@ -98,14 +98,15 @@ class AdaFLSelector(UniformSelector):
 
     def __init__(self, server: "Server", args: Namespace):
         super().__init__(server, args)
-        self.attention = bool(args.adafl_attention)
-        self.dynamic = bool(args.adafl_dynamic)
-        self.beta = float(args.adafl_beta)
-        self.rule = str(args.adafl_update)
-        self.dist_ref = str(args.adafl_dist_ref)
-        self.replace = bool(args.adafl_replace)
-        self.min_prob = float(args.adafl_min_prob)
-        self.with_buffers = bool(args.adafl_dist_buffers)
+        hp = self.hp
+        self.attention = hp.adafl_attention
+        self.dynamic = hp.adafl_dynamic
+        self.beta = hp.adafl_beta
+        self.rule = hp.adafl_update
+        self.dist_ref = hp.adafl_dist_ref
+        self.replace = hp.adafl_replace
+        self.min_prob = hp.adafl_min_prob
+        self.with_buffers = hp.adafl_dist_buffers
         self._validate()
         sizes = np.asarray([client.num_train for client in server.clients], dtype=np.float64)
         if sizes.sum() > 0:
@@ -120,7 +121,7 @@ class AdaFLSelector(UniformSelector):
             log.info("adafl: the dynamic fraction replaces -jr/-rjr (use --adafl_dynamic False for a constant -jr)")
 
     def _validate(self) -> None:
-        a = self.args
+        a = self.hp
         if not 0.0 <= self.beta <= 1.0:
             raise FLError(f"--adafl_beta must be in [0, 1], got {self.beta}")
         if not 0 < a.adafl_frac_start <= a.adafl_frac_end <= 1:
@@ -162,7 +163,7 @@ class AdaFLSelector(UniformSelector):
             if self.args.random_join_ratio:
                 return self.num_to_select(rnd) / self.num_clients
             return float(self.args.join_ratio)
-        a = self.args
+        a = self.hp
         return scheduled_fraction(rnd, a.adafl_frac_start, a.adafl_frac_end, a.adafl_num_fracs, a.adafl_frac_step)
 
     def num_to_select(self, rnd: int) -> int:
@@ -217,7 +218,7 @@ class AdaFLSelector(UniformSelector):
 
     def settings(self) -> dict[str, object]:
         """The policy's hyperparameters, for the run's log line."""
-        a = self.args
+        a = self.hp
         out: dict[str, object] = {"attention": self.attention, "dynamic": self.dynamic}
         if self.attention:
             out.update(beta=self.beta, update=self.rule, dist_ref=self.dist_ref, replace=self.replace)
@@ -225,5 +226,5 @@ class AdaFLSelector(UniformSelector):
             out.update(frac_start=a.adafl_frac_start, frac_end=a.adafl_frac_end,
                        num_fracs=a.adafl_num_fracs, frac_step=a.adafl_frac_step)
         else:
-            out.update(join_ratio=a.join_ratio)
+            out.update(join_ratio=self.args.join_ratio)
         return out

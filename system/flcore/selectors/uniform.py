@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from flcore.registry import register_selector
+from utils.cli import hyperparameters
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ class UniformSelector:
     def __init__(self, server: "Server", args: Namespace):
         self.server = server
         self.args = args
+        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this policy declares
         self.num_clients = len(server.clients)
 
     @classmethod

@@ -30,15 +30,15 @@ class APFLServer(Server):
     personalized = True
 
     def setup(self) -> None:
-        if not 0.0 <= float(self.args.alpha) <= 1.0:
-            raise FLError(f"-al (APFL's initial mixing weight) must be in [0, 1], got {self.args.alpha}")
+        if not 0.0 <= self.hp.alpha <= 1.0:
+            raise FLError(f"-al (APFL's initial mixing weight) must be in [0, 1], got {self.hp.alpha}")
         self.initial_params = self.global_params.clone()
 
     def summary(self) -> dict[str, object]:
-        return {"alpha": float(self.args.alpha), "adaptive_alpha": bool(self.args.apfl_adaptive_alpha)}
+        return {"alpha": self.hp.alpha, "adaptive_alpha": self.hp.apfl_adaptive_alpha}
 
     def initial_alpha(self) -> torch.Tensor:
-        return torch.tensor([float(self.args.alpha)], dtype=torch.float64)
+        return torch.tensor([self.hp.alpha], dtype=torch.float64)
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         for i in cohort:
@@ -48,7 +48,7 @@ class APFLServer(Server):
 
     def mixing_weight(self, index: int) -> float:
         alpha = self.state.get("alpha", index)
-        return float(self.args.alpha) if alpha is None else float(alpha[0])
+        return self.hp.alpha if alpha is None else float(alpha[0])
 
     def eval_params(self, index: int) -> torch.Tensor:
         personal = self.state.get("personal", index)

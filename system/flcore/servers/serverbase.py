@@ -41,6 +41,7 @@ from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
+from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset, decode_inputs
 from utils.errors import FLError
 from utils.metrics import EvalResult, combine, micro_auc
@@ -76,6 +77,7 @@ class Server:
 
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
+        self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
         self.dataset = dataset
         self.device = device
         self.num_classes = dataset.num_classes

@@ -31,15 +31,15 @@ class DittoServer(Server):
     personalized = True
 
     def setup(self) -> None:
-        if int(self.args.plocal_epochs) < 1:
-            raise FLError(f"-pls must be >= 1, got {self.args.plocal_epochs}")
+        if self.hp.plocal_epochs < 1:
+            raise FLError(f"-pls must be >= 1, got {self.hp.plocal_epochs}")
         self.initial_params = self.global_params.clone()
-        if float(self.args.mu) == 0.0:
+        if self.hp.mu == 0.0:
             log.warning("warning: Ditto with -mu 0 (PFLlib's default) trains the personal models as Local; "
                         "set -mu, e.g. 0.1")
 
     def summary(self) -> dict[str, object]:
-        return {"mu": float(self.args.mu), "plocal_epochs": int(self.args.plocal_epochs)}
+        return {"mu": self.hp.mu, "plocal_epochs": self.hp.plocal_epochs}
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         """A client's personal model starts as the common initial model (PFLlib, the paper's v_i^0)."""

@@ -108,10 +108,10 @@ class FedACSServer(Server):
                  help="server step α: u_i = (1 − α) w_i + α · Eq. 4 (paper: 1)")
 
     def setup(self) -> None:
-        if not 0.0 <= float(self.args.fedacs_p) <= 1.0:
-            raise FLError(f"--fedacs_p must be in [0, 1], got {self.args.fedacs_p}")
-        if int(self.args.fedacs_local_steps) == 0 or int(self.args.fedacs_local_steps) < -1:
-            raise FLError(f"--fedacs_local_steps must be -1 (E epochs) or > 0, got {self.args.fedacs_local_steps}")
+        if not 0.0 <= self.hp.fedacs_p <= 1.0:
+            raise FLError(f"--fedacs_p must be in [0, 1], got {self.hp.fedacs_p}")
+        if self.hp.fedacs_local_steps == 0 or self.hp.fedacs_local_steps < -1:
+            raise FLError(f"--fedacs_local_steps must be -1 (E epochs) or > 0, got {self.hp.fedacs_local_steps}")
         self.init_params = self.global_params.clone()
 
     def summary(self) -> dict[str, object]:
@@ -126,16 +126,16 @@ class FedACSServer(Server):
 
     def intermediate_models(self, cohort: list[int]) -> dict[int, torch.Tensor]:
         """Eq. 4 (with ``--fedacs_alpha``) for every client of ``cohort``."""
-        pool = cohort if self.args.fedacs_pool == "selected" else list(range(len(self.clients)))
+        pool = cohort if self.hp.fedacs_pool == "selected" else list(range(len(self.clients)))
         stacked = torch.stack([self.latest(j) for j in pool])
         num_params = self.model.num_params
         sim = cosine_matrix(stacked[:, :num_params])
-        delta = quantile_threshold(sim, float(self.args.fedacs_p), self.args.fedacs_quantile_diag == "include")
+        delta = quantile_threshold(sim, self.hp.fedacs_p, self.hp.fedacs_quantile_diag == "include")
         weights = attention_weights(sim, delta)
         position = {j: k for k, j in enumerate(pool)}
         rows = [position[i] for i in cohort]
         mixed = mix(weights[rows], stacked[:, :num_params])
-        alpha = float(self.args.fedacs_alpha)
+        alpha = self.hp.fedacs_alpha
         out = {}
         for k, i in enumerate(cohort):
             own = stacked[rows[k]]

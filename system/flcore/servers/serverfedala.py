@@ -17,15 +17,12 @@ Either way the global model's accuracy is recorded too (``rs_test_acc_global``).
 """
 from __future__ import annotations
 
-from argparse import ArgumentParser
-
 import torch
 
 from flcore.clients.clientbase import ClientUpdate, RoundPackage
 from flcore.clients.clientfedala import FedALAClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
 from utils.errors import FLError
 
 
@@ -34,32 +31,28 @@ class FedALAServer(Server):
     client_cls = FedALAClient
     personalized = True
 
-    @classmethod
-    def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--ala_all_clients", type=bool, default=False,
-                 help="FedALA: run ALA on every client after each aggregation and evaluate the ALA models "
-                      "(PFLlib); default: ALA only on selected clients, evaluate their trained local models")
+    # --ala_all_clients is declared by FedALAClient, which reads it too (the server's hp holds its client's flags).
 
     def setup(self) -> None:
-        args = self.args
+        hp = self.hp
         checks = {
-            "-s must be in [0, 100]": 0 <= args.rand_percent <= 100,
-            "-p must be >= 0": args.layer_idx >= 0,
-            "-et must be >= 0": args.eta >= 0,
-            "--ala_threshold must be >= 0": args.ala_threshold >= 0,
-            "--ala_num_pre_loss must be >= 1": args.ala_num_pre_loss >= 1,
-            "--ala_max_init_epochs must be >= 1": args.ala_max_init_epochs >= 1,
+            "-s must be in [0, 100]": 0 <= hp.rand_percent <= 100,
+            "-p must be >= 0": hp.layer_idx >= 0,
+            "-et must be >= 0": hp.eta >= 0,
+            "--ala_threshold must be >= 0": hp.ala_threshold >= 0,
+            "--ala_num_pre_loss must be >= 1": hp.ala_num_pre_loss >= 1,
+            "--ala_max_init_epochs must be >= 1": hp.ala_max_init_epochs >= 1,
         }
         for message, ok in checks.items():
             if not ok:
                 raise FLError(message)
-        if args.ala_all_clients:
+        if hp.ala_all_clients:
             for client in self.clients:
                 self.state.set("local", client.index, self.global_params)
 
     def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate]) -> None:
         super().after_round(rnd, package, updates)
-        if self.args.ala_all_clients:
+        if self.hp.ala_all_clients:
             for client in self.clients:
                 mixed = client.adaptive_local_aggregation(self.model, self.global_params, rnd + 1)
                 self.state.set("local", client.index, mixed)
@@ -69,7 +62,7 @@ class FedALAServer(Server):
         return self.global_params if local is None else local
 
     def summary(self) -> dict[str, object]:
-        args = self.args
-        return {"eta": args.eta, "rand_percent": args.rand_percent, "layer_idx": args.layer_idx,
-                "ala_sample": args.ala_sample, "ala_threshold": args.ala_threshold,
-                "ala_all_clients": args.ala_all_clients}
+        hp = self.hp
+        return {"eta": hp.eta, "rand_percent": hp.rand_percent, "layer_idx": hp.layer_idx,
+                "ala_sample": hp.ala_sample, "ala_threshold": hp.ala_threshold,
+                "ala_all_clients": hp.ala_all_clients}

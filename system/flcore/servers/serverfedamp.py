@@ -60,16 +60,15 @@ class FedAMPServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-alk", "--alphaK", type=float, default=1.0,
-                 help="α_K: server step of the attentive message passing (ξ_ij = α_K·exp(−d²/σ)/σ)")
+        # -alk is declared by FedAMPClient, whose proximal coefficient λ/α_K reads it too.
         add_flag(parser, "-sg", "--sigma", type=float, default=1.0, help="σ of the attention function exp(−d²/σ)/σ")
         add_flag(parser, "--fedamp_pool", type=str, default="previous", choices=["previous", "all"],
                  help="models mixed into u_i: those uploaded in the previous round (PFLlib) "
                       "or every client's latest")
 
     def setup(self) -> None:
-        if float(self.args.sigma) <= 0 or float(self.args.alphaK) <= 0:
-            raise FLError(f"-sg and -alk must be > 0, got {self.args.sigma} and {self.args.alphaK}")
+        if self.hp.sigma <= 0 or self.hp.alphaK <= 0:
+            raise FLError(f"-sg and -alk must be > 0, got {self.hp.sigma} and {self.hp.alphaK}")
         self.previous_uploads: list[int] = []
         self._warned_negative = False
 
@@ -85,14 +84,14 @@ class FedAMPServer(Server):
 
     def cloud_models(self, cohort: list[int]) -> dict[int, torch.Tensor]:
         """u_i for every client of ``cohort``."""
-        pool = self.previous_uploads if self.args.fedamp_pool == "previous" else list(range(len(self.clients)))
+        pool = self.previous_uploads if self.hp.fedamp_pool == "previous" else list(range(len(self.clients)))
         own = torch.stack([self.latest(i) for i in cohort])
         if not pool:
             self.history.add_series("fedamp_self_weight", 1.0)
             return {i: own[k].clone() for k, i in enumerate(cohort)}
         num_params = self.model.num_params
         others = torch.stack([self.latest(j) for j in pool])
-        sigma, alpha_k = float(self.args.sigma), float(self.args.alphaK)
+        sigma, alpha_k = self.hp.sigma, self.hp.alphaK
         xi = alpha_k * torch.exp(-squared_distances(own[:, :num_params], others[:, :num_params]) / sigma) / sigma
         xi *= torch.tensor([[float(j != i) for j in pool] for i in cohort], dtype=torch.float64, device=xi.device)
         self_weight = 1.0 - xi.sum(dim=1)

@@ -13,6 +13,12 @@ Choices where the sources leave room:
   could overshoot them. Models without BatchNorm are unaffected.
 * Defaults: β = 0.9 (the IGFL baselines' setting), η_s = 1 (Hsu et al.'s ``w ← w − v`` form).
   β = 0 and η_s = 1 is FedAvg.
+
+Flower's FedAvgM (``flwr``) takes the same step: its pseudo-gradient is w − mean = −Δ, its
+momentum starts as the first pseudo-gradient (our v ← β·0 + Δ) and w ← w − η_s·momentum, over
+the sample-weighted mean of the results received; ``tests/algorithms/test_fedavgm.py`` pins our
+update to that recursion. Flower differs only in its default β = 0 (plain FedAvg) and in stepping
+every array of the model, BatchNorm statistics included.
 """
 from __future__ import annotations
 
@@ -46,10 +52,10 @@ class FedAvgMServer(Server):
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         n = self.model.num_params
         mean = weighted_average(updates)
-        self.velocity.mul_(float(self.args.server_momentum)).add_(mean[:n] - self.global_params[:n])
-        mean[:n] = self.global_params[:n] + float(self.args.server_learning_rate) * self.velocity
+        self.velocity.mul_(self.hp.server_momentum).add_(mean[:n] - self.global_params[:n])
+        mean[:n] = self.global_params[:n] + self.hp.server_learning_rate * self.velocity
         self.global_params = mean
 
     def summary(self) -> dict[str, object]:
-        return {"server_momentum": float(self.args.server_momentum),
-                "server_learning_rate": float(self.args.server_learning_rate)}
+        return {"server_momentum": self.hp.server_momentum,
+                "server_learning_rate": self.hp.server_learning_rate}

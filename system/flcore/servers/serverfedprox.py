@@ -19,8 +19,8 @@ class FedProxServer(Server):
     client_cls = FedProxClient
 
     def setup(self) -> None:
-        if float(self.args.mu) == 0.0:
+        if self.hp.mu == 0.0:
             log.warning("warning: FedProx with -mu 0 (PFLlib's default) is FedAvg; set -mu, e.g. 0.01")
 
     def summary(self) -> dict[str, object]:
-        return {"mu": float(self.args.mu)}
+        return {"mu": self.hp.mu}

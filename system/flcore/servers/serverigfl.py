@@ -145,16 +145,16 @@ class IGFLBaseServer(Server):
 
     def summary(self) -> dict[str, object]:
         keys = ("igfl_weighting", "igfl_c_denominator", "attention", "igfl_ta_mode", "igfl_attn_temp", "igfl_sim")
-        return {k: getattr(self.args, k) for k in keys if hasattr(self.args, k)}
+        return {k: getattr(self.hp, k) for k in keys if hasattr(self.hp, k)}
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         extras = {SERVER_STEP_KEY: self.server_step} if self.use_client_rule else {}
-        return RoundPackage(rnd, self.global_params, cohort, extras)
+        return self.package(rnd, cohort, extras=extras)
 
     def base_weights(self, updates: list[ClientUpdate]) -> torch.Tensor:
         """p: 1/|S| (uniform) or n_i/Σn (samples; uniform if no client has samples)."""
         count = len(updates)
-        if self.args.igfl_weighting == "samples":
+        if self.hp.igfl_weighting == "samples":
             n = torch.tensor([u.num_samples for u in updates], dtype=torch.float64)
             if n.sum() > 0:
                 return n / n.sum()
@@ -212,28 +212,28 @@ class IGFLAttentionServer(IGFLBaseServer):
 
     def setup(self) -> None:
         super().setup()
-        if not self.args.igfl_attn_temp > 0:
-            raise FLError(f"--igfl_attn_temp must be > 0, got {self.args.igfl_attn_temp}")
-        if self.args.igfl_attn_temp != 1.0 or self.args.igfl_sim != "dot":
+        if not self.hp.igfl_attn_temp > 0:
+            raise FLError(f"--igfl_attn_temp must be > 0, got {self.hp.igfl_attn_temp}")
+        if self.hp.igfl_attn_temp != 1.0 or self.hp.igfl_sim != "dot":
             log.warning(
                 "IGFL-S: attention with temperature %g and %s similarity deliberately deviates from the paper "
-                "(temperature 1, dot product)", self.args.igfl_attn_temp, self.args.igfl_sim,
+                "(temperature 1, dot product)", self.hp.igfl_attn_temp, self.hp.igfl_sim,
             )
 
     def stores_deltas(self) -> bool:
-        return self.use_client_rule or self.args.attention == "time"
+        return self.use_client_rule or self.hp.attention == "time"
 
     def step_weights(self, deltas: torch.Tensor, updates: list[ClientUpdate], base: torch.Tensor) -> torch.Tensor:
         previous = None
-        if self.args.attention == "time":  # Δw_j^r: the stored last uploads, read before they are replaced
+        if self.hp.attention == "time":  # Δw_j^r: the stored last uploads, read before they are replaced
             previous = torch.zeros_like(deltas)
             for row, update in zip(previous, updates):
                 stored = self.state.get(DELTA_KEY, update.index)
                 if stored is not None:
                     row.copy_(stored)
-        args = self.args
-        return attention_weights(deltas, previous, args.attention, args.igfl_ta_mode, args.igfl_attn_temp,
-                                 args.igfl_sim, base)
+        hp = self.hp
+        return attention_weights(deltas, previous, hp.attention, hp.igfl_ta_mode, hp.igfl_attn_temp,
+                                 hp.igfl_sim, base)
 
 
 @register_algorithm("IGFL-C")

@@ -26,10 +26,10 @@ class PerAvgServer(Server):
     personalized = True
 
     def setup(self) -> None:
-        if self.args.beta < 0:
-            raise FLError(f"-bt must be >= 0 (0 = use -lr), got {self.args.beta}")
-        if self.args.peravg_order == "hessian_free" and self.args.peravg_delta <= 0:
-            raise FLError(f"--peravg_delta must be > 0, got {self.args.peravg_delta}")
+        if self.hp.beta < 0:
+            raise FLError(f"-bt must be >= 0 (0 = use -lr), got {self.hp.beta}")
+        if self.hp.peravg_order == "hessian_free" and self.hp.peravg_delta <= 0:
+            raise FLError(f"--peravg_delta must be > 0, got {self.hp.peravg_delta}")
         self._eval_round = 0
 
     def evaluate(self, rnd: int) -> EvalResult:
@@ -40,8 +40,8 @@ class PerAvgServer(Server):
         return self.clients[index].adapted(self.model, self.global_params, self._eval_round)
 
     def summary(self) -> dict[str, object]:
-        beta = float(self.args.beta) or float(self.args.local_learning_rate)
-        summary = {"alpha": self.args.local_learning_rate, "beta": beta, "order": self.args.peravg_order}
-        if self.args.peravg_order == "hessian_free":
-            summary["delta"] = self.args.peravg_delta
+        beta = self.hp.beta or self.args.local_learning_rate
+        summary = {"alpha": self.args.local_learning_rate, "beta": beta, "order": self.hp.peravg_order}
+        if self.hp.peravg_order == "hessian_free":
+            summary["delta"] = self.hp.peravg_delta
         return summary

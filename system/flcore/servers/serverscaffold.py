@@ -44,13 +44,13 @@ class ScaffoldServer(Server):
         self.control = torch.zeros_like(self.global_params[: self.model.num_params])
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
-        return RoundPackage(rnd, self.global_params, cohort, extras={"control": self.control})
+        return self.package(rnd, cohort, extras={"control": self.control})
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         n = self.model.num_params
-        weights = None if self.args.scaffold_weighting == "samples" else np.full(len(updates), 1 / len(updates))
+        weights = None if self.hp.scaffold_weighting == "samples" else np.full(len(updates), 1 / len(updates))
         mean = weighted_average(updates, weights)
-        mean[:n] = self.global_params[:n] + float(self.args.server_learning_rate) * (mean[:n] - self.global_params[:n])
+        mean[:n] = self.global_params[:n] + self.hp.server_learning_rate * (mean[:n] - self.global_params[:n])
         self.global_params = mean
         delta_c = torch.zeros_like(self.control)
         for update in updates:
@@ -59,5 +59,5 @@ class ScaffoldServer(Server):
         self.control = self.control + delta_c / len(self.clients)
 
     def summary(self) -> dict[str, object]:
-        return {"server_learning_rate": float(self.args.server_learning_rate),
-                "scaffold_weighting": self.args.scaffold_weighting}
+        return {"server_learning_rate": self.hp.server_learning_rate,
+                "scaffold_weighting": self.hp.scaffold_weighting}

@@ -1,0 +1,12 @@
+"""FedCross client (Hu et al., ICDE 2024, arXiv:2210.08285): plain local SGD, started from the
+middleware model the server assigned to this client this round (its per-client payload)."""
+from __future__ import annotations
+
+import torch
+
+from flcore.clients.clientbase import Client, RoundPackage
+
+
+class FedCrossClient(Client):
+    def start_point(self, package: RoundPackage) -> torch.Tensor:
+        return package.payload(self.index)["start"]
