@@ -41,7 +41,7 @@ class FedRepClient(FedBABUClient):
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         package, body = job.package, job.ctx["trainable"]
         model.load(job.start)
-        head_plan = self.batch_plan(package.round, int(self.args.plocal_epochs))
+        head_plan = self.batch_plan(package.round, self.hp.plocal_epochs)
         self.sgd(model, package, {"trainable": ~body}, head_plan, job.lr)
         loss = self.sgd(model, package, job.ctx, job.plan, job.lr)
         return model.snapshot(), loss

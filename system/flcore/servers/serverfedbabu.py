@@ -56,25 +56,25 @@ class FedBABUServer(Server):
                  help="evaluate fine-tuned models at the last evaluation only (PFLlib) or at every one")
 
     def setup(self) -> None:
-        epochs = int(self.args.fine_tuning_epochs)
+        epochs = self.hp.fine_tuning_epochs
         if epochs < 0:
             raise FLError(f"-fte must be >= 0, got {epochs}")
         if epochs == 0:
             log.warning("warning: FedBABU with -fte 0 evaluates the global model without fine-tuning")
-        part = self.args.fedbabu_finetune
+        part = self.hp.fedbabu_finetune
         self.tuned_entries = torch.ones_like(self.global_params, dtype=torch.bool)
         if part == "head":
             self.tuned_entries = self.model.head_mask()
         self.tuning_round: int | None = None  # the round whose evaluation is running fine-tuned
 
     def summary(self) -> dict[str, object]:
-        return {"fine_tuning_epochs": int(self.args.fine_tuning_epochs),
-                "fedbabu_finetune": self.args.fedbabu_finetune,
-                "fedbabu_finetune_at": self.args.fedbabu_finetune_at}
+        return {"fine_tuning_epochs": self.hp.fine_tuning_epochs,
+                "fedbabu_finetune": self.hp.fedbabu_finetune,
+                "fedbabu_finetune_at": self.hp.fedbabu_finetune_at}
 
     def evaluate(self, rnd: int) -> EvalResult:
         final = rnd == int(self.args.global_rounds)
-        if int(self.args.fine_tuning_epochs) > 0 and (final or self.args.fedbabu_finetune_at == "every"):
+        if self.hp.fine_tuning_epochs > 0 and (final or self.hp.fedbabu_finetune_at == "every"):
             self.tuning_round = rnd
         try:
             return super().evaluate(rnd)
@@ -87,4 +87,4 @@ class FedBABUServer(Server):
         if self.tuning_round is None:
             return self.global_params
         package = self.package(self.tuning_round, [index])
-        return self.clients[index].fine_tune(self.model, package, int(self.args.fine_tuning_epochs), self.tuned_entries)
+        return self.clients[index].fine_tune(self.model, package, self.hp.fine_tuning_epochs, self.tuned_entries)

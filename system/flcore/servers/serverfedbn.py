@@ -47,7 +47,7 @@ class FedBNServer(Server):
                  help="keep every normalisation layer local, or BatchNorm layers only (the paper's wording)")
 
     def setup(self) -> None:
-        if self.args.fedbn_local == "batchnorm":
+        if self.hp.fedbn_local == "batchnorm":
             local = set()
             for prefix, module in self.model.module.named_modules():
                 if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -57,4 +57,4 @@ class FedBNServer(Server):
             self.shared_mask = None if bool(mask.all()) else mask
 
     def summary(self) -> dict[str, object]:
-        return {"fedbn_local": self.args.fedbn_local}
+        return {"fedbn_local": self.hp.fedbn_local}

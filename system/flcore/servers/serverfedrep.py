@@ -41,14 +41,14 @@ class FedRepServer(Server):
                  help="average the bodies weighted by training samples (PFLlib) or uniformly (paper)")
 
     def setup(self) -> None:
-        if int(self.args.plocal_epochs) < 0:
-            raise FLError(f"-pls must be >= 0, got {self.args.plocal_epochs}")
+        if self.hp.plocal_epochs < 0:
+            raise FLError(f"-pls must be >= 0, got {self.hp.plocal_epochs}")
 
     def summary(self) -> dict[str, object]:
-        return {"plocal_epochs": int(self.args.plocal_epochs), "fedrep_weighting": self.args.fedrep_weighting}
+        return {"plocal_epochs": self.hp.plocal_epochs, "fedrep_weighting": self.hp.fedrep_weighting}
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        if self.args.fedrep_weighting == "uniform":
+        if self.hp.fedrep_weighting == "uniform":
             self.global_params = weighted_average(updates, [1 / len(updates)] * len(updates))
         else:
             super().aggregate(updates, package)

@@ -79,12 +79,12 @@ class FedRoDServer(Server):
         for client in self.clients:
             client.num_classes = self.num_classes
         self.personal_init: torch.Tensor | None = None
-        if self.args.fedrod_phead_init == "head":
+        if self.hp.fedrod_phead_init == "head":
             # The personal head's entries (the private part) lie in the same order as the head's.
             self.personal_init = self.global_params[self.model.head_mask()].clone()
 
     def summary(self) -> dict[str, object]:
-        return {"fedrod_phead_init": self.args.fedrod_phead_init}
+        return {"fedrod_phead_init": self.hp.fedrod_phead_init}
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         if self.personal_init is not None:
