@@ -159,12 +159,13 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     factory = MODELS.get(args.model)
     try:
         module = factory(dataset.input_shape, dataset.num_classes, args)
-        probe = dataset.clients[0].inputs("train", slice(0, 2)).to("cpu")
+        check_token_ids(args, dataset, module)
+        probe = dataset.sample_inputs(2).to("cpu")
         with torch.no_grad():
             module.eval()
-            out = module(probe if len(probe) else torch.zeros(2, *dataset.input_shape))
+            out = module(probe)
             module.train()
-    except (ValueError, RuntimeError) as exc:
+    except (ValueError, RuntimeError, IndexError) as exc:
         raise FLError(
             f"model {args.model} does not fit dataset {args.dataset} (inputs {list(dataset.input_shape)}): "
             f"{str(exc).splitlines()[0]}"
@@ -172,6 +173,21 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     if out.shape[-1] != dataset.num_classes:
         raise FLError(f"model {args.model} outputs {out.shape[-1]} classes, dataset has {dataset.num_classes}")
     return module
+
+
+def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module: torch.nn.Module) -> None:
+    """Integer inputs index the model's embedding table: every id must be in [0, table size), or
+    the first batch holding a larger one would stop the run with an indexing error."""
+    tables = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
+    inputs = [x for x in (dataset.split("train")[0], dataset.split("test")[0]) if x.numel() and not x.is_floating_point()]
+    if not tables or not inputs:
+        return
+    low, high = min(int(x.min()) for x in inputs), max(int(x.max()) for x in inputs)
+    if low < 0 or high >= min(tables):
+        raise FLError(
+            f"dataset {args.dataset} has token ids {low}..{high}, model {args.model} embeds {min(tables)} tokens "
+            f"(-vs {args.vocab_size}); pass -vs {high + 1}"
+        )
 
 
 def setup_logging(quiet: bool) -> None:

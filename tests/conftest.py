@@ -19,3 +19,9 @@ FASHION_RAW = Path("/usr/share/datasets/fashion-mnist")
 for path in (REPO / "tests" / "system", REPO / "system", REPO):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+
+def pytest_configure(config):
+    # models of tens of millions of parameters (tests/models) take seconds each on a 2-core CPU:
+    # they run with the suite, and `pytest -m "not slow"` leaves them out while developing
+    config.addinivalue_line("markers", "slow: builds or trains a model of tens of millions of parameters")

@@ -68,7 +68,7 @@ class ClientData:
     table: torch.Tensor | None = None
 
     def inputs(self, split: str, idx: torch.Tensor | slice | None = None) -> torch.Tensor:
-        """Float inputs of ``split`` ("train" or "test"), rows ``idx`` (all rows by default)."""
+        """Inputs of ``split`` ("train" or "test"), rows ``idx`` (all rows by default): floats, or int64 token ids."""
         x = getattr(self, f"{split}_x")
         return decode_inputs(x if idx is None else x[idx], self.table)
 
@@ -119,6 +119,15 @@ class FederatedDataset:
             sizes = [len(getattr(c, f"{name}_y")) for c in self.clients]
             self.__dict__[key] = [0, *np.cumsum(sizes)[:-1].tolist()] if sizes else []
         return self.__dict__[key]
+
+    def sample_inputs(self, count: int = 2) -> torch.Tensor:
+        """Up to ``count`` decoded training inputs of the first client that has any (zeros of the
+        inputs' dtype when no client has training data): what a model is probed with."""
+        for client in self.clients:
+            if client.num_train:
+                return client.inputs("train", slice(0, count))
+        empty = decode_inputs(self.split("train")[0][:0], self.input_table) if self.clients else torch.zeros(0)
+        return torch.zeros(count, *self.input_shape, dtype=empty.dtype, device=empty.device)
 
 
 def resolve_dataset_dir(name: str, data_root: str | Path | None = None) -> Path:
@@ -240,7 +249,8 @@ def load_federated_dataset(
     few_shot: int = 0,
     compact: bool = True,
 ) -> FederatedDataset:
-    """Load every client's data once, as float32 inputs and int64 labels on ``device``.
+    """Load every client's data once, as float32 inputs and int64 labels on ``device``
+    (integer inputs, such as text token ids, stay integers: int64).
 
     ``num_clients`` (``-nc``) must match config.json; with a PFLlib folder whose config lists
     more clients than files are present, only the present client files are loaded.
@@ -285,6 +295,9 @@ def load_federated_dataset(
     shape = tuple(int(d) for d in config["input_shape"]) if "input_shape" in config else None
     merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     coder = _InputCoder() if compact else None
+    #: integer inputs are token ids (text) or category codes: kept as int64 (embeddings index with
+    #: them), never coded or converted to floats; decided by the first file's dtype
+    integer_inputs: bool | None = None
     for split in ("train", "test"):
         sizes = [len(y) for y in labels[split]]
         all_y = torch.as_tensor(np.concatenate(labels[split]), dtype=torch.int64).to(device)
@@ -295,6 +308,9 @@ def load_federated_dataset(
             x, _ = _read_npz(path / split / f"{cid}.npz", legacy_pickle)
             if (split, cid) in keep:
                 x = x[keep[split, cid]]
+            if integer_inputs is None:
+                integer_inputs = bool(np.issubdtype(x.dtype, np.integer))
+                coder = None if integer_inputs else coder
             if size:
                 if shape is None:
                     shape = tuple(int(d) for d in x.shape[1:])
@@ -304,7 +320,7 @@ def load_federated_dataset(
                         "regenerate the dataset with --force"
                     )
             if all_x is None and shape is not None:
-                dtype = torch.uint8 if coder is not None else torch.float32
+                dtype = torch.int64 if integer_inputs else torch.uint8 if coder is not None else torch.float32
                 all_x = torch.empty((sum(sizes), *shape), dtype=dtype, device=device)
             if size and coder is not None:
                 coded = coder.encode(x)
@@ -320,7 +336,8 @@ def load_federated_dataset(
             del x
             start += size
         if all_x is None:  # no client has a sample of this split
-            all_x = torch.empty((0, *(shape or ())), dtype=torch.uint8 if coder else torch.float32, device=device)
+            dtype = torch.int64 if integer_inputs else torch.uint8 if coder else torch.float32
+            all_x = torch.empty((0, *(shape or ())), dtype=dtype, device=device)
         merged[split] = (all_x, all_y, owner)
     # the clients' tensors are views of the merged ones (made last: a fallback to float32 replaces them)
     views = {split: split_views(all_x, all_y, map(len, labels[split])) for split, (all_x, all_y, _) in merged.items()}

@@ -107,6 +107,15 @@ class ClientUpdate:
         return size + _nbytes(self.extras)
 
 
+@dataclass(frozen=True)
+class Task:
+    """What every client knows of the run besides its own data: the task's classes (not only those
+    it holds) and the length of the model's trainable prefix of the flat vector."""
+
+    num_classes: int
+    num_params: int
+
+
 @dataclass
 class LocalJob:
     """One client's local training in one round, as the sequence prepares it for an engine."""
@@ -136,8 +145,10 @@ class Client:
     #: entry t (e.g. FedGen's generated features, drawn up front from (seed, round, client))
     per_step_context: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore):
+    def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore,
+                 task: Task | None = None):
         self.index = index
+        self.task = task
         self.cid = data.cid
         self.data = data
         self.args = args

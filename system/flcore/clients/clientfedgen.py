@@ -64,6 +64,5 @@ class FedGenClient(Client):
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         update = super().end_round(params, package, ctx, steps, loss)
-        classes = self.generator.module.num_classes
-        update.extras["label_counts"] = torch.bincount(self.data.train_y, minlength=classes).float()
+        update.extras["label_counts"] = torch.bincount(self.data.train_y, minlength=self.task.num_classes).float()
         return update

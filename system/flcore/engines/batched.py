@@ -193,13 +193,17 @@ class BatchedEngine(Engine):
         for client in self.server.clients:
             if client.num_train:
                 return client.data.inputs("train", slice(0, 2))
-        shape = tuple(self.server.dataset.input_shape)
-        return torch.randn(2, *shape, device=self.flat.device)
+        # zeros in the inputs' dtype (integer token ids for text models)
+        return self.server.dataset.sample_inputs(2).to(self.flat.device)
 
     def check_model(self) -> str | None:
         flat, module = self.flat, self.flat.module
         if flat.num_total > flat.num_params:
             return "the model has float buffers (BatchNorm running statistics), which the batched step cannot update per client"
+        if any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules()):
+            # also without running statistics: a sample's output depends on its batch, and the
+            # batched step pads partial batches with repeated rows
+            return "the model has BatchNorm, whose batch statistics the batched step's padded batches would change"
         if has_dropout(module):
             return "the model has dropout, whose per-client random masks only the sequential engine reproduces"
         if not flat.vector.is_floating_point():

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
@@ -87,7 +87,8 @@ class Server:
         self.global_params = self.model.snapshot()
         self.shared_mask = self.model.shared_mask(self.shared)
         self.state = make_state_store(args, device)
-        self.clients = [self.client_cls(i, data, args, self.state) for i, data in enumerate(dataset.clients)]
+        task = Task(dataset.num_classes, self.model.num_params)
+        self.clients = [self.client_cls(i, data, args, self.state, task) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
         self.engine = ENGINES.get(args.engine)(self)

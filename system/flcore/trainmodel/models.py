@@ -99,3 +99,20 @@ def lenet(input_shape: Sequence[int], num_classes: int, args: Namespace | None =
     dim = _feature_dim(conv, input_shape)
     body = nn.Sequential(*conv, nn.Linear(dim, 256), nn.BatchNorm1d(256), nn.ReLU(), nn.Dropout(p=0.5))
     return SplitModel(body, nn.Linear(256, num_classes))
+
+
+@register_model("CNN-BN")
+def cnn_bn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
+    """The FedAvg CNN with BatchNorm (for FedBN, Li et al. ICLR 2021): ``BatchNorm2d`` after each
+    convolution and ``BatchNorm1d`` after the FC 512 layer, each before its ReLU (FedBN's placement).
+    The running statistics are float buffers, so they are part of the flat model vector."""
+    if len(input_shape) != 3:
+        raise ValueError(f"CNN-BN needs image input [C, H, W], got {list(input_shape)}")
+    conv = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, kernel_size=5), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, kernel_size=5), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    dim = _feature_dim(conv, input_shape)
+    body = nn.Sequential(*conv, nn.Linear(dim, 512), nn.BatchNorm1d(512), nn.ReLU())
+    return SplitModel(body, nn.Linear(512, num_classes))
