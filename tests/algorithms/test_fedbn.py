@@ -1,16 +1,22 @@
 """FedBN: the first round against FedAvg (same training, normalisation layers kept), the next
-round's start point merges each client's own normalisation layers.
+round's start point merges each client's own normalisation layers, which layers stay local, two
+rounds with ``-m CNN-BN`` through main.
 
 Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): normalisation
 layers never leave the client, bytes count the rest only, state under partial participation,
 FedBN on a model without normalisation layers is FedAvg."""
 from __future__ import annotations
 
+import h5py
 import pytest
 import torch
 from torch import nn
 
+import main
+from flcore.flat import FlatModel
+from flcore.registry import MODELS
 from fltest import build_server, make_args, random_dataset, run_round
+from toydata import make_dataset
 from test_partial_sharing import TinyBN
 
 
@@ -70,3 +76,20 @@ def test_which_layers_stay_local(local, private_names):
     assert torch.equal(~server.shared_mask, expected)
     updates = run_round(server, 0).updates
     assert all(u.shared_numel == int((~expected).sum()) for u in updates)
+
+
+def test_two_rounds_with_cnn_bn_through_main(tmp_path):
+    """FedBN on the BatchNorm CNN through main: every BatchNorm2d/1d layer (affine parameters and
+    running statistics, 2 x (32 + 64 + 512) x 2 entries) stays local, so each upload is that much
+    smaller than the whole model."""
+    folder = make_dataset(tmp_path, num_clients=3, input_shape=(1, 28, 28), train_sizes=[12, 16, 20])
+    results = tmp_path / "res"
+    rc = main.main(["-data", str(folder), "--results_dir", str(results), "-dev", "cpu", "-gr", "2", "-m", "CNN-BN",
+                    "-algo", "FedBN", "--progress", "False", "-q", "True", "--save_model", "False"])
+    assert rc == 0
+    total = FlatModel(MODELS.get("CNN-BN")((1, 28, 28), 10)).num_total
+    local = 4 * (32 + 64 + 512)
+    with h5py.File(next(results.glob("*.h5")), "r") as f:
+        acc = f["rs_test_acc"][:]
+        assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
+        assert list(f["rs_bytes_up"][:]) == [3 * (total - local) * 4] * 2

@@ -90,7 +90,6 @@ def test_flags_and_model_check():
     data = random_dataset(num_clients=2, dim=2, num_classes=2)
     server = build_server(make_args("FedROD"), data, TwoLayer())
     assert server.summary() == {"fedrod_phead_init": "head"}
-    assert [c.num_classes for c in server.clients] == [2, 2]
     with pytest.raises(FLError, match="body and head"):
         build_server(make_args("FedROD"), data, nn.Linear(2, 2))
 

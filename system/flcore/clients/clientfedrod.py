@@ -29,11 +29,10 @@ class FedRoDClient(Client):
     """Balanced softmax on the generic head, cross-entropy on the personalised prediction."""
 
     vmappable_loss: ClassVar[bool] = True
-    #: the dataset's number of classes (set by the server; the label prior has one entry per class)
-    num_classes: int = 0
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        counts = torch.bincount(self.data.train_y, minlength=self.num_classes)
+        # one entry per class of the task (not only the classes this client holds)
+        counts = torch.bincount(self.data.train_y, minlength=self.task.num_classes)
         return {"log_prior": counts.to(package.global_params.dtype).log()}
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:

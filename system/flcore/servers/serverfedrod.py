@@ -76,8 +76,6 @@ class FedRoDServer(Server):
                  help="start of each personal head: a copy of the initial generic head (PFLlib) or zero")
 
     def setup(self) -> None:
-        for client in self.clients:
-            client.num_classes = self.num_classes
         self.personal_init: torch.Tensor | None = None
         if self.hp.fedrod_phead_init == "head":
             # The personal head's entries (the private part) lie in the same order as the head's.
