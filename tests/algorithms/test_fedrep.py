@@ -1,5 +1,5 @@
 """FedRep: two rounds by hand (head epochs with the body frozen, then body epochs with the head
-frozen; bodies averaged), -pls 0 is FedBABU's training, uniform weighting, flags.
+frozen; bodies averaged), -pls 0 is FedBABU's training, uniform weighting, flags, engines.
 
 Shared with the other partial-sharing algorithms (``test_partial_sharing.py``): the head never
 leaves the client, bytes count the body only, state under partial participation."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_round
+from fltest import assert_same_training, build_server, engine_run, make_args, random_dataset, run_round
 from test_partial_sharing import TwoLayer, body_mask, masked_descent, two_layer_server
 from utils.errors import FLError
 
@@ -30,7 +30,7 @@ def test_two_rounds_by_hand(weighting, weights):
         w = torch.where(body, weights[0] * trained[0] + weights[1] * trained[1], w)
         own = trained
         updates = run_round(server, rnd).updates
-        assert [u.num_steps for u in updates] == [2, 2]
+        assert [u.num_steps for u in updates] == [5, 5]  # 3 head steps, then 2 body steps
         for i in range(2):
             assert torch.allclose(server.eval_params(i).double(), torch.where(body, w, own[i]), atol=1e-6)
         assert torch.allclose(server.global_params.double(), w, atol=1e-6)
@@ -60,3 +60,17 @@ def test_flags():
     with pytest.raises(FLError):
         build_server(make_args("FedRep", "-pls", "-1"), data, TwoLayer())
 
+
+
+def test_engines_give_the_sequential_models():
+    """Both phases as a per-step mask: the threaded engine gives the sequential numbers bit for bit,
+    the batched engine (vmap over the cohort) up to rounding, on a model whose body and head both train."""
+    def two_layer(data):
+        return TwoLayer(data.input_shape[0], 3, data.num_classes)
+
+    runs = {engine: engine_run("FedRep", engine, module_fn=two_layer, plocal_epochs=2)
+            for engine in ("sequential", "threaded", "batched")}
+    assert runs["batched"].engine.stats["batched_clients"] > 0
+    assert runs["batched"].engine.stats.get("sequential_clients", 0) == 0
+    assert_same_training(runs["sequential"], runs["threaded"], exact=True)
+    assert_same_training(runs["sequential"], runs["batched"], atol=2e-5, rtol=1e-4)

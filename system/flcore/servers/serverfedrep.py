@@ -13,6 +13,7 @@ Differences:
 * The paper averages the bodies uniformly over the sampled clients; PFLlib weights them by
   training samples (FedAvg's weights), our default; ``--fedrep_weighting uniform`` is the paper's.
 With ``-pls 0`` the head never moves and FedRep's training is FedBABU's (same global model).
+FedRep clients run on every engine (the two phases are a per-step gradient mask).
 The shared model has no meaning of its own (its head is the initial one), so only the
 personalised accuracy is recorded.
 """
