@@ -35,18 +35,30 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .errors import DatasetError
-from .partition import PARTITIONS, cap_samples, label_counts, make_partition, train_test_split
+from . import feature_skew
+from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, label_counts,
+                        make_partition, train_test_split)
+from .picture import count_matrix, save_partition_png, summary_lines
 from .sources import Loader, RawDataset
 from .synthetic import generate_synthetic
 
 FORMAT = "npz-xy-v1"
 CONFIG_NAME = "config.json"
 STATS_KEY = "Size of samples for labels in clients"
+PICTURE_NAME = "partition.png"
+NATURAL = "natural"
+TEST_SPLITS = ("client", "global")
 
 
-def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: int) -> None:
-    parser.add_argument("--num-clients", type=int, default=default_num_clients,
-                        help=f"number of clients (default {default_num_clients})")
+def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: int | None,
+                          natural: bool = False) -> None:
+    if natural:
+        default = "all" if default_num_clients is None else default_num_clients
+        help_text = (f"natural partition: keep the N natural clients with the most samples "
+                     f"(default {default}); other partitions: number of clients")
+    else:
+        help_text = f"number of clients (default {default_num_clients})"
+    parser.add_argument("--num-clients", type=int, default=default_num_clients, help=help_text)
     parser.add_argument("--train-ratio", type=float, default=0.75,
                         help="share of each client's samples used for training (default 0.75)")
     parser.add_argument("--seed", type=int, default=1,
@@ -64,37 +76,63 @@ def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: 
 
 
 def build_parser(name: str, *, default_num_clients: int = 20,
-                 raw_dir_help: str | None = None) -> argparse.ArgumentParser:
-    """Parser of a partitioned dataset's generator (PFLlib positionals + flags)."""
+                 raw_dir_help: str | None = None, natural: bool = False) -> argparse.ArgumentParser:
+    """Parser of a dataset's generator (PFLlib positionals + flags).
+
+    ``natural`` datasets (writers, subjects, speaking roles, domains) default to
+    the ``natural`` partition, one client per natural group, and ``--num-clients``
+    then keeps the largest groups.
+    """
     parser = argparse.ArgumentParser(
         prog=f"generate_{name}.py",
         description=f"Partition {name} over federated clients (PFLlib-compatible output "
                     f"plus a pickle-free npz format).",
         epilog="Examples: 'noniid - dir' (Dirichlet), 'noniid - pat' (2 classes per client), "
+               "'noniid - classes --class-per-client 3' (#C=3), 'noniid - quantity --alpha 0.5', "
                "'iid balance -', 'noniid - shard --num-clients 100'.")
+    partitions = [*PARTITIONS, "-"] + ([NATURAL] if natural else [])
     parser.add_argument("niid", nargs="?", default="noniid", choices=["noniid", "iid"],
                         help="PFLlib argument 1: noniid or iid (default noniid)")
     parser.add_argument("balance", nargs="?", default="-", choices=["balance", "-"],
                         help="PFLlib argument 2: 'balance' for equal sizes in pat/iid, '-' "
                              "for PFLlib's random sizes (default -)")
-    parser.add_argument("partition", nargs="?", default="dir", choices=[*PARTITIONS, "-"],
-                        help="PFLlib argument 3: pat, dir, exdir, shard, or '-' for none "
-                             "(default dir)")
-    _add_shared_arguments(parser, default_num_clients)
+    parser.add_argument("partition", nargs="?", default=NATURAL if natural else "dir",
+                        choices=partitions,
+                        help=f"PFLlib argument 3: {', '.join(partitions)} "
+                             f"(default {NATURAL if natural else 'dir'})")
+    _add_shared_arguments(parser, default_num_clients, natural=natural)
     parser.add_argument("--alpha", type=float, default=0.1,
-                        help="Dirichlet concentration for dir/exdir (default 0.1; PFLlib "
-                             "suggests 100 for exdir)")
+                        help="Dirichlet concentration for dir/exdir and of the client sizes "
+                             "for quantity (default 0.1; PFLlib suggests 100 for exdir)")
     parser.add_argument("--class-per-client", type=int, default=2,
-                        help="labels per client for pat/exdir (default 2)")
+                        help="labels per client for pat/exdir/classes (default 2)")
     parser.add_argument("--shards-per-client", type=int, default=2,
                         help="shards per client for shard (default 2)")
+    parser.add_argument("--dir-fallback", choices=DIR_FALLBACKS, default="repair",
+                        help="when 100 dir/exdir draws leave a client below PFLlib's minimum "
+                             "size: 'repair' tops it up from the largest clients, 'error' "
+                             "stops (PFLlib redraws forever) (default repair)")
+    parser.add_argument("--few-shot", type=int, default=None, metavar="N",
+                        help="PFLlib's few-shot: keep at most N training samples per label "
+                             "and client (default: all)")
+    parser.add_argument("--test-split", choices=TEST_SPLITS, default="client",
+                        help="'client': PFLlib's per-client train/test split; 'global': "
+                             "clients hold training data only and share one test set (the "
+                             "official one where the dataset has it), dealt out IID over "
+                             "the clients' test files (default client)")
+    parser.add_argument("--feature-skew", choices=feature_skew.FEATURE_SKEWS, default=None,
+                        help="per-client feature shift of image data: rotation, noise or "
+                             "jitter (default none)")
+    parser.add_argument("--skew-strength", type=float, default=None,
+                        help="rotation: max angle in degrees (180); noise: std of the last "
+                             "client (0.5); jitter: factor range 1+-s (0.5)")
     parser.add_argument("--raw-dir", type=Path, default=None,
                         help=raw_dir_help or "folder holding the raw files; skips the download")
     return parser
 
 
 def _check_shared(args: argparse.Namespace) -> None:
-    if args.num_clients < 1:
+    if args.num_clients is not None and args.num_clients < 1:
         raise DatasetError(f"--num-clients must be at least 1, got {args.num_clients}")
     if not 0 < args.train_ratio < 1:
         raise DatasetError(f"--train-ratio must be between 0 and 1, got {args.train_ratio}")
@@ -104,28 +142,56 @@ def _check_shared(args: argparse.Namespace) -> None:
         raise DatasetError(f"--batch-size must be at least 1, got {args.batch_size}")
 
 
-def partition_options(args: argparse.Namespace, name: str, num_classes: int) -> dict[str, Any]:
-    """Every option that shapes the output; equal options mean an identical dataset."""
+def partition_options(args: argparse.Namespace, name: str,
+                      num_classes: int | None) -> dict[str, Any]:
+    """Every option that shapes the output; equal options mean an identical dataset.
+
+    ``num_classes`` None: the class count comes from the raw files (checked after loading).
+    """
     _check_shared(args)
     non_iid = args.niid == "noniid"
     partition = None if args.partition == "-" else args.partition
     if non_iid and partition is None:
-        raise DatasetError("noniid needs a partition: pat, dir, exdir or shard")
-    if args.alpha <= 0:
-        raise DatasetError(f"--alpha must be positive, got {args.alpha}")
-    if not 1 <= args.class_per_client <= num_classes:
+        raise DatasetError(f"noniid needs a partition: {', '.join(PARTITIONS)}")
+    if not (args.alpha > 0 and np.isfinite(args.alpha)):
+        raise DatasetError(f"--alpha must be a positive number, got {args.alpha}")
+    if args.class_per_client < 1 or (num_classes is not None
+                                     and args.class_per_client > num_classes):
         raise DatasetError(f"--class-per-client must be between 1 and {num_classes}, "
                            f"got {args.class_per_client}")
     if args.shards_per_client < 1:
         raise DatasetError(f"--shards-per-client must be at least 1, got {args.shards_per_client}")
-    return {
+    if args.few_shot is not None and args.few_shot < 1:
+        raise DatasetError(f"--few-shot must be at least 1, got {args.few_shot}")
+    if args.partition == NATURAL and args.test_split == "global":
+        raise DatasetError("--test-split global needs a partition of the training set; the "
+                           "natural clients hold their own test data")
+    strength = args.skew_strength
+    if args.feature_skew is not None:
+        strength = feature_skew.DEFAULT_STRENGTH[args.feature_skew] if strength is None \
+            else strength
+    elif strength is not None:
+        raise DatasetError("--skew-strength needs --feature-skew")
+    options = {
         "dataset": name, "num_clients": args.num_clients, "num_classes": num_classes,
         "non_iid": non_iid, "balance": args.balance == "balance", "partition": partition,
         "alpha": args.alpha, "batch_size": args.batch_size, "train_ratio": args.train_ratio,
         "seed": args.seed, "class_per_client": args.class_per_client,
         "samples_per_client": args.samples_per_client,
         "shards_per_client": args.shards_per_client, "format": FORMAT,
+        "dir_fallback": args.dir_fallback, "few_shot": args.few_shot,
+        "test_split": args.test_split, "feature_skew": args.feature_skew,
+        "skew_strength": strength,
     }
+    if num_classes is None:
+        del options["num_classes"]
+    if partition == NATURAL and non_iid:
+        # The client count comes from the data; what the user chose is the cap.
+        options["natural_clients"] = options.pop("num_clients")
+    elif args.num_clients is None:
+        raise DatasetError(f"--num-clients is needed for the {partition or 'iid'} partition "
+                           f"(only the natural partition takes its clients from the data)")
+    return options
 
 
 def is_generated(out_dir: Path, options: dict[str, Any]) -> bool:
@@ -136,8 +202,11 @@ def is_generated(out_dir: Path, options: dict[str, Any]) -> bool:
         return False
     if not isinstance(config, dict) or any(config.get(k) != v for k, v in options.items()):
         return False
+    num_clients = config.get("num_clients")
+    if not isinstance(num_clients, int):
+        return False
     return all((out_dir / part / f"{i}.npz").is_file()
-               for part in ("train", "test") for i in range(options["num_clients"]))
+               for part in ("train", "test") for i in range(num_clients))
 
 
 def _save_npz(path: Path, x: np.ndarray, y: np.ndarray) -> None:
@@ -175,19 +244,45 @@ def print_client_stats(stats: list[list[list[int]]], sizes: Sequence[int]) -> No
         print("-" * 50)
 
 
+def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
+                   options: dict[str, Any], labels: np.ndarray,
+                   rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's training and test indices, after few-shot and the sample cap.
+
+    With a shared test set the clients keep all their samples for training and
+    the shared set is shuffled and cut into equal slices, one per client: the
+    simulator's sample-weighted accuracy over all clients' test files is then
+    the accuracy on the whole shared test set, with no copy of it per client.
+    """
+    train_parts, test_parts = [], []
+    if shared_test is not None:
+        test_parts = np.array_split(rng.permutation(shared_test), len(parts))
+    for idx in parts:
+        if shared_test is None:
+            train, test = train_test_split(idx, options["train_ratio"], rng)
+            test_parts.append(test)
+        else:
+            train = rng.permutation(idx)
+        train = few_shot(train, labels, options.get("few_shot"), rng)
+        train_parts.append(cap_samples(train, options["samples_per_client"], rng))
+    return train_parts, list(test_parts)
+
+
 def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray],
-                    options: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
-    """Split each client's samples, apply the cap, print statistics and write the folder.
+                    options: dict[str, Any], rng: np.random.Generator, *,
+                    shared_test: np.ndarray | None = None,
+                    client_domains: Sequence[str] | None = None) -> dict[str, Any]:
+    """Split each client's samples, apply few-shot, the cap and the feature skew, print
+    statistics and write the folder with its partition picture.
 
     ``options`` (from :func:`partition_options` or the Synthetic generator) is
     stored in ``config.json`` next to the derived keys: PFLlib's statistic over
     train+test, ``class_names``, ``input_shape`` and per-client sample counts.
+    ``shared_test`` holds the indices of a test set shared by all clients
+    (``--test-split global``); ``client_domains`` names each client's domain
+    (feature-shift datasets).
     """
-    train_parts, test_parts = [], []
-    for idx in parts:
-        train, test = train_test_split(idx, options["train_ratio"], rng)
-        train_parts.append(cap_samples(train, options["samples_per_client"], rng))
-        test_parts.append(test)
+    train_parts, test_parts = _split_clients(parts, shared_test, options, data.y, rng)
     held = [np.concatenate([tr, te]) for tr, te in zip(train_parts, test_parts)]
     stats = label_counts(data.y, held)
     print_client_stats(stats, [len(h) for h in held])
@@ -198,12 +293,20 @@ def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray]
     print("The number of test samples:", test_sizes)
     print(f"\nSaving to {out_dir}")
 
+    skew = options.get("feature_skew")
+    skew_values: list[float] = []
     _prepare_out_dir(out_dir)
     for client, (train, test) in enumerate(zip(train_parts, test_parts)):
-        _save_npz(out_dir / "train" / f"{client}.npz", data.features(train), data.y[train])
-        _save_npz(out_dir / "test" / f"{client}.npz", data.features(test), data.y[test])
+        x = data.features(np.concatenate([train, test]))
+        if skew is not None:
+            # Train and test of a client are shifted together: one domain per client.
+            x, value = feature_skew.apply(skew, x, options["skew_strength"], client,
+                                          len(train_parts), options["seed"])
+            skew_values.append(value)
+        _save_npz(out_dir / "train" / f"{client}.npz", x[:len(train)], data.y[train])
+        _save_npz(out_dir / "test" / f"{client}.npz", x[len(train):], data.y[test])
     config = {
-        "num_clients": options["num_clients"], "num_classes": data.num_classes,
+        "num_clients": len(train_parts), "num_classes": data.num_classes,
         "non_iid": options["non_iid"], "balance": options["balance"],
         "partition": options["partition"], STATS_KEY: stats,
         "alpha": options["alpha"], "batch_size": options["batch_size"],
@@ -211,7 +314,30 @@ def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray]
         "class_names": data.class_names, "input_shape": list(data.x.shape[1:]),
         "train_samples": train_sizes, "test_samples": test_sizes,
     }
+    domains: Sequence[object] | None = None
+    if client_domains is not None:
+        config["client_domains"] = list(client_domains)
+        domains, domain_label = list(client_domains), "domain"
+    if skew is not None:
+        config["feature_skew_values"] = skew_values
+        domains, domain_label = skew_values, feature_skew.PARAMETER_NAMES[skew]
+    if data.extra_config:
+        config.update(data.extra_config)
+    counts = count_matrix(data.y, held, data.num_classes)
+    title = (f"{options['dataset']}: {len(held)} clients, partition {options['partition']}"
+             + (f", alpha {options['alpha']:g}" if options["partition"] in ("dir", "exdir", "quantity")
+                else "") + (f", {skew} skew" if skew else ""))
+    save_partition_png(out_dir / PICTURE_NAME, counts, [str(c) for c in data.class_names],
+                       title=title, domains=domains,
+                       domain_label=domain_label if domains is not None else "domain")
+    for file_name, text in (data.extra_files or {}).items():
+        tmp = out_dir / (file_name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, out_dir / file_name)
     write_json_atomic(out_dir / CONFIG_NAME, config)
+    for line in summary_lines(counts, domains):
+        print(line)
+    print(f"Partition picture: {out_dir / PICTURE_NAME}")
     print("Finish generating dataset.")
     return config
 
@@ -232,35 +358,103 @@ def _guarded(run: Callable[[], int]) -> int:
         return 130
 
 
+def natural_parts(data: RawDataset, keep: int | None) -> tuple[list[np.ndarray], list[int]]:
+    """One client per natural group (the ``keep`` largest, ties by group id), largest first."""
+    if data.groups is None:
+        raise DatasetError(f"this dataset has no natural clients; choose a partition "
+                           f"({', '.join(PARTITIONS)})")
+    sizes = np.bincount(data.groups)
+    order = [int(g) for g in np.argsort(-sizes, kind="stable") if sizes[g] > 0]
+    if keep is not None:
+        if keep > len(order):
+            raise DatasetError(f"--num-clients {keep} exceeds the {len(order)} natural clients "
+                               f"of this dataset")
+        order = order[:keep]
+    sort = np.argsort(data.groups, kind="stable")
+    bounds = np.searchsorted(data.groups[sort], np.arange(len(sizes) + 1))
+    return [sort[bounds[g]:bounds[g + 1]] for g in order], order
+
+
 def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path,
-             num_classes: int = 10) -> int:
-    """Generate ``name`` as ``args`` asks; returns the exit status."""
-    options = partition_options(args, name, num_classes)
+             num_classes: int | None = 10, extra_options: dict[str, Any] | None = None) -> int:
+    """Generate ``name`` as ``args`` asks; returns the exit status.
+
+    ``extra_options`` are dataset-specific options (EMNIST's split, a text
+    dataset's vocabulary size...), stored in config.json and compared on reruns.
+    """
+    options = {**partition_options(args, name, num_classes), **(extra_options or {})}
     out_dir = (args.out_dir or Path(script_dir) / name).resolve()
     if not args.force and is_generated(out_dir, options):
         print(f"Dataset already generated in {out_dir} with these options; "
               f"skipped (pass --force to regenerate).")
         return 0
     data = load(args.raw_dir, out_dir / "rawdata")
+    if num_classes is not None and data.num_classes != num_classes:
+        raise DatasetError(f"{name}: the raw files hold {data.num_classes} classes, "
+                           f"expected {num_classes}")
+    if args.class_per_client > data.num_classes:
+        raise DatasetError(f"--class-per-client must be between 1 and {data.num_classes}, "
+                           f"got {args.class_per_client}")
+    feature_skew.check(args.feature_skew, options["skew_strength"], data.x.shape[1:],
+                       data.is_image)
     rng = np.random.default_rng(args.seed)
-    parts = make_partition(
-        data.y, num_clients=args.num_clients, num_classes=data.num_classes, rng=rng,
+    domains = None
+    if "natural_clients" in options:
+        parts, groups = natural_parts(data, options["natural_clients"])
+        if data.group_domains is not None:
+            domains = [data.group_domains[g] for g in groups]
+        names = [data.group_names[g] for g in groups] if data.group_names else None
+        if names is not None:
+            data.extra_config = {**(data.extra_config or {}), "client_names": names}
+        write_federated(out_dir, data, parts, options, rng, client_domains=domains)
+        return 0
+    pool, shared_test = np.arange(len(data.y)), None
+    if options["test_split"] == "global":
+        if data.num_train is not None:
+            pool, shared_test = pool[:data.num_train], pool[data.num_train:]
+        else:
+            # No official test set: hold out (1 - train_ratio) of the samples at random.
+            shuffled = rng.permutation(pool)
+            cut = int(np.floor(args.train_ratio * len(pool) + 1e-9))
+            pool, shared_test = np.sort(shuffled[:cut]), np.sort(shuffled[cut:])
+    local = make_partition(
+        data.y[pool], num_clients=args.num_clients, num_classes=data.num_classes, rng=rng,
         non_iid=options["non_iid"], balance=options["balance"], partition=options["partition"],
         alpha=args.alpha, class_per_client=args.class_per_client,
         shards_per_client=args.shards_per_client, batch_size=args.batch_size,
-        train_ratio=args.train_ratio)
-    write_federated(out_dir, data, parts, options, rng)
+        train_ratio=args.train_ratio, dir_fallback=args.dir_fallback)
+    parts = [pool[p] for p in local]
+    write_federated(out_dir, data, parts, options, rng, shared_test=shared_test)
     return 0
 
 
-def main(argv: Sequence[str] | None, name: str, load: Loader, script_dir: Path, *,
-         default_num_clients: int = 20, num_classes: int = 10,
-         raw_dir_help: str | None = None) -> int:
-    """Entry point of a partitioned dataset's ``generate_<name>.py``."""
+Binder = Callable[[argparse.Namespace], tuple[Loader, int | None, dict[str, Any]]]
+"""From the parsed flags: the loader, the class count and the dataset-specific options."""
+
+
+def main(argv: Sequence[str] | None, name: str, load: Loader | None, script_dir: Path, *,
+         default_num_clients: int | None = 20, num_classes: int | None = 10,
+         raw_dir_help: str | None = None, natural: bool = False,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+         bind: Binder | None = None) -> int:
+    """Entry point of a dataset's ``generate_<name>.py``.
+
+    Datasets with their own flags pass ``add_arguments`` (adds them to the
+    parser) and ``bind`` (turns the parsed flags into loader, class count and
+    options); the others pass ``load`` and ``num_classes``.
+    """
     parser = build_parser(name, default_num_clients=default_num_clients,
-                          raw_dir_help=raw_dir_help)
+                          raw_dir_help=raw_dir_help, natural=natural)
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
-    return _guarded(lambda: generate(args, name, load, script_dir, num_classes))
+
+    def run() -> int:
+        if bind is None:
+            return generate(args, name, load, script_dir, num_classes)
+        loader, classes, extra = bind(args)
+        return generate(args, name, loader, script_dir, classes, extra)
+    return _guarded(run)
 
 
 def synthetic_folder_name(alpha: float, beta: float, iid: bool) -> str:

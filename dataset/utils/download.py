@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from .errors import ChecksumError, DownloadError
 
@@ -32,10 +32,15 @@ MIRROR_ENV = "FL_DATASET_MIRROR"
 
 @dataclass(frozen=True)
 class RemoteFile:
-    """A file on the mirrors: its name relative to a base URL and its published MD5."""
+    """A file on the mirrors: its name relative to a base URL and its published MD5.
+
+    ``md5`` is None where the source publishes no checksum (UCI, LEAF's sources);
+    such files are checked by format when read, and a complete copy already in
+    the download folder is reused (only complete files are ever renamed there).
+    """
 
     name: str
-    md5: str
+    md5: str | None
 
 
 MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -72,7 +77,7 @@ def mirrors_from_env(default: Sequence[str]) -> list[str]:
     return [m.strip() for m in value.split(",") if m.strip()] if value else list(default)
 
 
-def _fetch_once(url: str, dest: Path, md5: str, timeout: float) -> None:
+def _fetch_once(url: str, dest: Path, md5: str | None, timeout: float) -> None:
     """One attempt: stream ``url`` into a temp file, check the MD5, rename to ``dest``."""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
@@ -82,7 +87,7 @@ def _fetch_once(url: str, dest: Path, md5: str, timeout: float) -> None:
             for block in iter(lambda: resp.read(1 << 20), b""):
                 digest.update(block)
                 out.write(block)
-        if digest.hexdigest() != md5:
+        if md5 is not None and digest.hexdigest() != md5:
             raise ChecksumError(f"{url}: MD5 {digest.hexdigest()} differs from the published {md5}")
         os.replace(tmp, dest)
     finally:
@@ -109,12 +114,13 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, mirrors: Sequence[st
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / remote.name
-    if dest.is_file() and file_md5(dest) == remote.md5:
+    if dest.is_file() and (remote.md5 is None or file_md5(dest) == remote.md5):
         return dest
     failures: list[str] = []
     bad_checksum = False
     for base in mirrors:
-        url = base.rstrip("/") + "/" + remote.name
+        # Names with spaces (UCI's 'UCI HAR Dataset.zip') are quoted in the URL only.
+        url = base.rstrip("/") + "/" + quote(remote.name)
         for attempt in range(attempts):
             if attempt:
                 time.sleep(backoff * 2 ** (attempt - 1))

@@ -29,7 +29,23 @@ Deliberate differences from PFLlib, all of which keep its distributions:
 * When cumulative proportions leave a remainder, it goes to the last client
   with a non-zero share (PFLlib: the last client, even if it is already full).
 * Rejection loops (``dir``, ``exdir``) stop after ``max_tries`` with a
-  :class:`PartitionError` instead of looping forever.
+  :class:`PartitionError` instead of looping forever. PFLlib's ``dir`` redraws
+  until every client holds ``least`` samples, which never happens for many
+  clients or a small alpha (PFLlib issues #120, #130); ours redraws at most
+  ``max_tries`` times and then, by default (``fallback="repair"``), tops up the
+  clients still short of ``least`` from the largest clients (see
+  :func:`_top_up`), so it always finishes; ``fallback="error"`` keeps the
+  rejection-only behaviour and fails with one line instead.
+
+Strategies not in PFLlib (Li et al., "Federated Learning on Non-IID Data Silos:
+An Experimental Study", ICDE 2022, NIID-Bench):
+
+* :func:`label_quantity` (``classes``): label-quantity skew ``#C=k``, every
+  client holds exactly ``k`` classes, chosen at random, and each class is split
+  equally at random among its holders.
+* :func:`quantity_skew` (``quantity``): client sizes from Dir(alpha), labels IID.
+
+:func:`few_shot` is PFLlib's ``-fs``: at most N training samples per label and client.
 """
 
 from __future__ import annotations
@@ -41,10 +57,14 @@ import numpy as np
 
 from .errors import PartitionError
 
-PARTITIONS = ("pat", "dir", "exdir", "shard")
+PARTITIONS = ("pat", "dir", "exdir", "shard", "classes", "quantity")
 """Partition names accepted as the third positional argument of the generators."""
 
-DEFAULT_MAX_TRIES = 10000
+DIR_MAX_TRIES = 100
+"""PFLlib-style redraws of ``dir`` before the fallback; enough where PFLlib itself finishes."""
+DIR_FALLBACKS = ("repair", "error")
+LABEL_ASSIGN_TRIES = 10000
+"""Redraws of exdir's label sets (cheap: one vectorised draw each)."""
 
 
 def least_samples(num_samples: int, num_clients: int, batch_size: int = 10,
@@ -70,6 +90,19 @@ def _check_common(labels: np.ndarray, num_clients: int, num_classes: int) -> np.
         raise PartitionError(
             f"labels must lie in [0, {num_classes}), found [{labels.min()}, {labels.max()}]")
     return labels
+
+
+def _check_label_sets(name: str, num_clients: int, num_classes: int,
+                      class_per_client: int) -> None:
+    """``class_per_client`` labels per client must exist and cover every class."""
+    if not 1 <= class_per_client <= num_classes:
+        raise PartitionError(
+            f"class_per_client must be between 1 and num_classes ({num_classes}), "
+            f"got {class_per_client}")
+    if num_clients * class_per_client < num_classes:
+        raise PartitionError(
+            f"{name} with {num_clients} clients x {class_per_client} classes leaves some of the "
+            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
 
 
 def _class_indices(labels: np.ndarray, num_classes: int) -> list[np.ndarray]:
@@ -98,15 +131,47 @@ def _unbalanced_sizes(n: int, k: int, least: int, num_classes: int,
     return np.append(sizes, n - sizes.sum()).astype(np.int64)
 
 
-def _split_by_proportions(idx: np.ndarray, proportions: np.ndarray) -> list[np.ndarray]:
-    """Cut ``idx`` at the cumulative proportions, as PFLlib's ``dir`` does."""
+def _chunk_sizes(n_items: int, proportions: np.ndarray) -> np.ndarray:
+    """Sizes of the pieces PFLlib's ``dir`` cuts at the cumulative proportions."""
     proportions = proportions / proportions.sum()
-    cuts = (np.cumsum(proportions) * len(idx)).astype(np.int64)[:-1]
+    cuts = (np.cumsum(proportions) * n_items).astype(np.int64)[:-1]
     last = int(np.flatnonzero(proportions > 0)[-1])
     # Rounding down can leave samples after the last cut; they go to the last client
     # with a positive share rather than to a client the rule excluded.
-    cuts[last:] = len(idx)
-    return np.split(idx, cuts)
+    cuts[last:] = n_items
+    return np.diff(np.concatenate([[0], cuts, [n_items]]))
+
+
+def _dirichlet_draw(class_idx: list[np.ndarray], size: int, num_clients: int, alpha: float,
+                    rng: np.random.Generator,
+                    holders: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One draw of PFLlib's ``dir`` (``holders``: ``exdir``'s classes x clients mask).
+
+    Per class, proportions over clients ~ Dir(alpha); clients already holding
+    ``size / num_clients`` samples get nothing more. Returns the owner of every
+    sample and the client sizes.
+    """
+    fair_share = size / num_clients
+    owner = np.empty(size, dtype=np.int64)
+    sizes = np.zeros(num_clients, dtype=np.int64)
+    clients = np.arange(num_clients)
+    for k, idx_k in enumerate(class_idx):
+        idx_k = rng.permutation(idx_k)
+        p = rng.dirichlet(np.full(num_clients, alpha))
+        if not len(idx_k):
+            continue  # an empty class (it may come after every client is full)
+        allowed = sizes < fair_share if holders is None else holders[k] & (sizes < fair_share)
+        q = p * allowed
+        if not _usable(q):
+            # All drawn mass fell on full clients (or underflowed at tiny alpha); a
+            # label of exdir still has to go to its holders.
+            q = p * holders[k] if holders is not None else allowed.astype(float)
+            if not _usable(q):
+                q = (holders[k] if holders is not None else allowed).astype(float)
+        chunk = _chunk_sizes(len(idx_k), q)
+        owner[idx_k] = np.repeat(clients, chunk)
+        sizes += chunk
+    return owner, sizes
 
 
 def _usable(p: np.ndarray) -> bool:
@@ -124,14 +189,7 @@ def pat(labels: np.ndarray, num_clients: int, num_classes: int, class_per_client
     bound ``max(n/k/10, least/num_classes)``.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not 1 <= class_per_client <= num_classes:
-        raise PartitionError(
-            f"class_per_client must be between 1 and num_classes ({num_classes}), "
-            f"got {class_per_client}")
-    if num_clients * class_per_client < num_classes:
-        raise PartitionError(
-            f"pat with {num_clients} clients x {class_per_client} classes leaves some of the "
-            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
+    _check_label_sets("pat", num_clients, num_classes, class_per_client)
     start = [(c * class_per_client) % num_classes for c in range(num_clients)]
     order = sorted(range(num_clients), key=lambda c: (start[c], c))
     label_sets = [[(start[c] + j) % num_classes for j in range(class_per_client)] for c in order]
@@ -164,93 +222,208 @@ def iid(labels: np.ndarray, num_clients: int, num_classes: int, rng: np.random.G
 
 def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, alpha: float,
               rng: np.random.Generator, *, least: int,
-              max_tries: int = DEFAULT_MAX_TRIES) -> list[np.ndarray]:
+              max_tries: int = DIR_MAX_TRIES, fallback: str = "repair") -> list[np.ndarray]:
     """PFLlib's ``dir``: per class, proportions over clients drawn from Dir(alpha).
 
     Clients already holding at least N/num_clients samples get nothing of later
-    classes; the whole draw is repeated until every client has ``least`` samples.
+    classes; the whole draw is repeated until every client has ``least`` samples,
+    at most ``max_tries`` times. If no draw qualifies, ``fallback="repair"``
+    keeps the last draw and tops up the short clients (:func:`_top_up`), so the
+    call always returns for any alpha > 0 and any ``num_clients`` with
+    ``least * num_clients <= N``; ``fallback="error"`` raises instead.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not alpha > 0:
-        raise PartitionError(f"alpha must be positive, got {alpha}")
-    fair_share = labels.size / num_clients
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise PartitionError(f"alpha must be a positive number, got {alpha}")
+    if fallback not in DIR_FALLBACKS:
+        raise PartitionError(f"unknown dir fallback {fallback!r}; choose {' or '.join(DIR_FALLBACKS)}")
+    if least * num_clients > labels.size:
+        raise PartitionError(
+            f"dir: {num_clients} clients x {least} samples each need more than the "
+            f"{labels.size} samples; lower --num-clients")
     class_idx = _class_indices(labels, num_classes)
-    for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        for idx_k in class_idx:
-            idx_k = rng.permutation(idx_k)
-            p = rng.dirichlet(np.full(num_clients, alpha))
-            open_clients = sizes < fair_share
-            q = p * open_clients
-            if not _usable(q):
-                # All drawn mass fell on full clients (underflow at tiny alpha).
-                q = open_clients.astype(float)
-            for j, chunk in enumerate(_split_by_proportions(idx_k, q)):
-                parts[j].append(chunk)
-                sizes[j] += len(chunk)
+    owner = np.empty(0, dtype=np.int64)
+    for _ in range(max(max_tries, 1)):
+        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng)
         if sizes.min() >= least:
-            return [np.concatenate(p) for p in parts]
-    raise PartitionError(
-        f"dir: no draw in {max_tries} tries gave every client at least {least} samples; "
-        f"raise --alpha or lower --num-clients")
+            return _parts_from_owner(owner, num_clients, rng)
+    if fallback == "error":
+        raise PartitionError(
+            f"dir: no draw in {max_tries} tries gave every client at least {least} samples; "
+            f"raise --alpha or lower --num-clients")
+    _top_up(owner, labels, num_clients, num_classes, least, rng)
+    return _parts_from_owner(owner, num_clients, rng)
+
+
+def _parts_from_owner(owner: np.ndarray, num_clients: int,
+                      rng: np.random.Generator) -> list[np.ndarray]:
+    """Indices of each client (shuffled) from a per-sample owner array."""
+    order = np.argsort(owner, kind="stable")
+    bounds = np.searchsorted(owner[order], np.arange(num_clients + 1))
+    return [rng.permutation(order[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _top_up(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes: int,
+            least: int, rng: np.random.Generator, allowed: np.ndarray | None = None) -> None:
+    """Move samples to clients below ``least`` until every client holds ``least``.
+
+    The smallest client receives random samples of the largest (donor, class)
+    block among donors holding more than ``least`` and, with ``allowed``
+    (clients x classes), classes the receiver may hold (``exdir``'s label sets).
+    Taking whole blocks of one class keeps the label skew a small alpha asks
+    for (a uniform top-up would add every class). Without ``allowed`` this
+    always terminates, because ``least * num_clients <= N``: while a client is
+    short, some other client holds more than ``least``, and every move shrinks
+    the total shortfall; with ``allowed`` a receiver whose classes no donor can
+    spare raises :class:`PartitionError`.
+    """
+    counts = np.zeros((num_clients, num_classes), dtype=np.int64)
+    np.add.at(counts, (owner, labels), 1)
+    sizes = counts.sum(axis=1)
+    while sizes.min() < least:
+        receiver = int(np.argmin(sizes))
+        spare = np.where((sizes > least)[:, None], counts, 0)
+        spare[receiver] = 0
+        if allowed is not None:
+            spare = spare * allowed[receiver][None, :]
+        if spare.max() == 0:
+            raise PartitionError(
+                f"no client can spare samples of client {receiver}'s classes to give it "
+                f"{least} samples; raise --class-per-client or lower --num-clients")
+        donor, k = (int(i) for i in np.unravel_index(np.argmax(spare), spare.shape))
+        amount = int(min(least - sizes[receiver], sizes[donor] - least, counts[donor, k]))
+        candidates = np.flatnonzero((owner == donor) & (labels == k))
+        moved = rng.choice(candidates, size=amount, replace=False)
+        owner[moved] = receiver
+        counts[donor, k] -= amount
+        counts[receiver, k] += amount
+        sizes[donor] -= amount
+        sizes[receiver] += amount
+
+
+def label_quantity(labels: np.ndarray, num_clients: int, num_classes: int,
+                   class_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """Label-quantity skew ``#C=k`` (NIID-Bench): each client holds exactly k classes.
+
+    Clients, in random order, first take classes no client holds yet, then random
+    distinct others, so every class has a holder whenever
+    ``num_clients * k >= num_classes`` (NIID-Bench instead drops classes nobody
+    drew; we keep every sample). Each class is split into equal random parts
+    (sizes differ by at most one) over its holders.
+    """
+    labels = _check_common(labels, num_clients, num_classes)
+    _check_label_sets("classes", num_clients, num_classes, class_per_client)
+    uncovered = list(rng.permutation(num_classes))
+    holders: list[list[int]] = [[] for _ in range(num_classes)]
+    for client in rng.permutation(num_clients):
+        mine = [int(uncovered.pop()) for _ in range(min(class_per_client, len(uncovered)))]
+        rest = np.setdiff1d(np.arange(num_classes), mine)
+        mine += [int(k) for k in rng.choice(rest, class_per_client - len(mine), replace=False)]
+        for k in mine:
+            holders[k].append(int(client))
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for k, idx_k in enumerate(_class_indices(labels, num_classes)):
+        chunks = np.array_split(rng.permutation(idx_k), len(holders[k]))
+        for client, chunk in zip(rng.permutation(holders[k]), chunks):
+            parts[client].append(chunk)
+    return [rng.permutation(np.concatenate(p)) for p in parts]
+
+
+def quantity_skew(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
+                  *, least: int = 1) -> list[np.ndarray]:
+    """Quantity skew (NIID-Bench): client sizes from Dir(alpha), labels IID.
+
+    Every client first gets ``least`` samples; the remaining ``N - least*n`` are
+    shared by proportions ``p ~ Dir(alpha)`` (cumulative cuts, so sizes are
+    ``least + floor``-rounded ``p * rest``). Samples are shuffled before the cut,
+    so each client's labels follow the global label distribution.
+    """
+    labels = np.asarray(labels)
+    if num_clients < 1:
+        raise PartitionError(f"num_clients must be at least 1, got {num_clients}")
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise PartitionError(f"alpha must be a positive number, got {alpha}")
+    least = max(int(least), 1)
+    if least * num_clients > labels.size:
+        raise PartitionError(
+            f"quantity: {num_clients} clients x {least} samples need more than the "
+            f"{labels.size} samples; lower --num-clients")
+    rest = labels.size - least * num_clients
+    p = rng.dirichlet(np.full(num_clients, alpha))
+    if not _usable(p):
+        p = np.full(num_clients, 1.0 / num_clients)
+    cuts = np.floor(np.cumsum(p / p.sum()) * rest + 1e-9).astype(np.int64)
+    cuts[-1] = rest
+    sizes = np.diff(np.concatenate([[0], cuts])) + least
+    return np.split(rng.permutation(labels.size), np.cumsum(sizes)[:-1])
+
+
+def few_shot(indices: np.ndarray, labels: np.ndarray, per_label: int | None,
+             rng: np.random.Generator) -> np.ndarray:
+    """PFLlib's few-shot option: keep at most ``per_label`` samples of each label, at random.
+
+    The kept indices stay in their original order.
+    """
+    indices = np.asarray(indices)
+    if per_label is None:
+        return indices
+    if per_label < 1:
+        raise PartitionError(f"few-shot needs at least 1 sample per label, got {per_label}")
+    keep = np.zeros(len(indices), dtype=bool)
+    own = np.asarray(labels)[indices]
+    for k in np.unique(own):
+        where = np.flatnonzero(own == k)
+        if len(where) > per_label:
+            where = rng.choice(where, per_label, replace=False)
+        keep[where] = True
+    return indices[keep]
 
 
 def exdir(labels: np.ndarray, num_clients: int, num_classes: int, class_per_client: int,
           alpha: float, rng: np.random.Generator, *, min_size: int = 10,
-          max_tries: int = DEFAULT_MAX_TRIES) -> list[np.ndarray]:
+          max_tries: int = DIR_MAX_TRIES, fallback: str = "repair") -> list[np.ndarray]:
     """PFLlib's extended Dirichlet: ``class_per_client`` random labels, then ``dir`` per label.
 
     First each client draws ``class_per_client`` distinct labels, redrawn until every
     label has at least ``max(C*num_clients//num_classes//2, 1)`` clients; then each
     label's samples are split over its clients by Dir(alpha) proportions (full
-    clients excluded), redrawn until every client has ``min_size`` samples.
+    clients excluded), redrawn until every client has ``min_size`` samples. Each
+    loop stops after ``max_tries`` (PFLlib loops forever); then ``fallback="repair"``
+    tops the short clients up with samples of their own labels (:func:`_top_up`)
+    and ``"error"`` raises.
     """
     labels = _check_common(labels, num_clients, num_classes)
-    if not 1 <= class_per_client <= num_classes:
-        raise PartitionError(
-            f"class_per_client must be between 1 and num_classes ({num_classes}), "
-            f"got {class_per_client}")
-    if not alpha > 0:
-        raise PartitionError(f"alpha must be positive, got {alpha}")
-    if num_clients * class_per_client < num_classes:
-        raise PartitionError(
-            f"exdir with {num_clients} clients x {class_per_client} classes leaves some of the "
-            f"{num_classes} classes without a client; raise --num-clients or --class-per-client")
+    _check_label_sets("exdir", num_clients, num_classes, class_per_client)
+    if not alpha > 0 or not math.isfinite(alpha):
+        raise PartitionError(f"alpha must be a positive number, got {alpha}")
+    if fallback not in DIR_FALLBACKS:
+        raise PartitionError(f"unknown fallback {fallback!r}; choose {' or '.join(DIR_FALLBACKS)}")
     need = max(class_per_client * num_clients // num_classes // 2, 1)
-    for _ in range(max_tries):
+    for _ in range(LABEL_ASSIGN_TRIES):
+        # Each client's labels: the first k of a random permutation of the classes.
+        picks = np.argsort(rng.random((num_clients, num_classes)), axis=1)[:, :class_per_client]
         holders = np.zeros((num_classes, num_clients), dtype=bool)
-        for c in range(num_clients):
-            holders[rng.choice(num_classes, class_per_client, replace=False), c] = True
+        holders[picks, np.arange(num_clients)[:, None]] = True
         if holders.sum(axis=1).min() >= need:
             break
     else:
         raise PartitionError(
-            f"exdir: no label assignment in {max_tries} tries gave every label {need} clients")
+            f"exdir: no label assignment in {LABEL_ASSIGN_TRIES} tries gave every label {need} "
+            f"clients; raise --num-clients or --class-per-client")
 
-    fair_share = labels.size / num_clients
     class_idx = _class_indices(labels, num_classes)
-    for _ in range(max_tries):
-        parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-        sizes = np.zeros(num_clients, dtype=np.int64)
-        for k, idx_k in enumerate(class_idx):
-            idx_k = rng.permutation(idx_k)
-            p = rng.dirichlet(np.full(num_clients, alpha))
-            q = p * (holders[k] & (sizes < fair_share))
-            if not _usable(q):
-                # Every holder of this label is full (or its mass underflowed): the
-                # label still has to go to its holders.
-                q = p * holders[k]
-                if not _usable(q):
-                    q = holders[k].astype(float)
-            for j, chunk in enumerate(_split_by_proportions(idx_k, q)):
-                parts[j].append(chunk)
-                sizes[j] += len(chunk)
+    owner = np.empty(0, dtype=np.int64)
+    for _ in range(max(max_tries, 1)):
+        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng,
+                                       holders=holders)
         if sizes.min() >= min_size:
-            return [rng.permutation(np.concatenate(p)) for p in parts]
-    raise PartitionError(
-        f"exdir: no draw in {max_tries} tries gave every client at least {min_size} samples; "
-        f"raise --alpha, --class-per-client or lower --num-clients")
+            return _parts_from_owner(owner, num_clients, rng)
+    if fallback == "error":
+        raise PartitionError(
+            f"exdir: no draw in {max_tries} tries gave every client at least {min_size} samples; "
+            f"raise --alpha, --class-per-client or lower --num-clients")
+    _top_up(owner, labels, num_clients, num_classes, min_size, rng, allowed=holders.T)
+    return _parts_from_owner(owner, num_clients, rng)
 
 
 def shard(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,
@@ -344,8 +517,8 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
                    rng: np.random.Generator, non_iid: bool, balance: bool,
                    partition: str | None, alpha: float = 0.1, class_per_client: int = 2,
                    shards_per_client: int = 2, batch_size: int = 10,
-                   train_ratio: float = 0.75,
-                   max_tries: int = DEFAULT_MAX_TRIES) -> list[np.ndarray]:
+                   train_ratio: float = 0.75, max_tries: int | None = None,
+                   dir_fallback: str = "repair") -> list[np.ndarray]:
     """Dispatch on PFLlib's ``(non_iid, balance, partition)`` triple.
 
     As in PFLlib, ``non_iid=False`` means IID whatever ``partition`` says, and
@@ -361,12 +534,19 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
         return pat(labels, num_clients, num_classes, class_per_client, rng,
                    balance=balance, least=least)
     if partition == "dir":
-        return dirichlet(labels, num_clients, num_classes, alpha, rng,
-                         least=least, max_tries=max_tries)
+        return dirichlet(labels, num_clients, num_classes, alpha, rng, least=least,
+                         max_tries=DIR_MAX_TRIES if max_tries is None else max_tries,
+                         fallback=dir_fallback)
     if partition == "exdir":
         min_size = min(10, labels.size // max(num_clients, 1))
         return exdir(labels, num_clients, num_classes, class_per_client, alpha, rng,
-                     min_size=min_size, max_tries=max_tries)
+                     min_size=min_size, fallback=dir_fallback,
+                     max_tries=DIR_MAX_TRIES if max_tries is None else max_tries)
+    if partition == "classes":
+        return label_quantity(labels, num_clients, num_classes, class_per_client, rng)
+    if partition == "quantity":
+        _check_common(labels, num_clients, num_classes)
+        return quantity_skew(labels, num_clients, alpha, rng, least=least)
     if partition == "shard":
         _check_common(labels, num_clients, num_classes)
         return shard(labels, num_clients, rng, shards_per_client=shards_per_client)

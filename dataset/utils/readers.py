@@ -39,7 +39,6 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer",
                    "dog", "frog", "horse", "ship", "truck"]
 CIFAR10_TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 CIFAR10_TEST_FILE = "test_batch"
-CIFAR10_RECORD = 1 + 3 * 32 * 32
 
 # Published MD5 digests of the python-version files (CIFAR page / torchvision).
 CIFAR10_PY_MD5 = {
@@ -60,12 +59,17 @@ def _read_bytes(path: Path) -> bytes:
         raise ReadError(f"{path}: file not found") from None
     except OSError as exc:
         raise ReadError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return _maybe_gunzip(raw, str(path))
+
+
+def _maybe_gunzip(raw: bytes, name: str) -> bytes:
+    """``raw`` gunzipped when it starts with the gzip magic, else unchanged."""
     if raw[:2] != GZIP_MAGIC:
         return raw
     try:
         return gzip.decompress(raw)
     except (EOFError, OSError, zlib.error) as exc:
-        raise ReadError(f"{path}: corrupt or truncated gzip data ({exc})") from None
+        raise ReadError(f"{name}: corrupt or truncated gzip data ({exc})") from None
 
 
 def parse_idx(data: bytes, *, name: str = "IDX data", ndim: int | None = None) -> np.ndarray:
@@ -121,16 +125,24 @@ def find_idx_file(folder: Path, stem: str) -> Path:
     raise ReadError(f"{folder}: no {stem}.gz or {stem} found")
 
 
+def split_cifar_records(data: bytes, name: str, label_bytes: int,
+                        what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Fixed-size CIFAR binary records: (label bytes [N, label_bytes] int64, images (N,3,32,32))."""
+    size = label_bytes + 3 * 32 * 32
+    if not data or len(data) % size:
+        raise ReadError(f"{name}: {len(data)} bytes is not a whole number of "
+                        f"{size}-byte {what} records (truncated or corrupt)")
+    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, size)
+    return records[:, :label_bytes].astype(np.int64), records[:, label_bytes:].reshape(-1, 3, 32, 32).copy()
+
+
 def parse_cifar10_records(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
     """Decode CIFAR-10 binary records into (N,3,32,32) uint8 images and int64 labels."""
-    if not data or len(data) % CIFAR10_RECORD:
-        raise ReadError(f"{name}: {len(data)} bytes is not a whole number of "
-                        f"{CIFAR10_RECORD}-byte CIFAR-10 records (truncated or corrupt)")
-    records = np.frombuffer(data, dtype=np.uint8).reshape(-1, CIFAR10_RECORD)
-    labels = records[:, 0].astype(np.int64)
+    label_bytes, images = split_cifar_records(data, name, 1, "CIFAR-10")
+    labels = label_bytes[:, 0]
     if labels.max() >= len(CIFAR10_CLASSES):
         raise ReadError(f"{name}: label byte {int(labels.max())} outside 0..9 (not CIFAR-10)")
-    return records[:, 1:].reshape(-1, 3, 32, 32).copy(), labels
+    return images, labels
 
 
 def read_cifar10_bin(folder: str | Path) -> tuple[np.ndarray, np.ndarray]:
@@ -156,6 +168,20 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         return getattr(np, name)
 
 
+def unpickle_arrays_dict(data: bytes, name: str) -> dict:
+    """A pickled dict of arrays, lists and strings, loaded with :class:`_ArrayOnlyUnpickler`.
+
+    Keys come back as ``str`` (the CIFAR files were pickled by Python 2, so as bytes).
+    """
+    try:
+        obj = _ArrayOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
+    except Exception as exc:  # any unpickling failure means a bad file
+        raise ReadError(f"{name}: cannot decode ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ReadError(f"{name}: expected a dict, found {type(obj).__name__}")
+    return {k.decode() if isinstance(k, bytes) else k: v for k, v in obj.items()}
+
+
 def md5_bytes(data: bytes) -> str:
     """Hex MD5 digest of ``data``."""
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
@@ -167,21 +193,20 @@ def parse_cifar10_pickle(data: bytes, name: str, expected_md5: str) -> tuple[np.
     if digest != expected_md5:
         raise ChecksumError(f"{name}: MD5 {digest} differs from the published {expected_md5}; "
                             f"refusing to unpickle it (re-download the file)")
-    try:
-        batch = _ArrayOnlyUnpickler(io.BytesIO(data), encoding="bytes").load()
-    except Exception as exc:  # any unpickling failure means a bad file
-        raise ReadError(f"{name}: cannot decode CIFAR-10 batch ({exc})") from None
-    if not isinstance(batch, dict):
-        raise ReadError(f"{name}: expected a dict, found {type(batch).__name__}")
-    # The original files were pickled by Python 2, so keys come back as bytes.
-    batch = {k.decode() if isinstance(k, bytes) else k: v for k, v in batch.items()}
+    return cifar_batch_arrays(unpickle_arrays_dict(data, name), name, "labels", 10)
+
+
+def cifar_batch_arrays(batch: dict, name: str, label_key: str,
+                       num_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(N,3,32,32) uint8 images and int64 labels of an unpickled CIFAR-10/100 batch."""
     try:
         x = np.asarray(batch["data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-        y = np.asarray(batch["labels"], dtype=np.int64)
+        y = np.asarray(batch[label_key], dtype=np.int64)
     except (KeyError, ValueError) as exc:
-        raise ReadError(f"{name}: not a CIFAR-10 batch ({exc})") from None
-    if len(x) != len(y) or (len(y) and (y.min() < 0 or y.max() > 9)):
-        raise ReadError(f"{name}: {len(x)} images, {len(y)} labels or labels outside 0..9")
+        raise ReadError(f"{name}: not a CIFAR-{num_classes} batch ({exc})") from None
+    if len(x) != len(y) or (len(y) and (y.min() < 0 or y.max() >= num_classes)):
+        raise ReadError(f"{name}: {len(x)} images, {len(y)} labels or labels outside "
+                        f"0..{num_classes - 1}")
     return x, y
 
 

@@ -37,11 +37,30 @@ class RawDataset:
     num_classes: int
     class_names: list[str]
     pixel_max: float | None = 255.0
+    num_train: int | None = None
+    """Samples ``[0, num_train)`` are the official training set (None: no official split)."""
+    groups: np.ndarray | None = None
+    """Natural client of each sample (writer, subject, domain...), or None."""
+    group_names: list[str] | None = None
+    """Name of each natural client (index = group id)."""
+    group_domains: list[str] | None = None
+    """Domain of each natural client for feature-shift datasets (Digit5, DomainNet)."""
+    extra_config: dict | None = None
+    """Dataset-specific facts stored in config.json (vocabulary size, split, ...)."""
+    extra_files: dict | None = None
+    """Text files written next to config.json (name -> content), e.g. a tokenizer's JSON."""
+
+    @property
+    def is_image(self) -> bool:
+        return self.pixel_max is not None and self.x.ndim == 4
 
     def features(self, idx: np.ndarray) -> np.ndarray:
-        """Samples ``idx`` as float32, images normalised like PFLlib to [-1, 1]."""
+        """Samples ``idx``: images as float32 normalised like PFLlib to [-1, 1], token ids
+        (integer arrays without ``pixel_max``) unchanged, other features as float32."""
         x = self.x[idx]
         if self.pixel_max is None:
+            if np.issubdtype(x.dtype, np.integer):
+                return x.astype(np.int64, copy=False)
             return x.astype(np.float32, copy=False)
         # ToTensor (divide by full scale) then Normalize(mean=0.5, std=0.5).
         return (x.astype(np.float32) / np.float32(self.pixel_max) - np.float32(0.5)) / np.float32(0.5)
@@ -68,7 +87,8 @@ def idx_loader(name: str, files: Sequence[download.RemoteFile], mirrors: Sequenc
         x_train, y_train = readers.read_idx_pair(paths[0], paths[1], len(class_names))
         x_test, y_test = readers.read_idx_pair(paths[2], paths[3], len(class_names))
         x = np.concatenate([x_train, x_test])[:, None, :, :]
-        return RawDataset(x, np.concatenate([y_train, y_test]), len(class_names), class_names)
+        return RawDataset(x, np.concatenate([y_train, y_test]), len(class_names), class_names,
+                          num_train=len(y_train))
     return load
 
 
@@ -86,7 +106,8 @@ def load_cifar10(raw_dir: Path | None, download_dir: Path) -> RawDataset:
         x, y = readers.read_cifar10_tar(archive)
     else:
         x, y = readers.read_cifar10(raw_dir)
-    return RawDataset(x, y, 10, list(readers.CIFAR10_CLASSES))
+    # Both readers return the five training batches (50,000 images) before the test batch.
+    return RawDataset(x, y, 10, list(readers.CIFAR10_CLASSES), num_train=len(y) * 5 // 6)
 
 
 def load_digits(raw_dir: Path | None, download_dir: Path) -> RawDataset:

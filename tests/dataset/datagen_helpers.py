@@ -142,3 +142,243 @@ def all_labels(out: Path) -> np.ndarray:
     config = read_config(out)
     return np.concatenate([load_client(out, part, c)[1] for c in range(config["num_clients"])
                            for part in ("train", "test")])
+
+
+def tar_folder(folder: Path, archive: Path, arcname: str) -> Path:
+    """Pack ``folder`` as ``arcname/`` into a gzip tarball."""
+    import tarfile
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname=arcname)
+    return archive
+
+
+def make_cifar100_py(folder: Path, n_train: int = 30, n_test: int = 10,
+                     seed: int = 0) -> tuple[dict[str, str], np.ndarray, np.ndarray]:
+    """cifar-100-python style pickles (bytes keys); returns MD5s, images and fine labels."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    xs, ys, table = [], [], {}
+    for name, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(0, 256, (n, 3072), dtype=np.uint8)
+        y = (np.arange(n) * 7 + len(ys)) % 100
+        batch = {b"filenames": [b"a.png"] * n, b"batch_label": name.encode(),
+                 b"fine_labels": y.tolist(), b"coarse_labels": (y // 5).tolist(), b"data": x}
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=3))
+        xs.append(x.reshape(n, 3, 32, 32))
+        ys.append(y)
+    meta = {b"fine_label_names": [f"class{k}".encode() for k in range(100)],
+            b"coarse_label_names": [f"super{k}".encode() for k in range(20)]}
+    (folder / "meta").write_bytes(pickle.dumps(meta, protocol=3))
+    for name in ("train", "test", "meta"):
+        table[name] = md5(folder / name)
+    return table, np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+
+
+def make_cifar100_bin(folder: Path, n_train: int = 30, n_test: int = 10,
+                      seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """cifar-100-binary style files: coarse byte, fine byte, 3,072 pixels per record."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    xs, ys = [], []
+    for name, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(0, 256, (n, 3, 32, 32), dtype=np.uint8)
+        y = (np.arange(n) * 3 + n) % 100
+        records = np.concatenate([(y // 5).astype(np.uint8)[:, None], y.astype(np.uint8)[:, None],
+                                  x.reshape(n, -1)], axis=1)
+        (folder / f"{name}.bin").write_bytes(records.tobytes())
+        xs.append(x)
+        ys.append(y)
+    (folder / "fine_label_names.txt").write_text("\n".join(f"c{k}" for k in range(100)) + "\n")
+    return np.concatenate(xs), np.concatenate(ys).astype(np.int64)
+
+
+def make_emnist_zip(archive: Path, split: str = "digits", n_train: int = 40, n_test: int = 20,
+                    num_classes: int = 10, label_offset: int = 0,
+                    seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """NIST's gzip.zip layout: gzip/emnist-<split>-...-ubyte.gz members."""
+    import zipfile
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n_train + n_test, 28, 28), dtype=np.uint8)
+    labels = (np.arange(n_train + n_test) % num_classes + label_offset).astype(np.uint8)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        for part, sl in (("train", slice(0, n_train)), ("test", slice(n_train, None))):
+            zf.writestr(f"gzip/emnist-{split}-{part}-images-idx3-ubyte.gz",
+                        gzip.compress(idx_bytes(images[sl]), mtime=0))
+            zf.writestr(f"gzip/emnist-{split}-{part}-labels-idx1-ubyte.gz",
+                        gzip.compress(idx_bytes(labels[sl]), mtime=0))
+    return images, labels.astype(np.int64) - label_offset
+
+
+HAR_SIGNALS = [f"{kind}_{axis}" for kind in ("body_acc", "body_gyro", "total_acc") for axis in "xyz"]
+
+
+def make_har_zip(archive: Path, n_train: int = 24, n_test: int = 12, seed: int = 0,
+                 wrap: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """UCI HAR's zip layout ('UCI HAR Dataset/<split>/Inertial Signals/*.txt', y_*, subject_*).
+
+    Returns windows [N, 9, 1, 128], labels 0..5 and subjects 1..30 (train then test).
+    Training windows come from subjects 1-4, test windows from 5-6, as UCI splits by subject.
+    """
+    import io
+    import zipfile
+    rng = np.random.default_rng(seed)
+    xs, ys, subjects = [], [], []
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as zf:
+        for split, n, people in (("train", n_train, [1, 2, 3, 4]), ("test", n_test, [5, 6])):
+            # Multiples of 1/1024 print exactly in decimal, so parsing gives these floats back.
+            x = (rng.integers(-4096, 4096, (n, 9, 128)) / 1024).astype(np.float32)
+            y = np.arange(n) % 6 + 1
+            s = np.array(people)[np.arange(n) % len(people)]
+            root = f"UCI HAR Dataset/{split}"
+            for i, name in enumerate(HAR_SIGNALS):
+                text = "\n".join("  " + " ".join(f"{v:.10e}" for v in row) for row in x[:, i])
+                zf.writestr(f"{root}/Inertial Signals/{name}_{split}.txt", text + "\n")
+            zf.writestr(f"{root}/y_{split}.txt", "\n".join(map(str, y)) + "\n")
+            zf.writestr(f"{root}/subject_{split}.txt", "\n".join(map(str, s)) + "\n")
+            xs.append(x[:, :, None, :])
+            ys.append(y - 1)
+            subjects.append(s)
+        zf.writestr("UCI HAR Dataset/activity_labels.txt", "1 WALKING\n")
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    if wrap:
+        with zipfile.ZipFile(archive, "w") as outer:
+            outer.writestr("UCI HAR Dataset.zip", buffer.getvalue())
+    else:
+        archive.write_bytes(buffer.getvalue())
+    return np.concatenate(xs), np.concatenate(ys), np.concatenate(subjects)
+
+
+def write_leaf_json(folder: Path, users: dict[str, tuple[list, list]], parts: int = 2) -> None:
+    """LEAF's layout: train/ and test/ JSON files; each user's samples split between them."""
+    for sub in ("train", "test"):
+        (folder / sub).mkdir(parents=True, exist_ok=True)
+    names = sorted(users)
+    for sub, pick in (("train", slice(None, None, 2)), ("test", slice(1, None, 2))):
+        for chunk in range(parts):
+            mine = names[chunk::parts]
+            blob = {"users": mine, "num_samples": [len(users[u][1][pick]) for u in mine],
+                    "user_data": {u: {"x": users[u][0][pick], "y": users[u][1][pick]}
+                                  for u in mine}}
+            (folder / sub / f"all_data_{chunk}_niid_0_keep_0_{sub}_9.json").write_text(json.dumps(blob))
+
+
+def make_femnist_users(num_users: int = 5, seed: int = 0) -> dict[str, tuple[list, list]]:
+    """Writers with 4..(3 + num_users) images each; pixels in [0, 1] on a 1/255 grid."""
+    rng = np.random.default_rng(seed)
+    users = {}
+    for u in range(num_users):
+        n = 4 + u
+        x = (rng.integers(0, 256, (n, 784)) / 255.0).round(6).tolist()
+        y = rng.integers(0, 62, n).tolist()
+        users[f"f{u:04d}_{u}"] = (x, y)
+    return users
+
+
+def make_ag_news_csv(folder: Path, n_train: int = 40, n_test: int = 12,
+                     num_classes: int = 4) -> tuple[list[str], np.ndarray]:
+    """train.csv and test.csv rows '"class","title","description"' (classes from 1)."""
+    import csv
+    folder.mkdir(parents=True, exist_ok=True)
+    words = {0: "election minister war", 1: "match goal team", 2: "stocks profit market",
+             3: "software chip internet", 4: "car engine road"}
+    texts, labels = [], []
+    for name, n in (("train.csv", n_train), ("test.csv", n_test)):
+        with open(folder / name, "w", newline="") as fh:
+            writer = csv.writer(fh, quoting=csv.QUOTE_ALL)
+            for i in range(n):
+                k = i % num_classes
+                title, body = f"Headline {i}", f"The {words[k]} story, number {i}."
+                writer.writerow([k + 1, title, body])
+                texts.append(f"{title} {body}")
+                labels.append(k)
+    return texts, np.array(labels)
+
+
+def make_digit5(folder: Path, n: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
+    """KD3A's DigitFive MAT files with ``n`` train and ``n`` test images per domain.
+
+    Returns each domain's labels (train then test) as the generator should read them.
+    """
+    from scipy.io import savemat
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    labels = {}
+
+    def digits():
+        return rng.integers(0, 10, n)
+
+    def onehot(y):
+        return np.eye(10, dtype=np.uint8)[y]
+    a, b = digits(), digits()
+    savemat(folder / "mnist_data.mat", {
+        "train_32": rng.integers(0, 256, (n, 32, 32), dtype=np.uint8), "label_train": onehot(a),
+        "test_32": rng.integers(0, 256, (n, 32, 32), dtype=np.uint8), "label_test": onehot(b)})
+    labels["mnist"] = np.concatenate([a, b])
+    a, b = digits(), digits()
+    savemat(folder / "mnistm_with_label.mat", {
+        "train": rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8), "label_train": onehot(a),
+        "test": rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8), "label_test": onehot(b)})
+    labels["mnistm"] = np.concatenate([a, b])
+    svhn = []
+    for name in ("svhn_train_32x32.mat", "svhn_test_32x32.mat"):
+        y = digits()
+        savemat(folder / name, {"X": rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8),
+                                "y": np.where(y == 0, 10, y)[:, None].astype(np.uint8)})
+        svhn.append(y)
+    labels["svhn"] = np.concatenate(svhn)
+    a, b = digits(), digits()
+    savemat(folder / "syn_number.mat", {
+        "train_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "train_label": a[:, None],
+        "test_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "test_label": b[:, None]})
+    labels["syn"] = np.concatenate([a, b])
+    a, b = digits(), digits()
+    cells = np.empty((2, 2), dtype=object)
+    cells[0, 0] = rng.random((n, 1, 28, 28)).astype(np.float32)
+    cells[0, 1] = a[:, None]
+    cells[1, 0] = rng.random((n, 1, 28, 28)).astype(np.float32)
+    cells[1, 1] = b[:, None]
+    savemat(folder / "usps_28x28.mat", {"dataset": cells})
+    labels["usps"] = np.concatenate([a, b])
+    return labels
+
+
+def image_bytes(value: int, size: tuple[int, int] = (12, 10), fmt: str = "PNG",
+                grey: bool = False) -> bytes:
+    """A flat image of one colour (value, 255 - value, value // 2) in format ``fmt``."""
+    import io as _io
+    from PIL import Image
+    mode, colour = ("L", value) if grey else ("RGB", (value, 255 - value, value // 2))
+    buffer = _io.BytesIO()
+    Image.new(mode, size, colour).save(buffer, format=fmt)
+    return buffer.getvalue()
+
+
+def write_zip(archive: Path, members: dict[str, bytes]) -> Path:
+    import zipfile
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(archive, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return archive
+
+
+def write_tgz(archive: Path, members: dict[str, bytes]) -> Path:
+    import io as _io
+    import tarfile
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, _io.BytesIO(data))
+    return archive
+
+
+def write_tree(folder: Path, members: dict[str, bytes]) -> Path:
+    for name, data in members.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder

@@ -167,9 +167,17 @@ def test_impossible_settings_raise_value_error(labels, kwargs, match):
 def test_dir_gives_up_with_a_clear_error():
     y = np.repeat(np.arange(10), 10)
     with pytest.raises(ValueError, match="raise --alpha"):
-        P.dirichlet(y, 10, 10, 0.01, np.random.default_rng(0), least=10, max_tries=5)
+        P.dirichlet(y, 10, 10, 0.01, np.random.default_rng(0), least=10, max_tries=5,
+                    fallback="error")
 
 
 def test_labels_outside_range_rejected():
     with pytest.raises(ValueError, match="labels must lie"):
         P.iid(np.array([0, 1, 12]), 2, 10, np.random.default_rng(0))
+
+
+def test_dir_repair_fallback_reaches_the_minimum_where_redraws_fail():
+    y = np.repeat(np.arange(10), 10)
+    parts = P.dirichlet(y, 10, 10, 0.01, np.random.default_rng(0), least=10, max_tries=5)
+    assert [len(p) for p in parts] == [10] * 10
+    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(100))

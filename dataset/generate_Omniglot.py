@@ -1,0 +1,17 @@
+"""Generate federated Omniglot (1,623 characters; natural clients: the 50 alphabets).
+
+Run from ``dataset/``: ``python generate_Omniglot.py --num-clients 20``; images are resized to
+``--image-size`` and read from the archives without extracting them. Sources, splits
+and checksums: utils/image_datasets.py. Offline: ``--raw-dir``.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+
+from utils.image_datasets import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main("Omniglot", HERE))

@@ -1,0 +1,20 @@
+"""Generate federated Shakespeare (LEAF's next-character task): one client per speaking role.
+
+Run from ``dataset/``: ``python generate_Shakespeare.py --raw-dir LEAF/data/shakespeare/data``.
+Inputs are 80 character ids, the label is the next character's id (LEAF's 80-letter
+alphabet); all roles are kept unless ``--num-clients N`` keeps the N largest.
+"""
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+
+from utils.dataset_utils import main  # noqa: E402
+from utils.leaf import LEAF_RAW_HELP, SHAKESPEARE_LETTERS, load_shakespeare  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main(None, "Shakespeare", load_shakespeare, HERE, num_classes=len(SHAKESPEARE_LETTERS),
+                  natural=True, default_num_clients=None,
+                  raw_dir_help=LEAF_RAW_HELP.format(name="Shakespeare")))
