@@ -5,7 +5,9 @@
 Attn. 0.1 / Attn. 0.5 (attention, constant fraction), Dyn. FedAvg (growing fraction, uniform
 sampling) and AdaFL (both). For each: best accuracy, mean of the last N evaluations, and the
 round, model uploads (the paper's cost unit Σ m_r) and MB uploaded until the target accuracy is
-first reached. The table goes to ``experiments/out/adafl_mnist.md``.
+first reached, each as mean ± std over ``--times`` repeats (default 3, seeds seed..seed+2; a
+"(2/3)" after a number means only 2 of the 3 runs reached the target). The table goes to
+``experiments/out/adafl_mnist.md``.
 
 Differences from the paper, all on purpose:
 
@@ -37,8 +39,8 @@ import h5py
 import numpy as np
 import torch
 
-from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, run_variant,
-                    write_table)
+from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std,
+                    run_variant, write_table)
 from flcore.registry import load_all  # importable once common has put system/ on the path
 
 # (label, -algo, extra flags); the AdaFL schedule flags are appended in run_and_summarise.
@@ -74,7 +76,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--frac_step", type=int, default=None,
                         help="AdaFL fraction step s in rounds (default rounds // 5; the paper's 200 is for ~1000+ rounds)")
     add_training_flags(parser, lr=0.01, lr_help="client learning rate", batch_size=10)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (1 is fastest for this tiny model on a shared machine)")
     add_only_and_data_flags(parser, "labels to run (default: all)")
@@ -94,16 +95,9 @@ def ensure_data(args: argparse.Namespace) -> Path:
     return folder
 
 
-def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
-                      rounds: int, step: int, avg_last: int) -> dict[str, object] | str:
-    """One run through ``main.main``; its summary, or a note saying why there is none."""
-    extra = ["--avg_last", str(avg_last), "--target_acc", str(args.target)]
-    if algo == "AdaFL":
-        extra += ["--adafl_frac_step", str(step)]
-    run = run_variant("adafl_mnist", label, algo, flags, data, args, "MLP", rounds, extra, quiet=True)
-    if isinstance(run, str):
-        return run
-    (path,) = run.paths
+def run_numbers(path: Path) -> dict[str, float | None]:
+    """One run's best and tail-mean accuracy, its cost to the target (None when never reached) and
+    its total uploads."""
     with h5py.File(path) as f:
         attrs = dict(f.attrs)
         uploads = int(f["rs_clients_per_round"][()].sum())
@@ -114,19 +108,39 @@ def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args:
         "uploads": None if reached is None else float(attrs["uploads_to_target"]),
         "mb": None if reached is None else float(attrs["bytes_up_to_target"]) / 1e6,
         "total_uploads": uploads, "total_mb": float(attrs["total_bytes_up"]) / 1e6,
-        "time": run.seconds(),
     }
 
 
-def format_row(label: str, flags: list[str], outcome: dict[str, object] | str) -> str:
+def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
+                      rounds: int, step: int, avg_last: int) -> dict[str, str] | str:
+    """The ``--times`` runs through ``main.main``; each number as mean ± std over them, or a note
+    saying why there is none."""
+    extra = ["--avg_last", str(avg_last), "--target_acc", str(args.target)]
+    if algo == "AdaFL":
+        extra += ["--adafl_frac_step", str(step)]
+    run = run_variant("adafl_mnist", label, algo, flags, data, args, "MLP", rounds, extra, quiet=True)
+    if isinstance(run, str):
+        return run
+    numbers = [run_numbers(path) for path in run.paths]
+
+    def column(key: str, scale: float, digits: int) -> str:
+        return mean_std([n[key] for n in numbers], scale=scale, digits=digits)
+
+    return {
+        "best": column("best", 100, 2), "avg": column("avg", 100, 2), "rounds": column("rounds", 1, 1),
+        "uploads": column("uploads", 1, 0), "mb": column("mb", 1, 1),
+        # The schedule fixes how many clients upload: the same in every run, so no ± here.
+        "total": f"{np.mean([n['total_uploads'] for n in numbers]):.0f} "
+                 f"({np.mean([n['total_mb'] for n in numbers]):.1f} MB)",
+        "time": f"{run.seconds():.0f}",
+    }
+
+
+def format_row(label: str, flags: list[str], outcome: dict[str, str] | str) -> str:
     if isinstance(outcome, str):
         return f"| {label} | {' '.join(flags)} | {outcome} | | | | | | |"
-    if outcome["rounds"] is None:
-        target = "not reached | – | –"
-    else:
-        target = f"{outcome['rounds']} | {outcome['uploads']:.0f} | {outcome['mb']:.1f}"
-    return (f"| {label} | {' '.join(flags)} | {100 * outcome['best']:.2f} | {100 * outcome['avg']:.2f} | {target} | "
-            f"{outcome['total_uploads']} ({outcome['total_mb']:.1f} MB) | {outcome['time']:.0f} |")
+    return (f"| {label} | {' '.join(flags)} | {outcome['best']} | {outcome['avg']} | {outcome['rounds']} | "
+            f"{outcome['uploads']} | {outcome['mb']} | {outcome['total']} | {outcome['time']} |")
 
 
 def main_script() -> None:
@@ -145,15 +159,16 @@ def main_script() -> None:
         f"# AdaFL ablation on MNIST ({data.name}): 100 clients, shard partition, MLP (2x200)",
         "",
         f"{rounds} rounds{' (quick: 50 training samples per client)' if args.quick else ''}, E={args.local_epochs}, "
-        f"B={args.batch_size}, lr={args.lr}, plain SGD, seed {args.seed}. Target accuracy {args.target:.2f}; "
-        f"average = mean of the last {avg_last} evaluations.",
+        f"B={args.batch_size}, lr={args.lr}, plain SGD, {args.times} runs (seeds {args.seed}.."
+        f"{args.seed + args.times - 1}): mean ± population std over the runs; '(k/{args.times})' = only k runs "
+        f"reached the target. Target accuracy {args.target:.2f}; average = mean of the last {avg_last} evaluations.",
         "",
         f"Dynamic fraction (Dyn. FedAvg, AdaFL): step s = {step} rounds (paper: 200; scaled to this run), "
         f"fractions {fractions} (0-indexed rounds). AdaFL: β = 0.5, mass-preserving update, distance to the "
         "new global model, draws without replacement.",
         "",
         "| method | flags | best % | avg last N % | rounds to target | uploads to target | MB to target | "
-        "total uploads | time (s) |",
+        "total uploads | time, all runs (s) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for label, algo, flags in chosen:

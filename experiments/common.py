@@ -1,5 +1,6 @@
 """What the experiment scripts share: the import path of the simulator, where outputs go, generating
-a partition with a ``dataset/generate_*.py`` script, and one table row's run through ``main.main``."""
+a partition with a ``dataset/generate_*.py`` script, one table row's repeated runs through
+``main.main`` and the mean ± std of a number over those repeats."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 from typing import NamedTuple, Sequence
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 # ``system/`` is the simulator's import root, as when PFLlib runs ``python main.py`` from there.
@@ -23,11 +26,15 @@ MNIST_RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
 
 
 def add_training_flags(parser: argparse.ArgumentParser, *, lr: float, lr_help: str, batch_size: int) -> None:
-    """--lr, --batch_size, --local_epochs and --device, which :func:`run_variant` hands to ``main``."""
+    """--lr, --batch_size, --local_epochs, --device, --seed and --times, which :func:`run_variant` hands
+    to ``main``."""
     parser.add_argument("--lr", type=float, default=lr, help=lr_help)
     parser.add_argument("--batch_size", type=int, default=batch_size, help="local batch size B")
     parser.add_argument("--local_epochs", type=int, default=1, help="local epochs E")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first repeat")
+    parser.add_argument("--times", type=int, default=3,
+                        help="repeats of every row, with seeds seed..seed+times-1 (-t); tables show mean ± std")
 
 
 def add_only_and_data_flags(parser: argparse.ArgumentParser, only_help: str) -> None:
@@ -57,7 +64,7 @@ class Run(NamedTuple):
 def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
                 model: str, rounds: int, extra: Sequence[str] = (), quiet: bool = False) -> Run | str:
     """One table row through ``main.main`` with the script's ``args`` (lr, batch size, epochs, device,
-    seed), ``extra`` main flags and the row's own ``flags``; its results go to a freshly emptied
+    seed, ``-t`` repeats), ``extra`` main flags and the row's own ``flags``; its results go to a freshly emptied
     ``out/results/<experiment>/<tag>``. Returns the run, or a note on why there are no results.
     ``quiet`` swallows what ``main`` prints, for scripts that print only their table."""
     if algo not in ALGORITHMS:
@@ -68,7 +75,7 @@ def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: 
         old.unlink()
     argv = ["-data", str(data), "-algo", algo, "-m", model, "-dev", args.device, "-gr", str(rounds),
             "-lr", str(args.lr), "-lbs", str(args.batch_size), "-ls", str(args.local_epochs),
-            "--seed", str(args.seed), "-go", tag, "--results_dir", str(results), "--save_model", "False",
+            "--seed", str(args.seed), "-t", str(args.times), "-go", tag, "--results_dir", str(results), "--save_model", "False",
             "--eval_auc", "False", "--eval_train_loss", "False", "--progress", "False", "-q", "True", *extra, *flags]
     started = time.perf_counter()
     try:
@@ -79,6 +86,17 @@ def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: 
     if code != 0:
         return f"failed: main.main exited with {code}"
     return Run(sorted(results.glob("*.h5")), started)
+
+
+def mean_std(values: Sequence[float | None], scale: float = 100.0, digits: int = 2) -> str:
+    """``mean ± std`` over the repeats (population std, as PFLlib's ``average_data``), scaled (100:
+    percent); repeats without a value (None or NaN: a target never reached) are left out and
+    counted, e.g. ``41.50 ± 3.50 (2/3)``; ``–`` when none has one."""
+    present = [float(v) for v in values if v is not None and np.isfinite(v)]
+    if not present:
+        return "–"
+    text = f"{scale * np.mean(present):.{digits}f} ± {scale * np.std(present):.{digits}f}"
+    return text if len(present) == len(values) else f"{text} ({len(present)}/{len(values)})"
 
 
 def write_table(name: str, lines: list[str]) -> None:

@@ -349,6 +349,10 @@ def generic_parser() -> argparse.ArgumentParser:
                   "their float values: a quarter of the memory, decoded per batch to the same floats")
     add_flag(o, "--eval_batch_size", type=int, default=128,
              help="batch size of evaluation passes (128: fastest measured for the CNNs with channels-last on a CPU)")
+    add_flag(o, "--eval_group", type=int, default=0,
+             help="personal models evaluated at once under torch.func.vmap (personalised algorithms): 0 = auto "
+                  "(one by one on a CPU, where that is fastest; on a GPU as many as fit a quarter of its free "
+                  "memory), 1 = one by one, N = N at a time; results differ only by float rounding")
     add_flag(o, "--conv_layout", type=str, default="auto", choices=["auto", "nchw", "channels_last"],
              help="memory layout of 2-d convolutions: auto (channels_last on the CPU, where oneDNN is 1.3-3x "
                   "faster with it, nchw on GPUs); results differ only by float rounding")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fltest import assert_same_training, build_server, make_args, random_dataset
+from fltest import ENGINE_EXTRA_FLAGS, assert_same_training, build_server, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 from flcore.registry import list_algorithms
 import flcore.state as state_module
@@ -13,7 +13,7 @@ from flcore.state import STATE_DTYPES, ClientStateStore, DiskStateStore, make_st
 from utils.mem_utils import OUT_OF_MEMORY
 from utils.errors import FLError
 
-EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"]}
+EXTRA_FLAGS = ENGINE_EXTRA_FLAGS
 
 
 def test_float16_storage_halves_memory_and_returns_float32():

@@ -33,18 +33,18 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task
+from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
 from utils.cli import hyperparameters
-from utils.data_utils import FederatedDataset, decode_inputs
+from utils.data_utils import FederatedDataset
 from utils.errors import FLError
-from utils.metrics import EvalResult, combine, micro_auc
+from utils.metrics import EvalResult
 from utils.result_utils import RunHistory
 from utils.seeding import numpy_rng
 
@@ -93,6 +93,7 @@ class Server:
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
         self.engine = ENGINES.get(args.engine)(self)
         self.history = RunHistory()
+        self.evaluator = Evaluator(self)
         self.setup()
 
     @classmethod
@@ -214,59 +215,10 @@ class Server:
         """(x, y, owner) of ``split`` over all clients (the dataset's merged tensors)."""
         return self.dataset.split(split)
 
-    @torch.no_grad()
-    def _forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the model ``params`` on ``x``, in large batches (eval mode)."""
-        self.model.load(params)
-        self.model.module.eval()
-        bs = int(self.args.eval_batch_size)
-        table = self.dataset.input_table  # uint8 input codes are decoded batch by batch
-        logits = torch.zeros(len(x), self.num_classes, dtype=self.model.params.dtype, device=self.device)
-        # Written into one tensor allocated up front: keeping a small output per batch alive between
-        # the batches' large activations fragmented glibc's heap, which then grew by up to 1.5 GB
-        # over one P1 evaluation (freed but never reused; measured with mallinfo2).
-        for i in range(0, len(x), bs):
-            logits[i : i + bs] = self.model.module(decode_inputs(x[i : i + bs], table))
-        return logits
-
     def evaluate_models(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
-        """Test accuracy/AUC on every client's test split and train loss on every train split.
-
-        Clients evaluated with the same tensor (the global model) are run in one pass over the
-        concatenated data; personalised models are evaluated client by client."""
-        n = len(self.clients)
-        correct, test_n, auc = np.zeros(n), np.zeros(n), np.full(n, np.nan)
-        loss_sum, train_n = 0.0, 0
-        groups: dict[int, tuple[torch.Tensor, list[int]]] = {}
-        for i in range(n):
-            params = params_for(i)
-            groups.setdefault(id(params), (params, []))[1].append(i)
-        for params, members in groups.values():
-            for split in ("test", "train"):
-                if split == "train" and not (train_loss and self.args.eval_train_loss):
-                    continue
-                if len(members) == n:
-                    x, y, owner = self._concatenated(split)
-                else:
-                    parts = [(getattr(self.clients[i].data, f"{split}_x"), getattr(self.clients[i].data, f"{split}_y"), i) for i in members]
-                    x = torch.cat([p[0] for p in parts])
-                    y = torch.cat([p[1] for p in parts])
-                    owner = torch.cat([torch.full((len(p[1]),), p[2], dtype=torch.long, device=y.device) for p in parts])
-                logits = self._forward(params, x)
-                if split == "train":
-                    loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-                    train_n += len(y)
-                    continue
-                hits = (logits.argmax(1) == y).double()
-                correct += torch.zeros(n, dtype=torch.float64, device=y.device).index_add_(0, owner, hits).cpu().numpy()
-                test_n += torch.bincount(owner, minlength=n).cpu().numpy()
-                if self.args.eval_auc:
-                    probs = logits.softmax(1).cpu()
-                    owner_cpu, y_cpu = owner.cpu(), y.cpu()
-                    for i in members:
-                        sel = owner_cpu == i
-                        auc[i] = micro_auc(probs[sel], y_cpu[sel], self.num_classes)
-        return combine(correct, test_n, auc, loss_sum, train_n)
+        """Test accuracy/AUC on every client's test split (with the model ``params_for(i)``) and
+        train loss on every train split; how the passes are grouped: ``flcore/evaluation.py``."""
+        return self.evaluator.evaluate(params_for, train_loss)
 
     def evaluate(self, rnd: int) -> EvalResult:
         """Evaluate and record one point of the curves (PFLlib's ``evaluate``)."""

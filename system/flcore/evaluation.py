@@ -1,0 +1,388 @@
+"""Evaluation of the model each client is evaluated with (``Server.evaluate_models``).
+
+PFLlib's metrics (see :mod:`utils.metrics`): per client the correct test predictions, the number
+of test samples and the micro-AUC of the softmax outputs; over all clients the summed train loss.
+The result equals evaluating every client's model on its own data one by one; this module only
+decides how many forward passes that takes.
+
+* **One model for many clients** (the global model, or a personalised algorithm's initial model
+  for clients not trained yet): ``params_for`` returns *the same tensor object* for them, and
+  they are evaluated in one pass over their concatenated data (the dataset's merged tensors
+  when it is every client), in batches of ``--eval_batch_size``.
+* **One model per client** (personalised algorithms): clients are evaluated in groups of
+  ``--eval_group`` clients. A group of one runs the working module client by client, each on
+  its own rows of the merged data; a larger group stacks the clients' flat vectors into one
+  ``[G, D]`` tensor and runs ``torch.func.vmap`` of ``functional_call`` over it, each client on
+  up to ``--eval_batch_size`` of its own rows per step. Float buffers (BatchNorm's running
+  statistics, used in eval mode) are part of each client's vector and are passed per client with
+  the parameters; dropout is off in eval mode. Clients are ordered by their number of rows, so
+  at each step the clients that still have rows are a prefix of the stack: no client is padded
+  beyond its own last, partial step.
+* **Group size.** ``--eval_group 0`` (auto) evaluates client by client on a CPU, where that is
+  fastest: a client's test and train rows go through its model in one pass, in batches of equal
+  size (225 rows: 113 + 112), so a personal model is loaded once and its batches are nearly
+  full. Measured on the project's 2-core EPYC (torch 2.13, Fashion-MNIST CNN, 100 clients with
+  50 train and ~175 test rows, 22,540 rows per evaluation, one thread, CPU seconds on a busy
+  machine): one model per client 7,020 rows per CPU second, one global model 5,770, the former
+  per-split, per-client passes 5,220. vmap does not pay off there: its batched convolution is a
+  grouped convolution without oneDNN's channels-last kernels (idle machine, two threads: 1,650
+  to 6,500 rows/s over groups of 4 to 25 clients, against 7,100 client by client). On a GPU,
+  where one client's batch leaves most of the device idle, auto takes as many clients as fit a
+  quarter of the memory still available, counting each client's stacked vector and its
+  activations (measured once, with forward hooks on one sample); this was not measured on a
+  GPU. When the device runs out of memory anyway, the group is halved and retried (one
+  warning). A model whose forward fails under vmap is evaluated client by client, with one
+  notice.
+* **Memory.** Models are fetched from ``params_for`` as the clients are walked, so at most
+  ``G + 1`` personal vectors are alive at a time (with ``--state_device disk`` the others stay in
+  their files); a tensor is recognised as shared by identity (``is``), with weak references to
+  those already evaluated, so a shared tensor first seen alone costs one extra small pass, never
+  a wrong result.
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+from flcore.trainmodel.layout import plain_convolutions
+from utils.data_utils import decode_inputs
+from utils.errors import FLError
+from utils.mem_utils import OUT_OF_MEMORY, device_room
+from utils.metrics import EvalResult, combine, micro_auc
+
+if TYPE_CHECKING:
+    from flcore.servers.serverbase import Server
+
+log = logging.getLogger("fl")
+
+#: share of a GPU's available memory that auto-sized vmap groups may take
+GPU_MEMORY_SHARE = 0.25
+#: activations counted per sample are the sum of every leaf module's output, times this margin
+#: (vmap's batched convolution copies its input and output to and from a grouped layout)
+ACTIVATION_MARGIN = 2.0
+
+
+@dataclass
+class _Totals:
+    """PFLlib's per-client sums, filled pass by pass."""
+
+    correct: np.ndarray
+    test_n: np.ndarray
+    auc: np.ndarray
+    loss_sum: float = 0.0
+    train_n: int = 0
+
+    @classmethod
+    def empty(cls, n: int) -> "_Totals":
+        return cls(np.zeros(n), np.zeros(n), np.full(n, np.nan))
+
+
+@dataclass
+class _Rows:
+    """Rows of one split for a list of clients: client ``clients[k]`` owns ``lens[k]`` rows
+    starting at row ``starts[k]`` of the split's merged tensors."""
+
+    clients: list[int]
+    starts: list[int]
+    lens: list[int]
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.total = int(sum(self.lens))
+
+
+class Evaluator:
+    """Evaluates ``params_for(i)`` on client ``i``'s data for every client (one per server)."""
+
+    def __init__(self, server: "Server"):
+        args = server.args
+        self.server = server
+        self.batch_size = int(args.eval_batch_size)
+        if self.batch_size < 1:
+            raise FLError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
+        self.requested_group = int(args.eval_group)
+        if self.requested_group < 0:
+            raise FLError(f"--eval_group must be >= 0 (0 = auto), got {args.eval_group}")
+        self._auto_group: int | None = None  # measured on first use (a GPU only)
+        self._vmap_ok = True  # False once a forward failed under vmap
+        self._bounds: dict[str, list[tuple[int, int]]] = {}
+
+    # ------------------------------------------------------------ public
+    def evaluate(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
+        """Test accuracy/AUC on every client's test split and train loss on every train split."""
+        server = self.server
+        n = len(server.clients)
+        splits = ("test", "train") if train_loss and server.args.eval_train_loss else ("test",)
+        totals = _Totals.empty(n)
+        group = self.group_size(n)
+        shared: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (tensor, clients)
+        pending: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (personal tensor, client), in order
+        seen: dict[int, weakref.ref] = {}  # id -> tensors already evaluated for one client
+        for i in range(n):
+            params = params_for(i)
+            key = id(params)
+            if key in shared:  # held alive in ``shared``, so the id is this very tensor
+                shared[key][1].append(i)
+                continue
+            if key in pending:
+                first = pending.pop(key)[1]
+                shared[key] = (params, [first, i])
+                continue
+            earlier = seen.get(key)
+            if earlier is not None and earlier() is params:
+                shared[key] = (params, [i])
+                continue
+            pending[key] = (params, i)
+            # Keep one more than a group, so that a tensor the next client shares is not yet gone.
+            if len(pending) > group:
+                self._flush(pending, group, seen, splits, totals)
+        while pending:
+            self._flush(pending, group, seen, splits, totals)
+        for params, clients in shared.values():
+            self._evaluate_shared(params, sorted(clients), splits, totals)
+        return combine(totals.correct, totals.test_n, totals.auc, totals.loss_sum, totals.train_n)
+
+    def group_size(self, n: int) -> int:
+        """Personal models evaluated at once: ``--eval_group``, or auto (see the module docstring)."""
+        if self.requested_group > 0:
+            return max(1, min(self.requested_group, n))
+        if self.server.device.type != "cuda":
+            return 1
+        if self._auto_group is None:
+            self._auto_group = self._group_for_memory()
+        return max(1, min(self._auto_group, n))
+
+    # ------------------------------------------------------------ passes
+    def _flush(self, pending: dict, group: int, seen: dict, splits: tuple[str, ...], totals: _Totals) -> None:
+        """Evaluate the oldest ``group`` pending personal models and forget them."""
+        keys = list(pending)[:group]
+        batch = [pending.pop(k) for k in keys]
+        for key, (params, _) in zip(keys, batch):
+            seen[key] = weakref.ref(params)
+        clients = [client for _, client in batch]
+        vectors = [params for params, _ in batch]
+        if len(batch) == 1 or not self._vmap_ok:
+            for client, params in zip(clients, vectors):
+                self._evaluate_one(params, client, splits, totals)
+            return
+        self._evaluate_stacked(clients, vectors, splits, totals)
+
+    def _evaluate_shared(self, params: torch.Tensor, clients: list[int], splits: tuple[str, ...], totals: _Totals) -> None:
+        """One model on the concatenated rows of ``clients`` (ascending), in the working module."""
+        for split in splits:
+            x, y, _ = self.server._concatenated(split)
+            rows = self._rows(split, clients)
+            if rows.total == len(y):  # every row: the merged tensors themselves, no copy
+                xs, ys = x, y
+            elif len(clients) == 1:
+                xs, ys = x[rows.starts[0] : rows.starts[0] + rows.total], y[rows.starts[0] : rows.starts[0] + rows.total]
+            else:
+                index = self._row_index(rows, y.device)
+                xs, ys = x[index], y[index]
+            logits = self._forward(params, xs)
+            self._accumulate(split, logits, ys, rows, totals)
+
+    def _evaluate_one(self, params: torch.Tensor, client: int, splits: tuple[str, ...], totals: _Totals) -> None:
+        """One client's own model on its test and train rows, in one pass: a personal model is
+        loaded once and its few rows make fewer, fuller batches than split by split."""
+        parts = []
+        for split in splits:
+            x, y, _ = self.server._concatenated(split)
+            rows = self._rows(split, [client])
+            start, stop = rows.starts[0], rows.starts[0] + rows.total
+            parts.append((split, rows, x[start:stop], y[start:stop]))
+        xs = parts[0][2] if len(parts) == 1 else torch.cat([part[2] for part in parts])
+        logits = self._forward(params, xs)
+        offset = 0
+        for split, rows, _, ys in parts:
+            self._accumulate(split, logits[offset : offset + rows.total], ys, rows, totals)
+            offset += rows.total
+
+    def _evaluate_stacked(self, clients: list[int], vectors: list[torch.Tensor], splits: tuple[str, ...], totals: _Totals) -> None:
+        """Several personal models at once under vmap; halves the group when memory runs out.
+
+        All logits are computed before any metric is added, so a retry never counts a client twice."""
+        try:
+            stacked = torch.stack([v.to(self.server.device, self._dtype) for v in vectors])
+            passes = [(split, self._rows(split, clients)) for split in splits]
+            logits = [self._forward_stacked(stacked, split, rows) for split, rows in passes]
+        except OUT_OF_MEMORY:
+            if len(clients) == 1:
+                raise
+            half = len(clients) // 2
+            log.warning("evaluation: out of memory with %d models at once; trying %d", len(clients), half)
+            if self.requested_group == 0 and self._auto_group is not None:
+                self._auto_group = min(self._auto_group, half)
+            self._evaluate_stacked(clients[:half], vectors[:half], splits, totals)
+            self._evaluate_stacked(clients[half:], vectors[half:], splits, totals)
+            return
+        except _VmapUnsupported:
+            for client, params in zip(clients, vectors):
+                self._evaluate_one(params, client, splits, totals)
+            return
+        for (split, rows), split_logits in zip(passes, logits):
+            y = self.server._concatenated(split)[1]
+            self._accumulate(split, split_logits, y[self._row_index(rows, y.device)], rows, totals)
+
+    # ------------------------------------------------------------ forward passes
+    @property
+    def _dtype(self) -> torch.dtype:
+        return self.server.model.vector.dtype
+
+    @torch.no_grad()  # only the passes: ``params_for`` may train (PerAvg adapts with a gradient step)
+    def _forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the model ``params`` on ``x`` in batches (eval mode), in the working module."""
+        server = self.server
+        server.model.load(params)
+        server.model.module.eval()
+        bs = self.balanced_batch(len(x))
+        table = server.dataset.input_table  # uint8 input codes are decoded batch by batch
+        logits = torch.zeros(len(x), server.num_classes, dtype=self._dtype, device=server.device)
+        # Written into one tensor allocated up front: keeping a small output per batch alive between
+        # the batches' large activations fragmented glibc's heap, which then grew by up to 1.5 GB
+        # over one P1 evaluation (freed but never reused; measured with mallinfo2).
+        for i in range(0, len(x), bs):
+            logits[i : i + bs] = server.model.module(decode_inputs(x[i : i + bs], table))
+        return logits
+
+    def balanced_batch(self, rows: int) -> int:
+        """The batch size that covers ``rows`` in as many batches as ``--eval_batch_size`` does,
+        with sizes as equal as possible (225 rows: 113 + 112, not 128 + 97)."""
+        if rows <= 0:
+            return self.batch_size
+        batches = -(-rows // self.batch_size)
+        return -(-rows // batches)
+
+    @torch.no_grad()
+    def _forward_stacked(self, stacked: torch.Tensor, split: str, rows: _Rows) -> torch.Tensor:
+        """Logits of model ``stacked[k]`` on client ``rows.clients[k]``'s rows, concatenated in
+        client order. Step ``s`` runs rows ``s*B .. s*B+B-1`` of every client that still has some."""
+        server = self.server
+        device = server.device
+        x, _, _ = server._concatenated(split)
+        table = server.dataset.input_table
+        lens = torch.tensor(rows.lens, dtype=torch.long, device=device)
+        starts = torch.tensor(rows.starts, dtype=torch.long, device=device)
+        order = torch.argsort(lens, descending=True, stable=True)  # active clients form a prefix
+        lens, starts, stacked = lens[order], starts[order], stacked[order.to(stacked.device)]
+        out_start = torch.tensor([0, *np.cumsum(rows.lens)[:-1].tolist()], dtype=torch.long, device=device)[order]
+        logits = torch.zeros(rows.total, server.num_classes, dtype=self._dtype, device=device)
+        module = server.model.module
+        module.eval()
+        bs = self.batch_size
+        longest = int(lens[0]) if len(rows.lens) else 0
+        sorted_lens = lens.tolist()
+
+        def one_model(named: dict[str, torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+            return functional_call(module, named, (xb,))
+
+        for step in range(0, longest, bs):
+            active = sum(1 for length in sorted_lens if length > step)
+            pos = step + torch.arange(min(bs, longest - step), device=device)
+            valid = pos.unsqueeze(0) < lens[:active].unsqueeze(1)
+            # rows past a client's end repeat its last row (computed, then dropped)
+            src = starts[:active].unsqueeze(1) + torch.minimum(pos.unsqueeze(0), (lens[:active] - 1).unsqueeze(1))
+            xb = decode_inputs(x[src], table)
+            named = server.model.unflatten(stacked[:active], params_only=False)
+            try:
+                with plain_convolutions():
+                    out = vmap(one_model)(named, xb)
+            except OUT_OF_MEMORY:
+                raise
+            except (RuntimeError, NotImplementedError) as exc:
+                # a model vmap cannot run (an op without a batching rule): client by client from now on
+                self._vmap_ok = False
+                log.info("evaluation: the model cannot run under torch.func.vmap (%s); evaluating client by client",
+                         str(exc).splitlines()[0][:200])
+                raise _VmapUnsupported from exc
+            dest = out_start[:active].unsqueeze(1) + pos.unsqueeze(0)
+            logits[dest[valid]] = out[valid].to(self._dtype)
+        return logits
+
+    # ------------------------------------------------------------ bookkeeping
+    def _rows(self, split: str, clients: list[int]) -> _Rows:
+        if split not in self._bounds:  # (start, stop) row of every client, from the dataset's offsets
+            offsets = self.server.dataset.offsets(split)
+            stops = [*offsets[1:], len(self.server._concatenated(split)[1])]
+            self._bounds[split] = list(zip(offsets, stops))
+        bounds = self._bounds[split]
+        return _Rows(clients, [bounds[c][0] for c in clients], [bounds[c][1] - bounds[c][0] for c in clients])
+
+    @staticmethod
+    def _row_index(rows: _Rows, device: torch.device) -> torch.Tensor:
+        """Row numbers of ``rows`` in client order (one index tensor for one gather)."""
+        lens = torch.tensor(rows.lens, dtype=torch.long)
+        starts = torch.tensor(rows.starts, dtype=torch.long)
+        first_out = torch.cumsum(lens, 0) - lens
+        within = torch.arange(rows.total) - torch.repeat_interleave(first_out, lens)
+        return (torch.repeat_interleave(starts, lens) + within).to(device)
+
+    def _accumulate(self, split: str, logits: torch.Tensor, y: torch.Tensor, rows: _Rows, totals: _Totals) -> None:
+        """Add the metrics of ``logits`` (rows of ``rows.clients`` in order, labels ``y``)."""
+        if split == "train":
+            totals.loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            totals.train_n += len(y)
+            return
+        hits = (logits.argmax(1) == y).double()
+        lens = torch.tensor(rows.lens, dtype=torch.long, device=y.device)
+        block = torch.repeat_interleave(torch.arange(len(rows.clients), device=y.device), lens)
+        per_client = torch.zeros(len(rows.clients), dtype=torch.float64, device=y.device).index_add_(0, block, hits)
+        totals.correct[rows.clients] += per_client.cpu().numpy()
+        totals.test_n[rows.clients] += np.asarray(rows.lens, dtype=np.float64)
+        if self.server.args.eval_auc:
+            probs, labels = logits.softmax(1).cpu(), y.cpu()
+            start = 0
+            for client, length in zip(rows.clients, rows.lens):
+                totals.auc[client] = micro_auc(probs[start : start + length], labels[start : start + length],
+                                               self.server.num_classes)
+                start += length
+
+    # ------------------------------------------------------------ memory
+    def _group_for_memory(self) -> int:
+        """Clients whose stacked vectors and activations at one step fit the memory share."""
+        server = self.server
+        room = device_room(server.device)
+        if room is None:
+            return 1
+        per_client = server.model.vector.numel() * server.model.vector.element_size()
+        per_client += self.batch_size * self._activation_bytes_per_sample()
+        return max(1, int(room[0] * GPU_MEMORY_SHARE // max(per_client, 1)))
+
+    @torch.no_grad()
+    def _activation_bytes_per_sample(self) -> int:
+        """Bytes of every leaf module's output for one sample (eval mode), with a margin."""
+        server = self.server
+        for split in ("test", "train"):
+            x, _, _ = server._concatenated(split)
+            if len(x):
+                break
+        else:
+            return 0
+        sample = decode_inputs(x[:1], server.dataset.input_table)
+        total = [sample.numel() * sample.element_size()]
+
+        def count(_module, _inputs, output) -> None:
+            if isinstance(output, torch.Tensor):
+                total[0] += output.numel() * output.element_size()
+
+        module = server.model.module
+        module.eval()
+        leaves = [m for m in module.modules() if not list(m.children())]
+        handles = [m.register_forward_hook(count) for m in leaves]
+        try:
+            module(sample)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return int(total[0] * ACTIVATION_MARGIN)
+
+
+class _VmapUnsupported(Exception):
+    """Raised inside a vmap group when the model cannot run under vmap (handled by the caller)."""

@@ -1,0 +1,257 @@
+"""Evaluation of one model per client (flcore/evaluation.py) against a one-by-one reference.
+
+The reference evaluates each client's flat vector in its own, separately built module (parameters
+and BatchNorm statistics copied in), on all of the client's rows at once, with sklearn's AUC:
+nothing of the code under test. Every grouping (client by client, vmap groups of several sizes,
+shared tensors, halving after running out of memory, the fallback for models vmap cannot run)
+must give the reference's numbers up to float rounding."""
+from __future__ import annotations
+
+import logging
+import weakref
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+from torch import nn
+
+import main
+from flcore import evaluation
+from fltest import TinyLinear, build_server, dataset_from_arrays, make_args, notices, one_thread  # noqa: F401
+from toydata import make_dataset
+from utils.mem_utils import OUT_OF_MEMORY
+
+NUM_CLASSES = 4
+SHAPE = (1, 8, 8)
+#: (train, test) rows per client: ragged, with a client without test rows and one without train rows
+SIZES = [(7, 9), (3, 1), (12, 14), (0, 5), (5, 0), (9, 6), (4, 11)]
+
+
+def ragged_images(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    clients = []
+    for n_train, n_test in SIZES:
+        clients.append((torch.randn(n_train, *SHAPE, generator=g), torch.randint(0, NUM_CLASSES, (n_train,), generator=g),
+                        torch.randn(n_test, *SHAPE, generator=g), torch.randint(0, NUM_CLASSES, (n_test,), generator=g)))
+    return dataset_from_arrays(clients, NUM_CLASSES)
+
+
+class SmallBNNet(nn.Module):
+    """Convolution, BatchNorm (float buffers in the flat vector), dropout (off in eval mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 3, 3), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(), nn.Dropout(0.5),
+                                  nn.Linear(3 * 6 * 6, 8), nn.BatchNorm1d(8), nn.ReLU())
+        self.head = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class FlatLinear(nn.Module):
+    """No buffers: a linear classifier on the flattened image."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Flatten()
+        self.head = nn.Linear(int(np.prod(SHAPE)), NUM_CLASSES)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class ItemNet(FlatLinear):
+    """A forward vmap cannot run (``.item()`` of a batched tensor); the result is unchanged by it."""
+
+    def forward(self, x):
+        scale = float(x.new_ones(()).sum().item())
+        return self.head(self.body(x)) * scale
+
+
+MODELS = {"linear": FlatLinear, "batchnorm": SmallBNNet, "item": ItemNet}
+
+
+def make_server(model: str, *flags: str, **settings):
+    torch.manual_seed(0)
+    settings = {"eval_batch_size": 4, **settings}
+    return build_server(make_args("Local", *flags, **settings), ragged_images(), MODELS[model]())
+
+
+def personal_vectors(server, seed: int = 1) -> list[torch.Tensor]:
+    """A different vector per client, BatchNorm statistics included (variances kept positive)."""
+    g = torch.Generator().manual_seed(seed)
+    base = server.global_params
+    vectors = []
+    for _ in server.clients:
+        v = base + 0.3 * torch.randn(base.shape, generator=g)
+        for seg in server.model.segments:
+            if not seg.is_param:
+                values = torch.rand(seg.stop - seg.start, generator=g)
+                v[seg.start : seg.stop] = values + 0.5 if "running_var" in seg.name else values - 0.5
+        vectors.append(v)
+    return vectors
+
+
+def reference(server, vectors: list[torch.Tensor]):
+    """(client accuracies, sample-weighted accuracy, AUC, mean train loss), one client at a time."""
+    correct, test_n, auc, loss_sum, train_n = [], [], [], 0.0, 0
+    for client, vector in zip(server.clients, vectors):
+        torch.manual_seed(0)
+        module = type(server.model.module)()
+        for seg in server.model.segments:
+            target = module.get_parameter(seg.name) if seg.is_param else module.get_buffer(seg.name)
+            target.data.copy_(vector[seg.start : seg.stop].view(seg.shape))
+        module.eval()
+        with torch.no_grad():
+            data = client.data
+            if len(data.test_y):
+                logits = module(data.test_x)
+                correct.append(int((logits.argmax(1) == data.test_y).sum()))
+                onehot = np.eye(NUM_CLASSES)[data.test_y.numpy()]
+                auc.append(roc_auc_score(onehot.ravel(), logits.softmax(1).numpy().ravel()))
+            else:
+                correct.append(0)
+                auc.append(0.0)
+            test_n.append(len(data.test_y))
+            if len(data.train_y):
+                loss_sum += float(F.cross_entropy(module(data.train_x), data.train_y, reduction="sum"))
+            train_n += len(data.train_y)
+    correct, test_n, auc = map(np.asarray, (correct, test_n, auc))
+    client_acc = np.divide(correct, test_n, out=np.zeros(len(test_n)), where=test_n > 0)
+    return client_acc, correct.sum() / test_n.sum(), (auc * test_n).sum() / test_n.sum(), loss_sum / train_n
+
+
+def assert_matches(result, expected) -> None:
+    client_acc, acc, auc, loss = expected
+    np.testing.assert_allclose(result.client_acc, client_acc, atol=1e-12)
+    assert result.test_acc == pytest.approx(acc, abs=1e-12)
+    assert result.test_auc == pytest.approx(auc, rel=1e-6)
+    assert result.train_loss == pytest.approx(loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("model", ["linear", "batchnorm"])
+@pytest.mark.parametrize("group", [0, 1, 2, 3, 7, 50])
+def test_personal_models_match_the_one_by_one_reference(model, group):
+    server = make_server(model, eval_group=group)
+    vectors = personal_vectors(server)
+    assert_matches(server.evaluate_models(lambda i: vectors[i]), reference(server, vectors))
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_shared_and_personal_models_mixed(group):
+    """The global tensor for some clients (a personalised algorithm's untrained clients), personal
+    vectors for the others, in an order that makes the shared tensor appear alone first."""
+    server = make_server("batchnorm", eval_group=group)
+    vectors = personal_vectors(server)
+    uses_global = {0, 2, 3, 6}
+    mixed = [server.global_params if i in uses_global else v for i, v in enumerate(vectors)]
+    assert_matches(server.evaluate_models(lambda i: mixed[i]), reference(server, mixed))
+    everyone = [server.global_params] * len(vectors)
+    assert_matches(server.evaluate_models(lambda i: everyone[i]), reference(server, everyone))
+
+
+def test_models_are_fetched_once_and_few_are_alive():
+    """Memory is bounded: each client's model is asked for once and at most group + 1 personal
+    vectors are alive when the next one is made."""
+    group = 2
+    server = make_server("linear", eval_group=group)
+    vectors = personal_vectors(server)
+    alive: list[weakref.ref] = []
+    calls = []
+
+    def fresh_copy(i):
+        calls.append(i)
+        assert sum(ref() is not None for ref in alive) <= group + 1
+        copy = vectors[i].clone()
+        alive.append(weakref.ref(copy))
+        return copy
+
+    result = server.evaluate_models(fresh_copy)
+    assert calls == list(range(len(vectors)))
+    assert_matches(result, reference(server, vectors))
+
+
+def test_a_model_vmap_cannot_run_is_evaluated_one_by_one(notices):  # noqa: F811
+    server = make_server("item", eval_group=3)
+    vectors = personal_vectors(server)
+    assert_matches(server.evaluate_models(lambda i: vectors[i]), reference(server, vectors))
+    assert_matches(server.evaluate_models(lambda i: vectors[i]), reference(server, vectors))
+    said = [r.getMessage() for r in notices if "vmap" in r.getMessage()]
+    assert len(said) == 1 and "client by client" in said[0]
+
+
+def test_running_out_of_memory_halves_the_group(monkeypatch, notices):  # noqa: F811
+    server = make_server("batchnorm", eval_group=7)
+    vectors = personal_vectors(server)
+    real = evaluation.Evaluator._forward_stacked
+
+    def small_device(self, stacked, split, rows):
+        if len(stacked) > 2:
+            raise OUT_OF_MEMORY("pretend the device is full")
+        return real(self, stacked, split, rows)
+
+    monkeypatch.setattr(evaluation.Evaluator, "_forward_stacked", small_device)
+    assert_matches(server.evaluate_models(lambda i: vectors[i]), reference(server, vectors))
+    assert any("out of memory with 7 models" in r.getMessage() for r in notices if r.levelno == logging.WARNING)
+
+
+def test_auto_group_is_one_on_a_cpu_and_sized_from_memory_on_a_gpu(monkeypatch):
+    server = make_server("linear")
+    assert server.evaluator.group_size(len(server.clients)) == 1
+    # TinyLinear on 5 features: input 5 floats, Identity 5, Linear 3 -> 13 floats = 52 bytes, doubled
+    tiny = build_server(make_args("Local", eval_batch_size=10), ragged_vectors_dataset(), TinyLinear(5, 3))
+    assert tiny.evaluator._activation_bytes_per_sample() == 104
+    per_client = tiny.model.vector.numel() * 4 + 10 * 104
+    monkeypatch.setattr(evaluation, "device_room", lambda device: (40 * per_client + 3, 10**12))
+    assert tiny.evaluator._group_for_memory() == 10  # a quarter of the room
+
+
+def ragged_vectors_dataset():
+    g = torch.Generator().manual_seed(3)
+    return dataset_from_arrays([(torch.randn(n, 5, generator=g), torch.randint(0, 3, (n,), generator=g),
+                                 torch.randn(4, 5, generator=g), torch.randint(0, 3, (4,), generator=g))
+                                for n in (6, 2, 9)], 3)
+
+
+def test_whole_runs_agree_across_group_sizes():
+    """Local training for two rounds: the recorded curves do not depend on ``--eval_group``."""
+    runs = []
+    for group in (1, 4):
+        torch.manual_seed(0)
+        server = build_server(make_args("Local", eval_group=group, eval_batch_size=4, global_rounds=2, batch_size=3,
+                                        save_model=False), ragged_images(), SmallBNNet())
+        server.train(progress=False)
+        runs.append(server.history)
+    one, grouped = runs
+    assert one.test_acc == pytest.approx(grouped.test_acc, abs=1e-12)
+    assert one.test_auc == pytest.approx(grouped.test_auc, rel=1e-6)
+    assert one.train_loss == pytest.approx(grouped.train_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("argv, needle", [(["--eval_group", "-1"], "--eval_group must be >= 0"),
+                                          (["--eval_batch_size", "0"], "--eval_batch_size must be >= 1")])
+def test_bad_evaluation_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
+    folder = make_dataset(tmp_path, num_clients=3, input_shape=(1, 8, 8))
+    code = main.main(["-data", str(folder), "-m", "DNN", "-algo", "Local", "-gr", "1", "-dev", "cpu",
+                      "--progress", "False", "--results_dir", str(tmp_path / "res"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("group", [1, 3])
+def test_params_for_may_use_autograd(group):
+    """PerAvg's evaluated model is one gradient step from the global model, taken inside
+    ``params_for``: the evaluation must not switch gradients off around it."""
+    server = make_server("linear", eval_group=group)
+    vectors = personal_vectors(server)
+
+    def one_step(i):
+        w = vectors[i].clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad((w * w).sum(), w)
+        return (w - 0.01 * grad).detach()
+
+    stepped = [one_step(i) for i in range(len(vectors))]
+    assert_matches(server.evaluate_models(one_step), reference(server, stepped))
