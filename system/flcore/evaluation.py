@@ -177,7 +177,7 @@ class Evaluator:
     def _evaluate_shared(self, params: torch.Tensor, clients: list[int], splits: tuple[str, ...], totals: _Totals) -> None:
         """One model on the concatenated rows of ``clients`` (ascending), in the working module."""
         for split in splits:
-            x, y, _ = self.server._concatenated(split)
+            x, y, _ = self.server.dataset.split(split)
             rows = self._rows(split, clients)
             if rows.total == len(y):  # every row: the merged tensors themselves, no copy
                 xs, ys = x, y
@@ -194,7 +194,7 @@ class Evaluator:
         loaded once and its few rows make fewer, fuller batches than split by split."""
         parts = []
         for split in splits:
-            x, y, _ = self.server._concatenated(split)
+            x, y, _ = self.server.dataset.split(split)
             rows = self._rows(split, [client])
             start, stop = rows.starts[0], rows.starts[0] + rows.total
             parts.append((split, rows, x[start:stop], y[start:stop]))
@@ -228,7 +228,7 @@ class Evaluator:
                 self._evaluate_one(params, client, splits, totals)
             return
         for (split, rows), split_logits in zip(passes, logits):
-            y = self.server._concatenated(split)[1]
+            y = self.server.dataset.split(split)[1]
             self._accumulate(split, split_logits, y[self._row_index(rows, y.device)], rows, totals)
 
     # ------------------------------------------------------------ forward passes
@@ -266,7 +266,7 @@ class Evaluator:
         client order. Step ``s`` runs rows ``s*B .. s*B+B-1`` of every client that still has some."""
         server = self.server
         device = server.device
-        x, _, _ = server._concatenated(split)
+        x, _, _ = server.dataset.split(split)
         table = server.dataset.input_table
         lens = torch.tensor(rows.lens, dtype=torch.long, device=device)
         starts = torch.tensor(rows.starts, dtype=torch.long, device=device)
@@ -310,7 +310,7 @@ class Evaluator:
     def _rows(self, split: str, clients: list[int]) -> _Rows:
         if split not in self._bounds:  # (start, stop) row of every client, from the dataset's offsets
             offsets = self.server.dataset.offsets(split)
-            stops = [*offsets[1:], len(self.server._concatenated(split)[1])]
+            stops = [*offsets[1:], len(self.server.dataset.split(split)[1])]
             self._bounds[split] = list(zip(offsets, stops))
         bounds = self._bounds[split]
         return _Rows(clients, [bounds[c][0] for c in clients], [bounds[c][1] - bounds[c][0] for c in clients])
@@ -360,7 +360,7 @@ class Evaluator:
         """Bytes of every leaf module's output for one sample (eval mode), with a margin."""
         server = self.server
         for split in ("test", "train"):
-            x, _, _ = server._concatenated(split)
+            x, _, _ = server.dataset.split(split)
             if len(x):
                 break
         else:

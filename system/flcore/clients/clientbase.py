@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import ClassVar
 
 import numpy as np
@@ -52,6 +53,16 @@ from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def with_private_part(params: torch.Tensor, shared: torch.Tensor | None, private: torch.Tensor | None) -> torch.Tensor:
+    """``params`` with a client's ``private`` entries (those ``shared`` excludes) put in; ``params``
+    itself when nothing is private or the client has no private part yet."""
+    if shared is None or private is None:
+        return params
+    merged = params.clone()
+    merged[~shared] = private.to(merged.dtype)
+    return merged
 
 
 @dataclass
@@ -76,11 +87,15 @@ class RoundPackage:
     def payload(self, index: int) -> dict[str, torch.Tensor]:
         return self.payloads.get(index, {})
 
+    @cached_property
+    def shared_numel(self) -> int:
+        """How many entries of the model are sent and aggregated (counted once per round)."""
+        return self.global_params.numel() if self.shared is None else int(self.shared.sum())
+
     def nbytes(self, index: int | None = None) -> int:
         """Bytes client ``index`` downloads (the shared part of the model, extras, its payload)."""
-        count = self.global_params.numel() if self.shared is None else int(self.shared.sum())
         own = _nbytes(self.payload(index)) if index is not None else 0
-        return count * self.global_params.element_size() + _nbytes(self.extras) + own
+        return self.shared_numel * self.global_params.element_size() + _nbytes(self.extras) + own
 
     def total_nbytes(self) -> int:
         """Bytes the whole cohort downloads."""
@@ -289,7 +304,7 @@ class Client:
             self.state.set("private", self.index, params[~shared])
             # the private entries never leave the client: the upload carries the server's values there
             update.params = torch.where(shared, update.params, job.package.global_params)
-            update.shared_numel = int(shared.sum())
+            update.shared_numel = job.package.shared_numel
         return update
 
     def local_train(self, model: FlatModel, package: RoundPackage) -> ClientUpdate:
@@ -302,12 +317,6 @@ class Client:
     def with_private(self, start: torch.Tensor, package: RoundPackage) -> torch.Tensor:
         """``start`` with this client's private part (the part ``Server.shared`` excludes) put in;
         before its first participation the private part is that of ``start``."""
-        shared = package.shared
-        if shared is None:
+        if package.shared is None:
             return start
-        private = self.state.get("private", self.index)
-        if private is None:
-            return start
-        merged = start.clone()
-        merged[~shared] = private.to(merged.dtype)
-        return merged
+        return with_private_part(start, package.shared, self.state.get("private", self.index))

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task
+from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task, with_private_part
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
@@ -122,12 +122,7 @@ class Server:
         part where the algorithm shares only part of it (personalised algorithms override)."""
         if self.shared_mask is None:
             return self.global_params
-        private = self.state.get("private", index)
-        if private is None:
-            return self.global_params
-        params = self.global_params.clone()
-        params[~self.shared_mask] = private.to(params.dtype)
-        return params
+        return with_private_part(self.global_params, self.shared_mask, self.state.get("private", index))
 
     # ------------------------------------------------------------ helpers
     def package(self, rnd: int, cohort: list[int], **parts) -> RoundPackage:
@@ -211,10 +206,6 @@ class Server:
             )
 
     # --------------------------------------------------------- evaluation
-    def _concatenated(self, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(x, y, owner) of ``split`` over all clients (the dataset's merged tensors)."""
-        return self.dataset.split(split)
-
     def evaluate_models(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
         """Test accuracy/AUC on every client's test split (with the model ``params_for(i)``) and
         train loss on every train split; how the passes are grouped: ``flcore/evaluation.py``."""
