@@ -189,13 +189,6 @@ class BatchedEngine(Engine):
                 return "has its own loss, which the batched engine runs on full batches only (--drop_last)"
         return None
 
-    def _probe_input(self) -> torch.Tensor:
-        for client in self.server.clients:
-            if client.num_train:
-                return client.data.inputs("train", slice(0, 2))
-        # zeros in the inputs' dtype (integer token ids for text models)
-        return self.server.dataset.sample_inputs(2).to(self.flat.device)
-
     def check_model(self) -> str | None:
         flat, module = self.flat, self.flat.module
         if flat.num_total > flat.num_params:
@@ -208,7 +201,7 @@ class BatchedEngine(Engine):
             return "the model has dropout, whose per-client random masks only the sequential engine reproduces"
         if not flat.vector.is_floating_point():
             return "the model is not floating point"
-        x = self._probe_input()
+        x = self.server.dataset.sample_inputs(2).to(flat.device)
         saved = flat.vector.detach().clone()
         was_training = module.training
         try:

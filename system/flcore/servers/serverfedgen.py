@@ -122,9 +122,7 @@ class FedGenServer(Server):
             client.generator = self.generator  # the architecture; its weights travel in the package
 
     def _feature_dim(self) -> int:
-        x = self.clients[0].data.inputs("train", slice(0, 2)) if self.clients[0].num_train >= 2 else None
-        if x is None:
-            x = torch.zeros(2, *self.dataset.input_shape, device=self.device)
+        x = self.dataset.sample_inputs(2).to(self.device)
         module = self.model.module
         was_training = module.training
         module.eval()
