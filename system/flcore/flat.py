@@ -31,6 +31,7 @@ class Segment:
     is_param: bool
     in_head: bool
     in_norm: bool = False
+    in_batchnorm: bool = False
 
 
 class FlatModel:
@@ -47,7 +48,8 @@ class FlatModel:
         params = list(self.module.named_parameters())
         buffers = [(n, b) for n, b in self.module.named_buffers() if b.is_floating_point()]
         head_names = self._head_names()
-        norm_names = self._norm_names()
+        norm_names = self._names_in(NORM_LAYERS)
+        batchnorm_names = self._names_in((nn.modules.batchnorm._BatchNorm,))
         self.num_params = sum(p.numel() for _, p in params)
         self.num_total = self.num_params + sum(b.numel() for _, b in buffers)
         dtype = params[0][1].dtype if params else torch.float32
@@ -60,13 +62,15 @@ class FlatModel:
             self.vector[offset:stop].copy_(param.detach().reshape(-1))
             param.data = self.vector[offset:stop].view_as(param)
             param.grad = self.grad[offset:stop].view_as(param)
-            segments.append(Segment(name, offset, stop, tuple(param.shape), True, name in head_names, name in norm_names))
+            segments.append(Segment(name, offset, stop, tuple(param.shape), True, name in head_names, name in norm_names,
+                                    name in batchnorm_names))
             offset = stop
         for name, buffer in buffers:
             stop = offset + buffer.numel()
             self.vector[offset:stop].copy_(buffer.detach().reshape(-1))
             self._rebind_buffer(name, self.vector[offset:stop].view_as(buffer))
-            segments.append(Segment(name, offset, stop, tuple(buffer.shape), False, name in head_names, name in norm_names))
+            segments.append(Segment(name, offset, stop, tuple(buffer.shape), False, name in head_names, name in norm_names,
+                                    name in batchnorm_names))
             offset = stop
         self.segments: tuple[Segment, ...] = tuple(segments)
 
@@ -76,10 +80,11 @@ class FlatModel:
             return set()
         return {f"head.{n}" for n, _ in head.named_parameters()} | {f"head.{n}" for n, _ in head.named_buffers()}
 
-    def _norm_names(self) -> set[str]:
+    def _names_in(self, types: tuple[type, ...]) -> set[str]:
+        """Qualified names of the parameters and buffers of the submodules of ``types``."""
         names = set()
         for prefix, sub in self.module.named_modules():
-            if isinstance(sub, NORM_LAYERS):
+            if isinstance(sub, types):
                 dot = f"{prefix}." if prefix else ""
                 names |= {dot + n for n, _ in sub.named_parameters(recurse=False)}
                 names |= {dot + n for n, _ in sub.named_buffers(recurse=False)}
@@ -121,7 +126,7 @@ class FlatModel:
         """The entries an algorithm uploads and aggregates; None when that is the whole vector.
 
         ``parts``: ``"all"``, ``"body"``, ``"head"``, ``"no_norm"`` (everything but normalisation
-        layers' parameters and statistics, FedBN), or a sequence of parameter-name prefixes
+        layers' parameters and statistics, FedBN), ``"no_batchnorm"`` (BatchNorm layers only), or a sequence of parameter-name prefixes
         (named groups, e.g. ``("body.0.", "head.")``)."""
         if parts == "all":
             return None
@@ -129,10 +134,11 @@ class FlatModel:
             "body": lambda seg: not seg.in_head,
             "head": lambda seg: seg.in_head,
             "no_norm": lambda seg: not seg.in_norm,
+            "no_batchnorm": lambda seg: not seg.in_batchnorm,
         }
         if isinstance(parts, str):
             if parts not in rules:
-                raise ValueError(f"unknown shared part {parts!r}; use all, body, head, no_norm or name prefixes")
+                raise ValueError(f"unknown shared part {parts!r}; use all, body, head, no_norm, no_batchnorm or name prefixes")
             rule = rules[parts]
         else:
             prefixes = tuple(parts)

@@ -85,7 +85,7 @@ class Server:
             use_channels_last(module)
         self.model = FlatModel(module, device)
         self.global_params = self.model.snapshot()
-        self.shared_mask = self.model.shared_mask(self.shared)
+        self.shared_mask = self.model.shared_mask(self.shared_parts())
         self.state = make_state_store(args, device)
         task = Task(dataset.num_classes, self.model.num_params)
         self.clients = [self.client_cls(i, data, args, self.state, task) for i, data in enumerate(dataset.clients)]
@@ -123,6 +123,11 @@ class Server:
         if self.shared_mask is None:
             return self.global_params
         return with_private_part(self.global_params, self.shared_mask, self.state.get("private", index))
+
+    def shared_parts(self) -> str | Sequence[str]:
+        """What clients upload and the server aggregates: ``shared``, or a choice a flag makes
+        (``self.hp`` is ready); called once, before the clients are built."""
+        return self.shared
 
     # ------------------------------------------------------------ helpers
     def package(self, rnd: int, cohort: list[int], **parts) -> RoundPackage:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from argparse import ArgumentParser
 
-from torch import nn
-
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
@@ -46,15 +44,8 @@ class FedBNServer(Server):
         add_flag(parser, "--fedbn_local", type=str, default="norm", choices=["norm", "batchnorm"],
                  help="keep every normalisation layer local, or BatchNorm layers only (the paper's wording)")
 
-    def setup(self) -> None:
-        if self.hp.fedbn_local == "batchnorm":
-            local = set()
-            for prefix, module in self.model.module.named_modules():
-                if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                    named = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-                    local |= {f"{prefix}.{name}" if prefix else name for name, _ in named}
-            mask = self.model.mask(lambda seg: seg.name not in local)
-            self.shared_mask = None if bool(mask.all()) else mask
+    def shared_parts(self) -> str:
+        return "no_batchnorm" if self.hp.fedbn_local == "batchnorm" else self.shared
 
     def summary(self) -> dict[str, object]:
         return {"fedbn_local": self.hp.fedbn_local}

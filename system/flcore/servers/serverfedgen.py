@@ -31,7 +31,7 @@ the authors' and PFLlib's code. Deliberate choices, where paper and PFLlib diffe
 from __future__ import annotations
 
 import logging
-from argparse import ArgumentParser, Namespace
+from argparse import ArgumentParser
 
 import torch
 import torch.nn.functional as F
@@ -90,9 +90,8 @@ class FedGenServer(Server):
         add_flag(parser, "--fedgen_prior", type=str, default="uploaders", choices=["uploaders", "all"],
                  help="label distribution p̂(y): the round's uploaders' counts (paper) or every client's (PFLlib)")
 
-    def __init__(self, args: Namespace, dataset, module: nn.Module, device: torch.device):
-        self.shared = "head" if args.localize_feature_extractor else "all"
-        super().__init__(args, dataset, module, device)
+    def shared_parts(self) -> str:
+        return "head" if self.hp.localize_feature_extractor else "all"
 
     def setup(self) -> None:
         args, hp = self.args, self.hp
