@@ -178,7 +178,8 @@ class Net:
         self.flat = flat
         self.params = params
 
-    def _call(self, sub: str, x: torch.Tensor) -> torch.Tensor:
+    def part(self, sub: str, x: torch.Tensor) -> torch.Tensor:
+        """Submodule ``sub`` of the model (``""`` = the whole model) applied to ``x``."""
         target = self.module if not sub else getattr(self.module, sub)
         if self.params is None:
             return target(x)
@@ -189,14 +190,14 @@ class Net:
         return functional_call(target, named, (x,))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self._call("", x)
+        return self.part("", x)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         """The body's output (``module.body``): the representation the head classifies."""
-        return self._call("body", x)
+        return self.part("body", x)
 
     def head(self, features: torch.Tensor) -> torch.Tensor:
-        return self._call("head", features)
+        return self.part("head", features)
 
     def at(self, vector: torch.Tensor) -> "Net":
         """The same architecture with the parameters (and float buffers) of the flat ``vector``.

@@ -40,6 +40,6 @@ class FedRoDClient(Client):
         generic = net.head(features)
         # Net has no public call for a submodule other than body and head; _call runs
         # ``module.personal_head`` with this net's (possibly vmapped) parameters.
-        personal = net._call("personal_head", features.detach())
+        personal = net.part("personal_head", features.detach())
         balanced = F.cross_entropy(generic + ctx["log_prior"], y)
         return balanced + F.cross_entropy(generic.detach() + personal, y)
