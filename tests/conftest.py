@@ -25,3 +25,5 @@ def pytest_configure(config):
     # models of tens of millions of parameters (tests/models) take seconds each on a 2-core CPU:
     # they run with the suite, and `pytest -m "not slow"` leaves them out while developing
     config.addinivalue_line("markers", "slow: builds or trains a model of tens of millions of parameters")
+    # the Ray engine's tests start a local Ray instance (seconds): `pytest -m "not ray"` leaves them out
+    config.addinivalue_line("markers", "ray: starts a Ray instance on 127.0.0.1 (needs ./prepare.sh --ray)")

@@ -1,0 +1,210 @@
+"""The Ray engine (``--engine ray``) against the sequential engine, on a real Ray instance bound to
+127.0.0.1 (one per module, 2 CPUs, 2 actors) and on a two-node ``ray.cluster_utils.Cluster``.
+
+Like the threaded engine, every actor trains on one intra-op thread, and these tests run the
+sequential engine on one thread (the ``one_thread`` fixture), so results must agree to the last bit:
+every array of the result file (timings aside), the per-client state and the client attributes.
+Ray is an optional dependency: the tests that need it skip with a reason where it is absent.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import main
+from flcore.engines.ray import CRASH_ENV, assign_by_samples, start_local_ray
+from fltest import ENGINE_SIZES, assert_same_training, build_server, engine_run, make_args, random_dataset
+from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
+from toydata import make_dataset
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = [pytest.mark.ray, pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (./prepare.sh --ray)")]
+HELPERS = str(Path(__file__).resolve().parents[1] / "system")  # fltest's models must import in the actors
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One Ray instance for the module's tests: this machine only (127.0.0.1), 2 CPUs, small object store."""
+    if not HAVE_RAY:
+        pytest.skip("ray is not installed (./prepare.sh --ray)")
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    start_local_ray(2, extra_paths=(HELPERS,))
+    yield ray
+    ray.shutdown()
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_main(folder: Path, results: Path, algorithm: str, *flags: str) -> Path:
+    code = main.main(["-data", str(folder), "-m", "DNN", "-algo", algorithm, "-gr", "3", "-jr", "0.5", "-lbs", "4",
+                      "-dev", "cpu", "--progress", "False", "-q", "--num_threads", "1", "--save_model", "False",
+                      "--results_dir", str(results), *flags])
+    assert code == 0
+    (path,) = results.glob("*.h5")
+    return path
+
+
+def h5_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every dataset of a result file except timings (which differ from run to run)."""
+    with h5py.File(path) as f:
+        return {name: f[name][()] for name in f if "time" not in name}
+
+
+# ---------------------------------------------------------------- without a Ray instance
+def test_bad_ray_flags_are_one_line(tmp_path, capsys):
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    for flag, value in (("--ray_workers", "-1"), ("--ray_cpus_per_worker", "0"), ("--ray_max_restarts", "-2")):
+        code = main.main(["-data", str(folder), "-m", "DNN", "-gr", "1", "-dev", "cpu", "--engine", "ray", flag, value,
+                          "--results_dir", str(tmp_path / "res"), "-q"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and flag in err and "Traceback" not in err
+
+
+def test_missing_ray_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # what an environment without ray looks like to find_spec
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    code = main.main(["-data", str(folder), "-m", "DNN", "-gr", "1", "-dev", "cpu", "--engine", "ray",
+                      "--results_dir", str(tmp_path / "res"), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "error: --engine ray needs the ray package: run ./prepare.sh --ray " \
+                                "(or pip install -r requirements-ray.txt)"
+
+
+def test_assignment_is_sticky_and_balanced_by_samples():
+    sizes = [40, 3, 25, 12, 17, 17, 9]
+    members = assign_by_samples(sizes, 3)
+    assert sorted(i for m in members for i in m) == list(range(7))
+    loads = [sum(sizes[i] for i in m) for m in members]
+    assert max(loads) - min(loads) <= max(sizes)  # longest first keeps the loads within one client
+    assert members == assign_by_samples(sizes, 3)  # a function of the sizes only: the same every run
+    assert assign_by_samples([5, 5], 4) == [[0], [1], [], []]
+
+
+# ---------------------------------------------------------------- on a local Ray instance
+@pytest.mark.parametrize("algorithm, flags", [
+    ("FedAvg", ()), ("SCAFFOLD", ()), ("IGFL", ()), ("Ditto", ()), ("FedALA", ()), ("AdaFL", ()),
+])
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_result_file_equals_the_sequential_engine(algorithm, flags, tmp_path):
+    folder = make_dataset(tmp_path, num_clients=6, input_shape=(1, 8, 8), train_sizes=[9, 30, 14, 5, 22, 17])
+    ref = h5_arrays(run_main(folder, tmp_path / "seq", algorithm, "--engine", "sequential", *flags))
+    out = h5_arrays(run_main(folder, tmp_path / "ray", algorithm, "--engine", "ray", "--ray_workers", "2", *flags))
+    assert ref.keys() == out.keys() and "rs_test_acc" in ref and "rs_client_acc" in ref
+    for name in ref:
+        assert np.array_equal(ref[name], out[name]), name
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_state_and_attributes_come_back_to_the_driver():
+    ref = engine_run("SCAFFOLD", "sequential")
+    out = engine_run("SCAFFOLD", "ray", ray_workers=2)
+    try:
+        assert_same_training(ref, out, exact=True)  # also every client's participations and state vector
+        assert out.engine.stats["ray_clients"] == 9 and out.engine.stats["restarts"] == 0
+        assert torch.equal(out.model.vector, ref.model.vector)  # the working model ends as sequentially
+        # the state's working copies live on the actors; the driver keeps only files
+        assert out.state.resident_nbytes() == 0
+        assert sum(out.engine.actor_state_nbytes()) == ref.state.nbytes()
+    finally:
+        out.close()
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_actor_killed_mid_round_is_replaced_and_the_results_are_unchanged(tmp_path, monkeypatch):
+    members = assign_by_samples(ENGINE_SIZES, 2)
+    victim_actor = max(members, key=len)
+    victim = victim_actor[1]  # not its actor's first client: it dies after training some of the round
+    marker = tmp_path / "crashed"
+    monkeypatch.setenv(CRASH_ENV, f"2:{victim}:{marker}")
+    ref = engine_run("SCAFFOLD", "sequential", join_ratio=1.0)
+    out = engine_run("SCAFFOLD", "ray", ray_workers=2, join_ratio=1.0)
+    try:
+        assert marker.exists() and out.engine.stats["restarts"] == 1
+        assert_same_training(ref, out, exact=True)
+    finally:
+        out.close()
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_too_many_failures_stop_the_run_with_one_line(tmp_path, monkeypatch, capsys):
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    monkeypatch.setenv(CRASH_ENV, f"1:0:{tmp_path / 'crashed'}")
+    code = main.main(["-data", str(folder), "-m", "DNN", "-gr", "3", "-jr", "1", "-dev", "cpu", "--engine", "ray",
+                      "--ray_workers", "2", "--ray_max_restarts", "0", "--results_dir", str(tmp_path / "res"), "-q",
+                      "--progress", "False"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("error: engine ray: 1 actor failures in round 1 (--ray_max_restarts 0)")
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_driver_memory_does_not_grow_with_the_stateful_clients():
+    """SCAFFOLD keeps a model-sized control variate per client that has taken part (1 MB here). With
+    a quarter of 48 clients per round, the clients holding state grow round by round; the actors'
+    memory takes it, the driver's resident memory stays flat."""
+    dataset = random_dataset(num_clients=48, dim=4096, num_classes=64, sizes=[12] * 48, seed=3)
+    args = make_args("SCAFFOLD", engine="ray", ray_workers=2, join_ratio=0.25, batch_size=6, eval_auc=False)
+    server = build_server(args, dataset)
+    try:
+        for rnd in range(2):  # warm-up: actors, buffers and allocator pools exist afterwards
+            server.run_round(rnd, evaluate=False)
+        before_rss, before_state = rss_bytes(), sum(server.engine.actor_state_nbytes())
+        for rnd in range(2, 8):
+            server.run_round(rnd, evaluate=False)
+        grown_state = sum(server.engine.actor_state_nbytes()) - before_state
+        grown_rss = rss_bytes() - before_rss
+        per_client = (4096 * 64 + 64) * 4
+        assert grown_state >= 10 * per_client  # at least ten more clients hold a control variate
+        assert server.state.resident_nbytes() == 0
+        assert grown_rss < 0.25 * grown_state, (grown_rss, grown_state)
+    finally:
+        server.close()
+
+
+# ---------------------------------------------------------------- a two-node cluster on this machine
+@pytest.mark.ray
+@pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (./prepare.sh --ray)")
+def test_two_node_cluster_on_loopback_gives_the_sequential_numbers(local_ray, tmp_path):
+    from flcore.engines.ray import actor_path_env, use_loopback
+
+    ray = local_ray
+    ray.shutdown()  # the module's instance is replaced by the cluster (it is the module's last test)
+    use_loopback()
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                             "object_store_memory": 96 * 1024**2})
+    try:
+        cluster.add_node(num_cpus=1, object_store_memory=96 * 1024**2)
+        ray.init(address=cluster.address, runtime_env=actor_path_env((HELPERS,)))
+        cluster.wait_for_nodes()
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        assert len(nodes) == 2 and {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+        ref = engine_run("Ditto", "sequential")
+        out = engine_run("Ditto", "ray", ray_workers=2)
+        try:
+            assert len(set(out.engine.nodes)) == 2  # one actor per node (SPREAD)
+            assert_same_training(ref, out, exact=True)
+        finally:
+            out.close()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
