@@ -2,7 +2,8 @@
 # Set up the project in .venv/ (idempotent: a few seconds when nothing changed), then optionally
 #   --demo  run a complete federated experiment on data that needs no download
 #   --test  run the whole test suite
-# Usage: ./prepare.sh [--demo | --test] [extra pytest args after --test]
+#   --ray   also install the Ray engine's pinned extra (requirements-ray.txt); combine: --ray --test
+# Usage: ./prepare.sh [--ray] [--demo | --test] [extra pytest args after --test]
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$(pwd)
@@ -28,6 +29,20 @@ fi
 "$VENV/bin/python" -c 'import torch, numpy, h5py, sklearn, matplotlib, tqdm' || {
     echo "error: the environment in .venv is broken; remove .venv and run ./prepare.sh again" >&2; exit 2; }
 
+# --ray: the optional Ray engine (--engine ray), pinned in requirements-ray.txt, installed once
+if [ "${1:-}" = "--ray" ]; then
+    shift
+    RAY_STAMP="$VENV/.requirements-ray.sha256"
+    RAY_WANT=$(cat requirements.txt requirements-ray.txt | sha256sum | cut -d' ' -f1)
+    if [ ! -f "$RAY_STAMP" ] || [ "$(cat "$RAY_STAMP")" != "$RAY_WANT" ]; then
+        echo "prepare: installing the Ray extra (requirements-ray.txt)"
+        # requirements.txt again as constraints, so no pin of it (torch) can move
+        "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements-ray.txt -c requirements.txt
+        echo "$RAY_WANT" > "$RAY_STAMP"
+    fi
+    "$VENV/bin/python" -c 'import ray' || { echo "error: ray does not import in .venv; run ./prepare.sh --ray again" >&2; exit 2; }
+fi
+
 case "${1:-}" in
     --demo)
         shift
@@ -42,5 +57,5 @@ case "${1:-}" in
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     "") echo "prepare: ready (.venv). Next: ./prepare.sh --demo or ./prepare.sh --test" ;;
-    *) echo "error: unknown option $1 (use --demo or --test)" >&2; exit 2 ;;
+    *) echo "error: unknown option $1 (use --ray, --demo or --test)" >&2; exit 2 ;;
 esac

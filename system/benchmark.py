@@ -8,9 +8,11 @@ Run from ``system/``::
     python benchmark.py --only P3 --engines threaded --fill-state --state-dtype float16
     python benchmark.py --only P3 --engines threaded --fill-state --state-device disk
     python benchmark.py --device cuda         # GPU (peak GPU memory reported too)
+    python benchmark.py --only P2 P3 --engines sequential threaded ray   # Ray actors (needs ./prepare.sh --ray)
 
-Engines: ``sequential``, ``threaded``, ``batched``, ``auto`` (the platform's engines, see
-``flcore/engines``) and ``pfllib``: PFLlib's FedAvg procedure re-implemented
+Engines: ``sequential``, ``threaded``, ``batched``, ``auto``, ``ray`` (the platform's engines, see
+``flcore/engines``; ``ray`` starts a local Ray instance in the warm-up round, whose start-up cost
+the JSON records as ``startup_s``, with the actors' state and peak memory) and ``pfllib``: PFLlib's FedAvg procedure re-implemented
 (``utils/pfllib_baseline.py``), run on the same data, initial model, seed and threads, so that the
 speed-up over PFLlib is measured in one run rather than against a figure from another day.
 
@@ -224,6 +226,8 @@ def _build_server(spec: dict, engine: str, dataset=None):
         argv += ["--cohort_chunk", str(spec["chunk"])]
     if engine in ("threaded", "auto") and spec.get("workers"):
         argv += ["--workers", str(spec["workers"])]
+    if engine == "ray" and spec.get("ray_workers"):
+        argv += ["--ray_workers", str(spec["ray_workers"])]
     if spec.get("state_dtype"):
         argv += ["--state_dtype", spec["state_dtype"]]
     if spec.get("state_device"):
@@ -320,6 +324,10 @@ class _Run:
             "engine_stats": dict(getattr(engine, "stats", {})),
             "engine_fallback": engine.model_fallback_reason() if hasattr(engine, "model_fallback_reason") else None,
         }
+        if hasattr(engine, "actor_peak_rss_mb"):  # the ray engine: the work and the state are in the actors
+            out["startup_s"] = engine.startup_seconds
+            out["workers_peak_rss_mb"] = engine.actor_peak_rss_mb()
+            out["workers_state_mb"] = [b / 1024**2 for b in engine.actor_state_nbytes()]
         if with_state:
             out["state_mb_if_all_clients"] = out["state_bytes_per_client"] * len(server.clients) / 1024**2
         return out
@@ -483,7 +491,7 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
     tag = "interleaved" if interleaved else "separate runs"
     for name in names:
         seq = by.get((name, "sequential"))
-        for engine in ("threaded", "batched", "auto"):
+        for engine in ("threaded", "batched", "auto", "ray"):
             other = by.get((name, engine))
             if not (seq and other and seq["s_per_round"] and other["s_per_round"]):
                 continue
@@ -498,7 +506,7 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
                 line += f", final accuracy {100 * (other['final_test_acc'] - seq['final_test_acc']):+.2f} points"
             lines.append(line)
         base = by.get((name, BASELINE))
-        for engine in ("sequential", "threaded", "batched", "auto"):
+        for engine in ("sequential", "threaded", "batched", "auto", "ray"):
             other = by.get((name, engine))
             if not (base and other and base["s_per_round"] and other["s_per_round"]):
                 continue
@@ -541,6 +549,11 @@ def print_table(results: list[dict], device: str, notes: dict[str, str]) -> None
         print("ratios (batched/sequential: < 1 means the batched engine is faster; speed-ups: > 1 means ours is faster):")
         print("\n".join(lines))
     for r in results:
+        if r.get("startup_s") is not None and not r.get("interleaved"):
+            print(f"  {r['config']} ray: start-up {r['startup_s']:.1f} s (Ray instance and actors, in the warm-up "
+                  f"round); actors' peak RSS " + ", ".join(f"{m:.0f}" for m in r["workers_peak_rss_mb"])
+                  + " MB; actors' state " + ", ".join(f"{m:.1f}" for m in r["workers_state_mb"]) + " MB")
+    for r in results:
         if r.get("state_trace") and r.get("clients_with_state") and not r.get("interleaved"):
             where = " on disk" if r.get("state_store") == "DiskStateStore" else ""
             print(f"  {r['config']} {r['engine']}: state {r['state_mb']:.1f} MB{where} for {r['clients_with_state']} clients "
@@ -564,6 +577,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunk", type=int, default=0, help="--cohort_chunk of the batched engines (0 = whole cohort)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads in each run (0 = torch's default)")
     p.add_argument("--workers", type=int, default=0, help="--workers of the threaded/auto engines (0 = one per core)")
+    p.add_argument("--ray-workers", type=int, default=0, help="--ray_workers of the ray engine (0 = one per core)")
     p.add_argument("--state-dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="--state_dtype of the runs (per-client state storage; P3)")
     p.add_argument("--state-device", default=None, choices=["auto", "cpu", "disk"],
@@ -624,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, engines in jobs:
         spec = {"config": name, "engines": engines, "device": args.device, "rounds": args.rounds,
                 "warmup": args.warmup, "seed": args.seed, "chunk": args.chunk, "threads": args.threads,
-                "workers": args.workers, "state_dtype": args.state_dtype, "fill_state": args.fill_state,
+                "workers": args.workers, "ray_workers": args.ray_workers, "state_dtype": args.state_dtype, "fill_state": args.fill_state,
                 "state_device": args.state_device, "p2_clients": args.p2_clients,
                 "data_path": data_paths[name], "eval_gap": args.p2_eval_gap or None}
         load_before = os.getloadavg()

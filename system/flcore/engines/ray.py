@@ -339,6 +339,11 @@ class TrainingWorker:
     def resident_state_nbytes(self) -> int:
         return self.state.inner.resident_nbytes()
 
+    def peak_rss_mb(self) -> float:
+        from utils.mem_utils import peak_rss_mb
+
+        return peak_rss_mb()
+
 
 def parse_crash(value: str | None) -> tuple[int, int, str] | None:
     if not value:
@@ -396,7 +401,6 @@ class RayEngine(Engine):
         self.owner: dict[int, int] = {}
         self.nodes: list[str] = []
         self._synced: dict[int, dict] = {}  # client -> its attributes as the actors last saw them
-        self._data_refs: list = []
         self._module_ref = None
         self._started_ray = False
         self.startup_seconds = 0.0
@@ -412,7 +416,7 @@ class RayEngine(Engine):
         if self.address == "local":
             data_bytes = sum(t.numel() * t.element_size() for c in self.server.clients
                              for t in (c.data.train_x, c.data.train_y, c.data.test_x, c.data.test_y))
-            start_local_ray(available_cores(), 2 * data_bytes + 64 * 1024**2,
+            start_local_ray(available_cores(), data_bytes + 64 * 1024**2,
                             num_gpus=torch.cuda.device_count() if self.gpus > 0 else None)
         else:
             try:
@@ -441,8 +445,6 @@ class RayEngine(Engine):
         self.owner = {i: slot for slot, members in enumerate(self.members) for i in members}
         module = copy.deepcopy(self.flat.module).to("cpu")
         self._module_ref = ray.put(module)
-        self._data_refs = [ray.put([(i, standalone_data(self.server.clients[i].data)) for i in members])
-                           for members in self.members]
         self._remote_cls = ray.remote(TrainingWorker)
         self.actors = [None] * workers
         self.nodes = [""] * workers
@@ -468,7 +470,10 @@ class RayEngine(Engine):
             client = self.server.clients[i]
             attrs[i] = (type(client), movable_attrs(client))
             self._synced[i] = dict(vars(client))
-        return actor.load.remote(self._data_refs[slot], attrs, self.store.entries_of(members))
+        # the data go through the object store once per actor; the reference is dropped once loaded
+        # (a replacement puts them again from the driver's dataset, which holds them anyway)
+        data = import_ray().put([(i, standalone_data(self.server.clients[i].data)) for i in members])
+        return actor.load.remote(data, attrs, self.store.entries_of(members))
 
     def _replace(self, slot: int) -> None:
         ray = import_ray()
@@ -581,6 +586,11 @@ class RayEngine(Engine):
         """Bytes of per-client state each actor holds in memory."""
         ray = import_ray()
         return ray.get([a.resident_state_nbytes.remote() for a in self.actors]) if self.actors else []
+
+    def actor_peak_rss_mb(self) -> list[float]:
+        """Each actor process's peak resident memory (MiB)."""
+        ray = import_ray()
+        return ray.get([a.peak_rss_mb.remote() for a in self.actors]) if self.actors else []
 
     def close(self) -> None:
         if self.actors is None:
