@@ -161,6 +161,17 @@ def test_too_many_failures_stop_the_run_with_one_line(tmp_path, monkeypatch, cap
 
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.ray
+def test_actors_that_cannot_fit_the_local_instance_are_one_line(tmp_path, capsys):
+    """Three 1-CPU actors on the 2-CPU instance would wait for resources forever."""
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    code = main.main(["-data", str(folder), "-m", "DNN", "-gr", "1", "-dev", "cpu", "--engine", "ray",
+                      "--ray_workers", "3", "--results_dir", str(tmp_path / "res"), "-q", "--progress", "False"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "lower --ray_workers" in err
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
 def test_driver_memory_does_not_grow_with_the_stateful_clients():
     """SCAFFOLD keeps a model-sized control variate per client that has taken part (1 MB here). With
     a quarter of 48 clients per round, the clients holding state grow round by round; the actors'

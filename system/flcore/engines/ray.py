@@ -345,6 +345,12 @@ class TrainingWorker:
         return peak_rss_mb()
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an error's message (Ray's errors carry the remote traceback after it)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def parse_crash(value: str | None) -> tuple[int, int, str] | None:
     if not value:
         return None
@@ -422,19 +428,21 @@ class RayEngine(Engine):
             try:
                 ray.init(address=self.address, runtime_env=actor_path_env(), logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise FLError(f"--ray_address {self.address}: cannot attach to a Ray cluster "
-                              f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+                raise FLError(f"--ray_address {self.address}: cannot attach to a Ray cluster ({first_line(exc)})") from None
         self._started_ray = True
 
     def _worker_count(self) -> int:
-        if self.requested_workers:
-            count = self.requested_workers
-        else:
-            resources = import_ray().cluster_resources()
-            count = int(resources.get("CPU", 1) // self.cpus)
-            if self.gpus > 0:
-                count = min(count, int(resources.get("GPU", 0) // self.gpus))
-        return max(1, min(count, len(self.server.clients)))
+        resources = import_ray().cluster_resources()
+        cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
+        count = self.requested_workers or int(cpus // self.cpus)
+        if self.gpus > 0 and not self.requested_workers:
+            count = min(count, int(gpus // self.gpus))
+        count = max(1, min(count, len(self.server.clients)))
+        # actors that do not fit would wait for resources forever: a local instance never grows
+        if self.address == "local" and (count * self.cpus > cpus + 1e-9 or count * self.gpus > gpus + 1e-9):
+            raise FLError(f"engine ray: {count} actors x {self.cpus:g} CPUs, {self.gpus:g} GPUs do not fit the local "
+                          f"Ray instance ({cpus:g} CPUs, {gpus:g} GPUs); lower --ray_workers or the per-worker resources")
+        return count
 
     def _start(self) -> None:
         started = time.perf_counter()
@@ -451,8 +459,13 @@ class RayEngine(Engine):
         self.store.pushes.clear()  # new actors load every entry of their clients
         self.store.reload = False
         loading = {slot: self._spawn(slot) for slot in range(workers)}
+        from ray.exceptions import RayError
+
         for slot, ref in loading.items():
-            self.nodes[slot] = ray.get(ref)
+            try:
+                self.nodes[slot] = ray.get(ref)
+            except RayError as exc:
+                raise FLError(f"engine ray: actor {slot} failed while loading its clients: {first_line(exc)}") from None
         self.startup_seconds = time.perf_counter() - started
         log.info("engine ray: %d actors on %d node(s), started in %.1f s", workers, len(set(self.nodes)),
                  self.startup_seconds)
