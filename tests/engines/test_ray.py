@@ -100,7 +100,9 @@ def test_assignment_is_sticky_and_balanced_by_samples():
 
 # ---------------------------------------------------------------- on a local Ray instance
 @pytest.mark.parametrize("algorithm, flags", [
-    ("FedAvg", ()), ("SCAFFOLD", ()), ("IGFL", ()), ("Ditto", ()), ("FedALA", ()), ("AdaFL", ()),
+    ("FedAvg", ()), ("IGFL", ()), ("Ditto", ()), ("FedALA", ()), ("AdaFL", ()),
+    # one actor with both CPUs: the threaded engine trains its clients inside it
+    ("SCAFFOLD", ("--ray_workers", "1", "--ray_cpus_per_worker", "2")),
 ])
 @pytest.mark.usefixtures("local_ray")
 @pytest.mark.ray
