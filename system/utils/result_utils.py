@@ -6,6 +6,7 @@ bytes, per-client accuracy) and the full configuration as attributes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -15,6 +16,8 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+from utils.errors import FLError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "results"
@@ -57,6 +60,23 @@ def _as_array(values: list[Any]) -> np.ndarray:
         return out
 
 
+def _os_errors_as_user_errors(write):
+    """A results folder that is read-only, full or gone ends the run as one FLError line naming the
+    file (the writer has removed its temporary file by then), not as an OSError traceback."""
+
+    @functools.wraps(write)
+    def checked(path: Path, *args: Any, **kwargs: Any) -> Path:
+        try:
+            return write(path, *args, **kwargs)
+        except OSError as exc:
+            reason = exc.strerror or " ".join(str(exc).split())
+            raise FLError(f"cannot write the results file {path} ({reason}); free some space or pass "
+                          "--results_dir with a writable folder") from exc
+
+    return checked
+
+
+@_os_errors_as_user_errors
 def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary: dict[str, Any]) -> Path:
     """Write the h5 file to a temporary name, then rename: readers never see a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
