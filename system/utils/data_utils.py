@@ -309,7 +309,8 @@ def _read_npz(file: Path, legacy_pickle: bool, inputs: bool = True) -> tuple[np.
         )
     try:
         with np.load(file, allow_pickle=True) as archive:
-            data = archive["data"].tolist()
+            data = archive["data"]
+        data = data.tolist() if isinstance(data, np.ndarray) else data
     except Exception as exc:  # unpickling a damaged file can fail with any exception type
         raise FLError(f"{file} is a damaged PFLlib pickle file ({type(exc).__name__}: {_one_line(exc)}); "
                       f"{REGENERATE}") from exc

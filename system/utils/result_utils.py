@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +70,9 @@ def _os_errors_as_user_errors(write):
         try:
             return write(path, *args, **kwargs)
         except OSError as exc:
-            reason = exc.strerror or " ".join(str(exc).split())
+            # h5py reports the C library's errno inside a multi-line message ("errno = 28")
+            code = exc.errno if isinstance(exc.errno, int) else re.search(r"errno = (\d+)", str(exc))
+            reason = os.strerror(code if isinstance(code, int) else int(code[1])) if code else " ".join(str(exc).split())
             raise FLError(f"cannot write the results file {path} ({reason}); free some space or pass "
                           "--results_dir with a writable folder") from exc
 
