@@ -123,6 +123,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _at_least(low: int):
+    # (test, the words the message uses for it): NaN cannot reach here, these flags are integers
     return lambda v: v >= low, f">= {low}"
 
 
@@ -149,6 +150,7 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("-ml", "max_len", _at_least(1)),
     ("--avg_last", "avg_last", _at_least(1)),
     ("--num_threads", "num_threads", _at_least(0)),
+    ("--checkpoint_every", "checkpoint_every", _at_least(0)),
     ("-lr", "local_learning_rate", _finite(lambda v: v > 0, "a finite number > 0")),
     ("-ldg", "learning_rate_decay_gamma", _finite(lambda v: v > 0, "a finite number > 0")),
     ("-jr", "join_ratio", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),

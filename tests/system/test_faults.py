@@ -332,6 +332,7 @@ def test_generators_write_under_the_lock_and_remove_it(tmp_path, monkeypatch):
     (["-pv", "-1"], "-pv must be >= 0"),
     (["-fs", "-2"], "-fs must be >= 0"),
     (["--avg_last", "0"], "--avg_last must be >= 1"),
+    (["--checkpoint_every", "-5"], "--checkpoint_every must be >= 0"),
     (["--target_acc", "1.5"], "--target_acc must be in [0, 1]"),
 ])
 def test_run_flags_out_of_range_are_one_line(capsys, toy, tmp_path, flags, needle):
