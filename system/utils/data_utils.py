@@ -176,6 +176,8 @@ def load_config(path: Path, name: str) -> dict:
         config = json.loads(config_file.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FLError(f"{config_file} is not valid JSON ({exc}); regenerate the dataset with --force") from exc
+    except OSError as exc:
+        raise FLError(f"cannot read {config_file} ({exc.strerror or exc})") from exc
     if not isinstance(config, dict):
         raise FLError(f"{config_file} holds {type(config).__name__}, not an object; regenerate the dataset with --force")
 
@@ -500,8 +502,8 @@ def load_federated_dataset(
                 keep[split, cid] = _few_shot_rows(y, few_shot)
                 y = y[keep[split, cid]]
             labels[split].append(y)
-    config_shape = tuple(config["input_shape"]) if "input_shape" in config else None
-    shape, shape_source = config_shape, "config.json says"
+    shape = tuple(config["input_shape"]) if config.get("input_shape") is not None else None
+    shape_source = "config.json says"
     merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     coder = _InputCoder() if compact else None
     #: integer inputs are token ids (text) or category codes: kept as int64 (embeddings index with
@@ -568,7 +570,7 @@ def load_federated_dataset(
         ClientData(cid=cid, train_x=tx, train_y=ty, test_x=vx, test_y=vy, table=table)
         for cid, (tx, ty), (vx, vy) in zip(ids, views["train"], views["test"])
     ]
-    if "input_shape" not in config:
+    if config.get("input_shape") is None:
         config["input_shape"] = list(shape or ())
     if "num_classes" not in config:
         seen = [int(y.max()) for split in ("train", "test") for y in labels[split] if len(y)]
