@@ -378,8 +378,8 @@ def test_a_really_full_or_read_only_results_folder(capsys, toy, tiny_tmpfs):
     code, out, err = run_main(capsys, "-data", str(toy), "--results_dir", str(tiny_tmpfs))
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "No space left on device" in err
-    # no result, temporary or model file (the claim's empty .lock marker is the lead's run_control)
-    assert [p.name for p in tiny_tmpfs.iterdir() if p.name != "filler" and not p.name.endswith(".lock")] == []
+    # no result, temporary, model or lock file
+    assert [p.name for p in tiny_tmpfs.iterdir() if p.name != "filler"] == []
     for leftover in tiny_tmpfs.iterdir():
         leftover.unlink()
     subprocess.run(["mount", "-o", "remount,ro", str(tiny_tmpfs)], check=True)
