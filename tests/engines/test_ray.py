@@ -159,6 +159,39 @@ def test_too_many_failures_stop_the_run_with_one_line(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "Traceback" not in "\n".join(err)
     assert err[-1].startswith("error: engine ray: 1 actor failures in round 1 (--ray_max_restarts 0)")
+    assert "marked unfinished" in err[-1]
+    (kept,) = (tmp_path / "res").glob("*.h5")  # the rounds before the failure are kept
+    with h5py.File(kept) as f:
+        assert not f.attrs["finished"] and f.attrs["stopped_at_round"] == 1 and len(f["rs_test_acc"]) == 2
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_resume_from_a_checkpoint_gathers_and_scatters_the_actors_state(tmp_path, monkeypatch):
+    """A crash after round 2's checkpoint, then --resume: the checkpoint holds every client's state
+    (the driver's copy of the actors' state), the resumed actors get it back, and the result file
+    equals an uninterrupted sequential run's."""
+    from flcore.servers.serverbase import Server
+
+    folder = make_dataset(tmp_path, num_clients=6, input_shape=(1, 8, 8), train_sizes=[9, 30, 14, 5, 22, 17])
+    ref = h5_arrays(run_main(folder, tmp_path / "seq", "SCAFFOLD", "--engine", "sequential", "-gr", "4"))
+    original = Server.run_round
+
+    def crash_in_round_3(self, rnd, *args, **kwargs):
+        if rnd == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, rnd, *args, **kwargs)
+
+    ray_flags = ("SCAFFOLD", "--engine", "ray", "--ray_workers", "2", "-gr", "4", "--checkpoint_every", "2")
+    with monkeypatch.context() as patch:
+        patch.setattr(Server, "run_round", crash_in_round_3)
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            run_main(folder, tmp_path / "ray", *ray_flags)
+    assert list((tmp_path / "ray").glob("*.ckpt"))
+    out = h5_arrays(run_main(folder, tmp_path / "ray", *ray_flags, "--resume"))
+    assert ref.keys() == out.keys()
+    for name in ref:
+        assert np.array_equal(ref[name], out[name]), name
 
 
 @pytest.mark.usefixtures("local_ray")

@@ -45,8 +45,9 @@ sequential engine's on the CPU (``tests/engines/test_ray.py`` compares every arr
   new actor gets the same clients, their state from the driver's copy of the last round and their
   attributes from the driver, and reruns the round's jobs with the same (seed, round, client)
   randomness, so the run's results equal an undisturbed run's. More than ``--ray_max_restarts``
-  failures in one round stop the run with one line (:class:`WorkersLost`), keeping the rounds
-  recorded so far.
+  failures in one round stop the run with one line (:class:`WorkersLost`, a ``Diverged``: ``main``
+  writes the rounds recorded so far, marked unfinished, and ``--resume`` continues from the last
+  checkpoint).
 * **Network.** With the default ``--ray_address local`` the engine starts a Ray instance bound to
   127.0.0.1 only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` before ``ray.init``: measured with ray
   2.60.0, ``_node_ip_address`` alone did not move the GCS), without the dashboard, with an object
@@ -80,7 +81,7 @@ from flcore.flat import FlatModel
 from flcore.registry import register_engine
 from flcore.state import STATE_DTYPES, DiskStateStore, make_state_store
 from utils.cli import add_flag, hyperparameters
-from utils.errors import FLError
+from utils.errors import Diverged, FLError
 from utils.seeding import rng_state, set_rng_state
 
 if TYPE_CHECKING:
@@ -98,16 +99,10 @@ BUILT_ATTRS = frozenset({"data", "state", "args", "hp"})
 MIN_OBJECT_STORE = 96 * 1024**2
 
 
-class WorkersLost(FLError):
-    """More actors failed in one round than ``--ray_max_restarts`` allows; the rounds before
-    ``round`` are complete and worth keeping."""
-
-    def __init__(self, message: str, round: int):
-        super().__init__(message)
-        self.round = round
-
-    def __reduce__(self):
-        return type(self), (str(self), self.round)
+class WorkersLost(Diverged):
+    """More actors failed in one round than ``--ray_max_restarts`` allows. As with a diverged run,
+    the rounds before ``round`` are complete: ``main`` writes them (marked unfinished) and the run
+    can be resumed from its last checkpoint (``--checkpoint_every``)."""
 
 
 MISSING_RAY = "--engine ray needs the ray package: run ./prepare.sh --ray (or pip install -r requirements-ray.txt)"
