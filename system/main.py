@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
-                       generic_parser, pfllib_algorithm_actions)
+from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
+                       declared_actions, generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.errors import FLError
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
@@ -157,6 +157,7 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
 
 def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
     factory = MODELS.get(args.model)
+    resolve_vocab_size(args, dataset)
     try:
         module = factory(dataset.input_shape, dataset.num_classes, args)
         check_token_ids(args, dataset, module)
@@ -173,6 +174,17 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     if out.shape[-1] != dataset.num_classes:
         raise FLError(f"model {args.model} outputs {out.shape[-1]} classes, dataset has {dataset.num_classes}")
     return module
+
+
+def resolve_vocab_size(args: argparse.Namespace, dataset: FederatedDataset) -> None:
+    """Without -vs, text models get the vocabulary the generator recorded in config.json (token ids
+    0..vocab_size-1), and PFLlib's 80 for folders without one (PFLlib's own, converted ones)."""
+    if args.vocab_size is not None:
+        return
+    recorded = dataset.config.get("vocab_size", PFLLIB_VOCAB_SIZE)
+    if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 1:
+        raise FLError(f"dataset {args.dataset}: config.json's vocab_size {recorded!r} is not a positive integer; pass -vs")
+    args.vocab_size = recorded
 
 
 def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module: torch.nn.Module) -> None:

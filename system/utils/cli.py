@@ -94,6 +94,9 @@ class _Ignored(argparse.Action):
         setattr(namespace, IGNORED_DEST, seen)
 
 
+#: PFLlib's -vs default (Shakespeare's 80 characters); used when neither -vs nor config.json gives one
+PFLLIB_VOCAB_SIZE = 80
+
 #: where the parsed namespace lists the given flags that the selected algorithm does not use
 IGNORED_DEST = "ignored_flags"
 
@@ -315,7 +318,9 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-nnc", "--num_new_clients", type=int, default=0, help="new clients evaluated after training (not supported)")
     add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0, help="fine-tuning epochs on new clients")
     add_flag(g, "-fd", "--feature_dim", type=int, default=512, help="feature/embedding dimension of text models")
-    add_flag(g, "-vs", "--vocab_size", type=int, default=80, help="vocabulary size of text models")
+    add_flag(g, "-vs", "--vocab_size", type=int, default=None,
+             help=f"vocabulary size of text models; default: the dataset's config.json vocab_size, "
+                  f"else {PFLLIB_VOCAB_SIZE} (PFLlib's)")
     add_flag(g, "-ml", "--max_len", type=int, default=200, help="text length")
     add_flag(g, "-fs", "--few_shot", type=int, default=0, help="if > 0 keep at most fs training samples per label per client")
 
