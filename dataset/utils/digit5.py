@@ -13,7 +13,9 @@ and PFLlib's ``dataset/generate_Digit5.py`` read them::
 
 Dassl's copy of the folder stores SynthDigits as ``syn_number.mat`` instead
 (``train_data`` / ``test_data`` (N,32,32,3), ``train_label`` / ``test_label``
-0..9); it is read when KD3A's two ``synth_*`` files are absent.
+0..9); it is read when KD3A's two ``synth_*`` files are absent. Likewise SVHN's
+own ``train_32x32.mat`` / ``test_32x32.mat`` (the same files under the names
+torchvision's ``svhn.py`` downloads) are read when KD3A's ``svhn_*`` copies are absent.
 
 MAT files are read with ``scipy.io.loadmat``, which decodes data and never runs
 code. Every domain becomes 3x32x32 8-bit RGB (grey images repeated over the
@@ -40,9 +42,12 @@ DIGIT5_FILES = {
     "syn": ["synth_train_32x32.mat", "synth_test_32x32.mat"], "usps": ["usps_28x28.mat"],
 }
 SYN_DASSL_FILE = "syn_number.mat"  # the same SynthDigits in one file, as Dassl ships them
+# SVHN's own names (ufldl.stanford.edu, torchvision's SVHN class) for the files KD3A renamed
+SVHN_OFFICIAL_FILES = ["train_32x32.mat", "test_32x32.mat"]
 DIGIT5_RAW_HELP = ("KD3A's DigitFive folder: " + ", ".join(f for fs in DIGIT5_FILES.values()
                                                            for f in fs)
-                   + f" ({SYN_DASSL_FILE} instead of the synth_* files is read too; "
+                   + f" ({SYN_DASSL_FILE} instead of the synth_* files, and SVHN's own "
+                   "train_32x32.mat / test_32x32.mat, are read too; "
                    "Google Drive: no direct download)")
 SIZE = 32
 
@@ -130,7 +135,11 @@ def _svhn_layout(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray
 
 
 def _svhn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    return _svhn_layout(folder, DIGIT5_FILES["svhn"])
+    kd3a = DIGIT5_FILES["svhn"]
+    if not all((folder / name).is_file() for name in kd3a) and \
+            all((folder / name).is_file() for name in SVHN_OFFICIAL_FILES):
+        return _svhn_layout(folder, SVHN_OFFICIAL_FILES)
+    return _svhn_layout(folder, kd3a)
 
 
 def _syn(folder: Path) -> tuple[np.ndarray, np.ndarray]:

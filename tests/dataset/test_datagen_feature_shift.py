@@ -37,6 +37,14 @@ def test_digit5_reads_dassl_syn_number_when_kd3a_synth_files_are_absent(tmp_path
     assert data.y.max() <= 9
 
 
+def test_digit5_reads_svhns_own_file_names_when_kd3as_are_absent(tmp_path):
+    labels = make_digit5(tmp_path)
+    for split in ("train", "test"):
+        (tmp_path / f"svhn_{split}_32x32.mat").rename(tmp_path / f"{split}_32x32.mat")
+    data = digit5.read_digit5(tmp_path, ("svhn",))
+    np.testing.assert_array_equal(data.y, labels["svhn"])
+
+
 def test_rgb32_conversion_keeps_32_pixel_images_and_resizes_28():
     grey = np.arange(2 * 32 * 32).reshape(2, 32, 32) % 256
     out = digit5.to_rgb32(grey, "NHW")
