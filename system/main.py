@@ -160,10 +160,10 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
 
 def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
     factory = MODELS.get(args.model)
-    resolve_vocab_size(args, dataset)
+    model_args = with_vocab_size(args, dataset)
     try:
-        module = factory(dataset.input_shape, dataset.num_classes, args)
-        check_token_ids(args, dataset, module)
+        module = factory(dataset.input_shape, dataset.num_classes, model_args)
+        check_token_ids(model_args, dataset, module)
         probe = dataset.sample_inputs(2).to("cpu")
         with torch.no_grad():
             module.eval()
@@ -179,15 +179,19 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     return module
 
 
-def resolve_vocab_size(args: argparse.Namespace, dataset: FederatedDataset) -> None:
-    """Without -vs, text models get the vocabulary the generator recorded in config.json (token ids
-    0..vocab_size-1), and PFLlib's 80 for folders without one (PFLlib's own, converted ones)."""
+def with_vocab_size(args: argparse.Namespace, dataset: FederatedDataset) -> argparse.Namespace:
+    """The arguments a model is built with. Without -vs, text models get the vocabulary the generator
+    recorded in config.json (token ids 0..vocab_size-1), and PFLlib's 80 for folders without one
+    (PFLlib's own, converted ones). ``args`` keeps -vs unset, so the settings a result file records
+    (and a resume or a sweep compares) are the ones the user gave."""
     if args.vocab_size is not None:
-        return
+        return args
     recorded = dataset.config.get("vocab_size", PFLLIB_VOCAB_SIZE)
     if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 1:
         raise FLError(f"dataset {args.dataset}: config.json's vocab_size {recorded!r} is not a positive integer; pass -vs")
-    args.vocab_size = recorded
+    model_args = copy.copy(args)
+    model_args.vocab_size = recorded
+    return model_args
 
 
 def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module: torch.nn.Module) -> None:

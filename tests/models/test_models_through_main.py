@@ -92,7 +92,9 @@ def _embedding_rows(folder: Path, *flags: str) -> int:
     import main
 
     args = main.parse_args(["-data", str(folder), "-m", "fastText", "-fd", "8", "-dev", "cpu", *flags])
+    given = vars(args).copy()
     module = main.build_model(args, load_federated_dataset(str(folder)), torch.device("cpu"))
+    assert vars(args) == given  # the run's settings (stored in its result file) stay as given
     return next(m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding))
 
 
