@@ -130,17 +130,39 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError(f"-lr must be > 0, got {args.local_learning_rate}")
     if not 0 <= args.client_drop_rate < 1 or not 0 <= args.train_slow_rate <= 1:
         raise FLError("-cdr must be in [0, 1) and -tsr in [0, 1]")
+    validate_clock(args)
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     unsupported = {
         "-dlg (DLG attack)": args.dlg_eval,
         "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
-        "-ssr (slow senders)": args.send_slow_rate > 0,
-        "-ts/-tth (time-based selection)": args.time_select or args.time_threthold != 10000,
     }
     for name, used in unsupported.items():
         if used:
             raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+
+
+def validate_clock(args: argparse.Namespace) -> None:
+    """The virtual clock's flags (flcore/clock.py); the trace file is read when the run starts."""
+    positive = {"-tth": args.time_threthold, "--clock_compute_speed": args.clock_compute_speed,
+                "--clock_link_speed": args.clock_link_speed, "--clock_uplink_ratio": args.clock_uplink_ratio}
+    for flag, value in positive.items():
+        if not value > 0:
+            raise FLError(f"{flag} must be > 0, got {value}")
+    for flag, value in (("--clock_compute_spread", args.clock_compute_spread), ("--clock_link_spread", args.clock_link_spread),
+                        ("--clock_avail_period", args.clock_avail_period)):
+        if not 0 <= value < float("inf"):
+            raise FLError(f"{flag} must be >= 0 and finite, got {value}")
+    for flag, value in (("--clock_train_slow_factor", args.clock_train_slow_factor),
+                        ("--clock_send_slow_factor", args.clock_send_slow_factor)):
+        if not value >= 1:
+            raise FLError(f"{flag} must be >= 1 (times slower), got {value}")
+    if not 0 <= args.send_slow_rate <= 1:
+        raise FLError(f"-ssr must be in [0, 1], got {args.send_slow_rate}")
+    if not 0 < args.clock_avail_duty <= 1:
+        raise FLError(f"--clock_avail_duty must be in (0, 1], got {args.clock_avail_duty}")
+    if args.client_trace is not None and not Path(args.client_trace).is_file():
+        raise FLError(f"--client_trace {args.client_trace}: no such file")
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
