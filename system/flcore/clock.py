@@ -132,7 +132,7 @@ class Profiles:
                 phase = math.fmod(t + self.offset[i], self.period[i])
                 times.append(t + self.period[i] - phase)
             else:
-                return t  # pragma: no cover - an always-available client is available now
+                return t  # always available
         return min(times) if times else None
 
     @property
@@ -325,7 +325,7 @@ class VirtualClock:
         if not self.restricts_selection or (self.fast_enough & self.profiles.available(now)).any():
             return now
         start = self.profiles.next_available(now, self.fast_enough)
-        if start is None:
+        if start is None or math.isinf(start):
             raise FLError(
                 f"no client is available at or after virtual time {now:.6g} s (their availability windows "
                 f"end before it); lengthen the windows of --client_trace or lower -gr"
@@ -333,10 +333,6 @@ class VirtualClock:
         return start
 
     # ---------------------------------------------------------------------- rounds
-    def client_seconds(self, index: int, down_bytes: float, samples: float, up_bytes: float) -> float:
-        """``t_i``: download, local training and upload of client ``index``."""
-        return down_bytes / self.down[index] + samples / self.compute[index] + up_bytes / self.up[index]
-
     def finish_round(self, server: "Server", package: "RoundPackage", trained: list["ClientUpdate"],
                      arrived: list["ClientUpdate"]) -> tuple[list["ClientUpdate"], float]:
         """Time the round's clients, charge each its time cost, and drop the uploads -tth rejects.
@@ -349,8 +345,8 @@ class VirtualClock:
         for update in trained:
             i = update.index
             client = server.clients[i]
-            down_and_train = package.nbytes(i) / self.down[i] + update.samples_processed / self.compute[i]
-            seconds = down_and_train + update.nbytes() / self.up[i]
+            down_and_train = float(package.nbytes(i) / self.down[i] + update.samples_processed / self.compute[i])
+            seconds = down_and_train + float(update.nbytes() / self.up[i])
             client.virtual_seconds += seconds
             client.virtual_rounds += 1
             if id(update) not in reached:  # a drop-out: noticed when its upload should begin
