@@ -357,15 +357,3 @@ class VirtualClock:
                 continue
             kept.append(update)
         return kept, duration
-
-    def describe(self) -> dict[str, object]:
-        """Median speeds and the restrictions in force, for the run's log line."""
-        out: dict[str, object] = {
-            "median_samples_per_s": float(np.median(self.compute)) if self.compute.size else 0.0,
-            "median_down_bytes_per_s": float(np.median(self.down)) if self.down.size else 0.0,
-        }
-        if self.drops_late:
-            out["tth"] = self.threshold
-        if self.time_select:
-            out["selectable_by_time"] = int(self.fast_enough.sum())
-        return out
