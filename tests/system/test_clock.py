@@ -265,3 +265,43 @@ def test_bad_clock_flags_are_one_line(flags, needle, capsys):
     assert main.main(["-dev", "cpu", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err, err
+
+
+def test_resume_continues_the_virtual_clock_exactly(tmp_path, monkeypatch):
+    """What persists across rounds (Server.virtual_time, the clients' time costs for -tth) is in the
+    checkpoint; the speeds and windows are rebuilt from the flags and the trace."""
+    from flcore.servers.serverbase import Server
+    from toydata import make_dataset
+
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    trace = write(tmp_path, "client,samples_per_s,bytes_per_s,available\n0,50,4e4,\n1,20,1e4,0-2;5-inf\n"
+                            "2,90,2e4,0-1;3-inf\n3,40,8e3,\n")
+
+    def run(results, *extra):
+        return main.main(["-data", str(folder), "--results_dir", str(results), "-dev", "cpu", "-gr", "5", "-m", "DNN",
+                          "-jr", "0.5", "-tsr", "0.5", "-ls", "2", "-ssr", "0.25", "-tth", "2", "--client_trace",
+                          str(trace), "--progress", "False", "-q", "True", *extra])
+
+    costs = []  # every finished run's per-client time costs, taken when the server closes
+    close = Server.close
+    monkeypatch.setattr(Server, "close", lambda self: (costs.append(
+        [(c.virtual_seconds, c.virtual_rounds) for c in self.clients]), close(self))[1])
+    assert run(tmp_path / "ref") == 0
+    original = Server.run_round
+
+    def crash_in_round_3(self, rnd, *args, **kwargs):
+        if rnd == 3:
+            raise RuntimeError("simulated crash")
+        return original(self, rnd, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Server, "run_round", crash_in_round_3)
+        with pytest.raises(RuntimeError):
+            run(tmp_path / "res", "--checkpoint_every", "1")
+    assert run(tmp_path / "res", "--checkpoint_every", "1", "--resume") == 0
+    assert costs[-1] == costs[0] and sum(rounds for _, rounds in costs[0]) == 10  # 5 rounds of 2 clients
+    (reference,), (resumed,) = (list((tmp_path / d).glob("*.h5")) for d in ("ref", "res"))
+    with h5py.File(reference) as a, h5py.File(resumed) as b:
+        for key in ("rs_virtual_time", "rs_virtual_round_time", "rs_clients_per_round", "rs_test_acc"):
+            np.testing.assert_array_equal(a[key][()], b[key][()], err_msg=key)
+        assert a["rs_clients_per_round"][()].min() < 2, "-tth must drop some upload in this set-up"
