@@ -164,10 +164,14 @@ def read_trace(path: str | Path, num_clients: int) -> Profiles:
     """Every client's profile from a trace CSV (format: module docstring)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise FLError(f"--client_trace {path}: cannot read it ({exc.strerror or exc})") from exc
-    rows = csv.reader(text.splitlines())
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is no column name
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FLError(f"--client_trace {path}: cannot read it as UTF-8 text ({getattr(exc, 'strerror', None) or exc})") from exc
+    reader = csv.reader(text.splitlines())
+    try:
+        rows = iter(list(reader))
+    except csv.Error as exc:
+        raise FLError(f"--client_trace {path} line {reader.line_num}: {exc}") from exc
 
     def fail(line: int, column: str, message: str) -> None:
         raise FLError(f"--client_trace {path} line {line} column {column}: {message}")

@@ -243,9 +243,12 @@ def test_results_file_holds_the_virtual_time(tmp_path):
     ("client,samples_per_s,bytes_per_s\n0,1,1\n0,1,1\n", "line 3 column client: client 0 already given on line 2"),
     ("client,samples_per_s,bytes_per_s\n0,1,1\n", "no row for client(s) 1, 2, 3"),
     ("client,samples_per_s,bytes_per_s,period,duty\n0,1,1,10,1.5\n", "line 2 column duty: '1.5' must be in (0, 1]"),
+    ("client,samples_per_s,bytes_per_s,period\n0,1,1,5\n1,1,1,\n2,1,1,\n3,2,1,0-9\n", "line 5 column period: '0-9' is not"),
+    (b"\xff\xfe\x00client", "cannot read it as UTF-8 text"),
 ])
 def test_a_bad_trace_is_one_line_naming_file_line_and_column(tmp_path, capsys, text, needle):
-    trace = write(tmp_path, text, "bad.csv")
+    trace = tmp_path / "bad.csv"
+    trace.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(AssertionError, match="main exited with 2"):
         run_main_two_rounds(tmp_path, "FedAvg", "--client_trace", str(trace))
     err = capsys.readouterr().err.strip()
