@@ -176,7 +176,7 @@ def validate(args: argparse.Namespace) -> None:
     """Reject settings that would silently do something else than asked (before any data is read)."""
     for flag, dest, (test, wanted) in FLAG_RANGES:
         value = getattr(args, dest)
-        if not test(value):
+        if value is not None and not test(value):  # None: left unset (-vs: config.json's vocab_size)
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
