@@ -26,15 +26,14 @@ from utils.errors import FLError
 from utils.plot_utils import (
     METRICS,
     X_MODES,
-    GroupedSeries,
     Note,
     PlotError,
     RunResult,
     algorithms_with_results,
     creation_command,
     format_summary_table,
-    group_runs,
     load_algorithm_runs,
+    metric_groups,
     plot_file_name,
     plot_metric,
     search_pattern,
@@ -84,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trailing moving average over K points before averaging runs "
                              "(default: 1, no smoothing)")
     parser.add_argument("--x", dest="x_mode", choices=list(X_MODES), default="rounds",
-                        help="x-axis: communication rounds or elapsed wall-clock seconds "
-                             "(needs rs_round_time; default: rounds)")
+                        help="x-axis of the per-evaluation curves: communication rounds, elapsed "
+                             "wall-clock seconds (needs rs_round_time) or uploaded megabytes (needs "
+                             "rs_bytes_up); default: rounds")
     return parser
 
 
@@ -106,8 +106,8 @@ def load_all(results_dir: Path, dataset: str, algorithms: Sequence[str], goal: s
     """Runs of every requested algorithm; a PlotError naming what is missing otherwise."""
     if not results_dir.is_dir():
         raise PlotError(
-            f"results folder {results_dir} does not exist; create results with "
-            f"`{creation_command(dataset, algorithms[0], goal)}` (from system/) or pass --results-dir")
+            f"results folder {results_dir} does not exist; pass --results-dir or "
+            f"{creation_command(dataset, algorithms[0], goal)}")
     loaded = {algo: load_algorithm_runs(results_dir, dataset, algo, goal, note=note)
               for algo in algorithms}
     missing = [algo for algo, runs in loaded.items() if not runs]
@@ -121,8 +121,8 @@ def load_all(results_dir: Path, dataset: str, algorithms: Sequence[str], goal: s
             what = f"algorithms {', '.join(missing)}"
             searched = search_pattern(results_dir, dataset, "{" + ",".join(missing) + "}", goal)
         raise PlotError(
-            f"no results for {what} on {dataset}: searched {searched}{hint}; create them with "
-            f"`{creation_command(dataset, missing[0], goal)}` (from system/)")
+            f"no results for {what} on {dataset}: searched {searched}{hint}; "
+            f"{creation_command(dataset, missing[0], goal)}")
     return loaded
 
 
@@ -132,14 +132,11 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, out_d
     written: list[Path] = []
     for metric_name in dict.fromkeys(args.metric):
         metric = METRICS[metric_name]
-        groups: list[GroupedSeries] = []
+        groups = metric_groups(loaded, metric, x_mode=args.x_mode, smooth=args.smooth, note=note)
         for algo, runs in loaded.items():
-            group = group_runs(runs, metric, x_mode=args.x_mode, smooth=args.smooth, note=note)
-            if group is None:
+            if not any(g.algorithm == algo for g in groups):
                 kind = " (PFLlib-format files)" if all(r.is_pfllib_format for r in runs) else ""
                 note(f"{algo}: no '{metric.key}' in its files{kind}; left out of the {metric_name} plot")
-            else:
-                groups.append(group)
         if not groups:
             note(f"no algorithm has '{metric.key}'; {metric_name} plot skipped")
             continue

@@ -177,8 +177,10 @@ def test_group_runs_three_runs(results: Path) -> None:
     by_time = group_runs(runs, METRICS["acc"], x_mode="time")
     np.testing.assert_allclose(by_time.x, [0.0, 1.0, 2.0, 3.0])
 
+    # Training round i produces the model the accuracy curve shows at round i + 1: the time of
+    # the first training round is plotted at round 1, as its accuracy is.
     per_round = group_runs(runs, METRICS["time"])
-    np.testing.assert_allclose(per_round.x, np.arange(7))
+    np.testing.assert_allclose(per_round.x, np.arange(1, 8))
     np.testing.assert_allclose(per_round.mean, 0.5)
 
 
