@@ -24,6 +24,7 @@ from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags,
                        generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.errors import FLError
+from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from utils.result_utils import result_path, save_results, summarize
 from utils.seeding import derive_seed, seed_everything
@@ -244,7 +245,7 @@ def run(args: argparse.Namespace) -> list[Path]:
             server.model.num_params, device, json.dumps(server.summary()) if server.summary() else "",
         )
         started = time.perf_counter()
-        history = server.train(progress=args.progress and not args.quiet)
+        history = server.train(progress=args.progress and not args.quiet, callbacks=live_callbacks(run_args, run_index))
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, args.avg_last, args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=time.perf_counter() - started)

@@ -60,7 +60,7 @@ from utils.result_utils import result_path  # noqa: E402
 
 PROG = "sweep.py"
 # Flags whose values are free text that may hold commas (device lists, paths): never split into axes.
-LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir", "save_folder_name"})
+LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir", "save_folder_name", "tensorboard"})
 # Settings that say how a run is executed or reported, not what it computes: a stored result made
 # with other values of these is still the same experiment (engines and layouts agree up to float
 # rounding, see docs/architecture.md).
@@ -68,6 +68,7 @@ RUN_ONLY_DESTS = frozenset({
     "quiet", "progress", "num_threads", "times", "prev", "results_dir", "data_root", "save_model",
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
     "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
+    "tensorboard",
 })
 
 @dataclass
