@@ -190,6 +190,11 @@ def dataset_section(dataset: str, goal: str, rows: list[AlgorithmSummary],
     parts = [f"<h2>{html.escape(dataset)}</h2>", html_table(rows, dataset, goal, avg_last, target_acc)]
     parts.append(image(png_data_uri(curves_figure(dataset, by_row)),
                        f"{dataset}: accuracy and loss curves"))
+    for x_mode, needed in (("time", "rs_round_time"), ("bytes", "rs_bytes_up")):
+        lacking = [name for name, runs in by_row.items() if any(r.x_at_evals(x_mode) is None for r in runs)]
+        if lacking:
+            parts.append(f"<p class='muted'>Not on the {html.escape(X_LABELS[x_mode].lower())} axis (their "
+                         f"files have no {needed}, e.g. PFLlib's): {html.escape(', '.join(lacking))}</p>")
     clients = client_figure(dataset, by_row)
     parts.append(image(png_data_uri(clients), f"{dataset}: per-client accuracy") if clients is not None
                  else "<p class='muted'>No run stores per-client accuracies (rs_client_acc).</p>")
