@@ -34,6 +34,7 @@ from matplotlib.ticker import MaxNLocator
 from utils.errors import FLError
 
 Note = Callable[[str], None]
+MISSING = "–"  # a figure the files do not allow to compute (PFLlib's files lack most series)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 #: 1-D datasets read from a result file (``rs_client_acc`` is 2-D: only its last row is kept).
@@ -577,7 +578,7 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
 @dataclass(frozen=True)
 class Stat:
     """One figure over the runs of a row: mean and population std (``ddof=0``) over the runs
-    that have it (``count`` of them)."""
+    that have a value (``count`` of them; NaN when none has)."""
 
     mean: float
     std: float
@@ -633,6 +634,8 @@ class SummaryColumn:
         kind: ``"acc"`` (a fraction shown in percent), ``"count"`` or ``"number"``.
         note: Exactly how the figure is computed (printed under Markdown tables, in reports).
         always: Shown even when no row has the figure (then as "–").
+        none_text: Shown when the runs have what the figure needs but none gives a value (a
+            target no run reached).
     """
 
     key: str
@@ -640,6 +643,7 @@ class SummaryColumn:
     kind: str
     note: str
     always: bool = False
+    none_text: str = MISSING
 
 
 SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
@@ -664,10 +668,10 @@ SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
     SummaryColumn("rounds_to_target", "rounds to {target}", "count",
                   "the first evaluated round r whose rs_test_acc >= the target accuracy, i.e. "
                   "after r training rounds (AdaFL's metric); mean over the runs that reach it, "
-                  "(k/n) when only k of n do"),
+                  "(k/n) when only k of n do", none_text="not reached"),
     SummaryColumn("mb_to_target", "MB up to {target}", "number",
                   "megabytes (10^6 bytes) uploaded by all clients in training rounds 0..r-1, "
-                  "r the round reaching the target (sum of rs_bytes_up)"),
+                  "r the round reaching the target (sum of rs_bytes_up)", none_text="not reached"),
     SummaryColumn("s_per_round", "s/round", "number",
                   "mean of rs_round_time, the wall-clock seconds of each training round (client "
                   "training, aggregation and the evaluation made at the start of the round)",
@@ -685,7 +689,6 @@ SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
                   "the last rs_new_client_acc of a run: accuracy on clients held out of training"),
 )
 COLUMNS_BY_KEY: dict[str, SummaryColumn] = {c.key: c for c in SUMMARY_COLUMNS}
-MISSING = "–"
 
 _PERSONALIZED_CACHE: dict[str, bool | None] = {}
 
@@ -754,8 +757,9 @@ def run_figures(run: RunResult, avg_last: int = 10, target_acc: float | None = N
     if target_acc is not None:
         bytes_up = run.get("rs_bytes_up")
         reached = reach_target(acc, run.eval_rounds, bytes_up if bytes_up is not None else [], target_acc)
-        figures["rounds_to_target"] = None if reached is None else float(reached[0])
-        figures["mb_to_target"] = None if reached is None or bytes_up is None else reached[1] / 1e6
+        # NaN: computable but not reached; None: not computable (no traffic recorded).
+        figures["rounds_to_target"] = np.nan if reached is None else float(reached[0])
+        figures["mb_to_target"] = None if bytes_up is None else np.nan if reached is None else reached[1] / 1e6
     return figures
 
 
@@ -777,10 +781,12 @@ def summarize_runs(runs: Sequence[RunResult], avg_last: int = 10,
     per_run = [run_figures(r, avg_last, target_acc) for r in runs]
     stats: dict[str, Stat] = {}
     for key in COLUMNS_BY_KEY:
-        values = np.array([f[key] for f in per_run if f.get(key) is not None], dtype=float)
-        values = values[np.isfinite(values)]
+        present = np.array([f[key] for f in per_run if f.get(key) is not None], dtype=float)
+        values = present[np.isfinite(present)]
         if values.size:
             stats[key] = Stat(float(values.mean()), float(values.std(ddof=0)), int(values.size))
+        elif present.size:
+            stats[key] = Stat(np.nan, np.nan, 0)
     evals = [r.n_evals for r in runs]
     shortest = runs[int(np.argmin(evals))]
     times = [t for r in runs if (t := r.get("rs_round_time")) is not None and t.size > 0]
@@ -819,6 +825,8 @@ def format_cell(summary: AlgorithmSummary, column: SummaryColumn) -> str:
     stat = summary.stats.get(column.key)
     if stat is None:
         return MISSING
+    if stat.count == 0:
+        return f"{column.none_text} (0/{summary.n_runs})" if column.none_text != MISSING else MISSING
     if column.kind == "acc":
         text = f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f}"
     elif column.kind == "count":
@@ -898,8 +906,9 @@ def summary_records(summaries: Sequence[AlgorithmSummary]) -> list[dict[str, Any
         }
         for column in SUMMARY_COLUMNS:
             stat = s.stats.get(column.key)
-            record[f"{column.key}_mean"] = "" if stat is None else repr(stat.mean)
-            record[f"{column.key}_std"] = "" if stat is None else repr(stat.std)
+            known = stat is not None and stat.count > 0
+            record[f"{column.key}_mean"] = repr(stat.mean) if known else ""
+            record[f"{column.key}_std"] = repr(stat.std) if known else ""
             record[f"{column.key}_runs"] = 0 if stat is None else stat.count
         records.append(record)
     return records

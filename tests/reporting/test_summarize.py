@@ -87,6 +87,12 @@ def test_target_reached_by_some_runs_only(tmp_path: Path) -> None:
     assert row.stats["rounds_to_target"].count == 1
     text = summarize.format_summary_table([row], "MNIST", "test", target_acc=0.85)
     assert "2.0 ± 0.0 (1/2)" in row_of(text, "FedAvg")
+    none = summarize_runs(load_algorithm_runs(tmp_path, "MNIST", "FedAvg", "test"), target_acc=0.95)
+    cells = row_of(summarize.format_summary_table([none], "MNIST", "test", target_acc=0.95), "FedAvg")
+    assert cells.count("not reached (0/2)") == 2  # rounds and MB: computable, never reached
+    pfllib = write_pfllib(tmp_path, "MNIST", "FedProx", "test", 0, [0.1, 0.9])
+    prox = summarize_runs(load_algorithm_runs(tmp_path, "MNIST", "FedProx", "test"), target_acc=0.5)
+    assert prox.stats["rounds_to_target"].mean == 1 and "mb_to_target" not in prox.stats and pfllib.exists()
 
 
 def test_cli_tables_csv_and_markdown(results: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -104,8 +110,8 @@ def test_cli_tables_csv_and_markdown(results: Path, tmp_path: Path, capsys: pyte
     # The PFLlib file: accuracies from its rs_test_acc, "–" for what it does not store.
     prox = 100 * np.max(FEDPROX, axis=1)
     assert f"{prox.mean():.2f} ± {prox.std():.2f}" in fedprox
-    # global best and final, rounds and MB to the target, s/round, peak RSS, DP ε
-    assert fedprox.count("–") == 7
+    # global best and final, MB to the target (no traffic recorded), s/round, peak RSS, DP ε
+    assert fedprox.count("–") == 6 and "not reached (0/2)" in fedprox  # rounds: computable
     assert "personal models" in ditto and "global model" in fedavg
     # The unfinished run is marked.
     assert "1 of 1" in row_of(out, "SCAFFOLD") and "finished = False" in out
