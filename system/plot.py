@@ -4,12 +4,18 @@ Run from ``system/``, after ``python main.py -data MNIST -algo FedAvg -t 3`` and
 
     python plot.py -data MNIST -algo FedAvg FedProx
     python plot.py -data MNIST -algo FedAvg FedProx --metric acc loss time --smooth 5 --x time
+    python plot.py -data MNIST -algo FedAvg Ditto --x bytes
 
 Every run (``-t`` repeat) of an algorithm found as ``<results>/<dataset>_<algo>_<goal>_<run>.h5``
 is averaged into a mean line with a shaded ±std band (population std). Runs of different
 lengths are cut to the shortest, with a note. PNGs go next to the results unless ``--out`` is
 given (``MNIST_test_acc.png``, ``MNIST_test_loss.png``, ...); their paths are printed, followed
 by a summary table (runs, best accuracy mean ± std as in PFLlib, final accuracy).
+
+A personalised algorithm's accuracy (each client's own model on its own test data) is labelled
+so, with its shared model's accuracy (``rs_test_acc_global``) dashed in the same colour. Round
+axes have whole-number ticks; ``--metric time`` plots the time of training round ``t`` at round
+``t + 1``, the round at which the accuracy curve shows the model it produced.
 
 Files written by PFLlib itself (only ``rs_test_acc``, ``rs_test_auc``, ``rs_train_loss``) are
 plotted too, with one evaluation per round. Errors are one line on stderr and exit status 2.

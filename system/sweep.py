@@ -21,8 +21,9 @@ stopped); one made with other settings is reported as a conflict and left alone.
 reported with the last line of its error output (the whole output goes to
 ``<results>/sweep-logs/``) and the sweep goes on.
 
-At the end, the summary of ``plot.py`` (:func:`utils.plot_utils.summarize_runs`: runs, best and
-final accuracy as mean ± population std over the repeats) is printed for every setting, then for
+At the end, the summary table that ``plot.py`` and ``summarize.py`` print
+(:func:`utils.plot_utils.summarize_runs`: best, final and tail-mean accuracy, seconds per round,
+memory, ... as mean ± population std over the repeats) is printed for every setting, then for
 the best setting of each algorithm (``--rank_by best`` or ``final`` mean accuracy).
 Exit status: 0, 1 when a run failed or conflicted, 2 on a bad command line, 130 when interrupted.
 """
