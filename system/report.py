@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from summarize import add_selection_flags, load_tables, note, write_atomically  # noqa: E402
+from summarize import add_selection_flags, load_tables, write_text  # noqa: E402
 from utils.cli import ExactParser  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 from utils.plot_utils import (  # noqa: E402
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         page = render(args)
         out = Path(args.out) if args.out else Path(args.results_dir) / "report.html"
-        write_atomically(out, page)
+        write_text(out, page)
         print(out)
     except (FLError, OSError) as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -27,9 +27,7 @@ import argparse
 import csv
 import dataclasses
 import io
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -50,6 +48,7 @@ from utils.plot_utils import (  # noqa: E402
     summarize_runs,
     summary_records,
 )
+from utils.result_utils import write_atomically  # noqa: E402
 
 PROG = "summarize.py"
 
@@ -125,18 +124,9 @@ def load_tables(args: argparse.Namespace) -> tuple[dict[str, dict[tuple[str, str
     return runs, summary_tables(runs, args.last, args.target_acc)
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write to a temporary file beside ``path``, then rename: never a half-written table."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_text(path: Path, text: str) -> None:
+    """Write a table atomically (:func:`utils.result_utils.write_atomically`): never half-written."""
+    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
 def csv_text(tables: dict[str, tuple[str, list[AlgorithmSummary]]]) -> str:
@@ -168,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for chosen, default, text in outputs:
             if chosen != "":
                 path = Path(chosen) if chosen is not None else default
-                write_atomically(path, text)
+                write_text(path, text)
                 print(f"wrote {path}")
     except (FLError, OSError) as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
