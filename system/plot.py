@@ -26,7 +26,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from utils.errors import FLError
 from utils.plot_utils import (
@@ -152,11 +152,26 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, out_d
     return written
 
 
+def one_line_errors(prog: str, body: Callable[[], None]) -> int:
+    """Run ``body``; every error becomes one line on stderr and exit status 2, never a traceback
+    (the promise of plot.py, summarize.py and report.py). Returns the exit status."""
+    try:
+        body()
+    except (FLError, OSError) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
+        print(f"{prog}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 on success, 2 on a user-facing error)."""
     args = build_parser().parse_args(argv)
     args.algorithms = list(dict.fromkeys(args.algorithms))
-    try:
+
+    def body() -> None:
         results_dir = Path(args.results_dir)
         note = NotePrinter()
         loaded = load_all(results_dir, args.dataset, args.algorithms, args.goal, note)
@@ -171,17 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(format_summary_table([summarize_runs(runs) for runs in loaded.values()],
                                    args.dataset, args.goal))
-    except FLError as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
-        print(f"{PROG}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}",
-              file=sys.stderr)
-        return 2
-    return 0
+
+    return one_line_errors(PROG, body)
 
 
 if __name__ == "__main__":

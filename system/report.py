@@ -24,18 +24,14 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-SYSTEM = Path(__file__).resolve().parent
-if str(SYSTEM) not in sys.path:  # importable from the tests and from another directory
-    sys.path.insert(0, str(SYSTEM))
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
-import numpy as np  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-
-from summarize import add_selection_flags, load_tables, write_text  # noqa: E402
-from utils.cli import ExactParser  # noqa: E402
-from utils.errors import FLError  # noqa: E402
-from utils.plot_utils import (  # noqa: E402
+from plot import one_line_errors
+from summarize import add_selection_flags, load_tables, write_text
+from utils.cli import ExactParser
+from utils.plot_utils import (
     METRICS,
     X_LABELS,
     X_MODES,
@@ -226,18 +222,14 @@ def render(args) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 on success, 2 on a user-facing error)."""
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> None:
         page = render(args)
         out = Path(args.out) if args.out else Path(args.results_dir) / "report.html"
         write_text(out, page)
         print(out)
-    except (FLError, OSError) as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
-        print(f"{PROG}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    return 0
+
+    return one_line_errors(PROG, body)
 
 
 if __name__ == "__main__":

@@ -31,14 +31,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-SYSTEM = Path(__file__).resolve().parent
-if str(SYSTEM) not in sys.path:  # importable from the tests and from another directory
-    sys.path.insert(0, str(SYSTEM))
-
-from plot import default_results_dir, positive_int  # noqa: E402
-from utils.cli import ExactParser  # noqa: E402
-from utils.errors import FLError  # noqa: E402
-from utils.plot_utils import (  # noqa: E402
+from plot import default_results_dir, one_line_errors, positive_int
+from utils.cli import ExactParser
+from utils.plot_utils import (
     AlgorithmSummary,
     PlotError,
     RunResult,
@@ -48,7 +43,7 @@ from utils.plot_utils import (  # noqa: E402
     summarize_runs,
     summary_records,
 )
-from utils.result_utils import write_atomically  # noqa: E402
+from utils.result_utils import write_atomically
 
 PROG = "summarize.py"
 
@@ -147,7 +142,8 @@ def markdown_text(tables: dict[str, tuple[str, list[AlgorithmSummary]]], avg_las
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 on success, 2 on a user-facing error)."""
     args = build_parser().parse_args(argv)
-    try:
+
+    def body() -> None:
         _, tables = load_tables(args)
         for dataset, (goal, rows) in tables.items():
             print(format_summary_table(rows, dataset, goal, args.last, args.target_acc))
@@ -160,13 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 path = Path(chosen) if chosen is not None else default
                 write_text(path, text)
                 print(f"wrote {path}")
-    except (FLError, OSError) as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
-        print(f"{PROG}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    return 0
+
+    return one_line_errors(PROG, body)
 
 
 if __name__ == "__main__":

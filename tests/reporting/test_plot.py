@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import plot
+from resultfiles import write_pfllib
 from utils.plot_utils import (
     METRICS,
     PlotError,
@@ -29,7 +30,7 @@ from utils.plot_utils import (
     summarize_runs,
 )
 
-SYSTEM = Path(__file__).resolve().parents[1] / "system"
+SYSTEM = Path(__file__).resolve().parents[2] / "system"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # Three runs of FedAvg with known values; run 2 is one evaluation longer than the others.
@@ -62,18 +63,6 @@ def write_ours(folder: Path, dataset: str, algo: str, goal: str, run: int, acc: 
             "config": json.dumps({"dataset": dataset, "algorithm": algo, "eval_gap": eval_gap}),
             "peak_rss_mb": 123.4,
         })
-    return path
-
-
-def write_pfllib(folder: Path, dataset: str, algo: str, goal: str, run: int,
-                 acc: list[float]) -> Path:
-    """A result file as PFLlib writes it: three datasets, no attributes."""
-    acc_arr = np.asarray(acc, dtype=float)
-    path = folder / f"{dataset}_{algo}_{goal}_{run}.h5"
-    with h5py.File(path, "w") as handle:
-        handle.create_dataset("rs_test_acc", data=acc_arr)
-        handle.create_dataset("rs_test_auc", data=acc_arr)
-        handle.create_dataset("rs_train_loss", data=1.0 - acc_arr)
     return path
 
 
