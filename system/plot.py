@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default: 1, no smoothing)")
     parser.add_argument("--x", dest="x_mode", choices=list(X_MODES), default="rounds",
                         help="x-axis of the per-evaluation curves: communication rounds, elapsed "
-                             "wall-clock seconds (needs rs_round_time) or uploaded megabytes (needs "
-                             "rs_bytes_up); default: rounds")
+                             "wall-clock seconds (needs rs_round_time), uploaded megabytes (needs "
+                             "rs_bytes_up) or the virtual clock's seconds (rs_virtual_time); "
+                             "default: rounds")
     return parser
 
 

@@ -6,8 +6,8 @@ Run from ``system/``::
     python report.py -data MNIST -algo FedAvg Ditto --target_acc 0.9 --out mnist.html
 
 Per dataset, the page holds the summary table of ``summarize.py`` (the same rows and
-definitions), accuracy and training-loss curves against communication rounds, wall-clock time
-and uploaded megabytes (mean line and ±std band over the ``-t`` repeats), the distribution of
+definitions), accuracy and training-loss curves against communication rounds, wall-clock time,
+uploaded megabytes and the virtual clock (mean line and ±std band over the ``-t`` repeats), the distribution of
 the clients' test accuracies at the last evaluation, and each run's full configuration (the
 ``config`` attribute main.py stores); a closing section states exactly how every figure and
 curve was computed. Images are PNGs drawn with matplotlib's Agg backend and embedded as base64
@@ -35,6 +35,7 @@ from utils.plot_utils import (
     METRICS,
     X_LABELS,
     X_MODES,
+    X_SERIES,
     AlgorithmSummary,
     RunResult,
     column_header,
@@ -64,6 +65,8 @@ CURVE_NOTES: tuple[tuple[str, str], ...] = (
                            "evaluation at round r, averaged over the runs; PFLlib files lack it."),
     ("x: uploaded traffic", "the sum of rs_bytes_up (bytes uploaded by all clients of a round) "
                             "over training rounds 0..r-1, in 10^6 bytes, averaged over the runs."),
+    ("x: virtual time", "rs_virtual_time, the simulated clock (flcore/clock.py) after training "
+                        "round r-1, averaged over the runs; files written before the clock lack it."),
     ("Client accuracy distribution", "the last row of rs_client_acc (each client's test accuracy "
                                      "at the last evaluation), pooled over the runs; box: quartiles "
                                      "and median, whiskers 1.5 IQR, dots: every client of every run."),
@@ -104,7 +107,7 @@ def image(uri: str, alt: str) -> str:
 
 def curves_figure(dataset: str, runs_by_algorithm: dict[str, list[RunResult]]) -> Figure:
     """Accuracy (top) and training loss (bottom) against rounds, time and uploaded MB."""
-    figure = Figure(figsize=(16, 8.5))
+    figure = Figure(figsize=(5.3 * len(X_MODES), 8.5))
     FigureCanvasAgg(figure)
     panels = figure.subplots(2, len(X_MODES))
     for row, metric in enumerate((METRICS["acc"], METRICS["loss"])):
@@ -186,7 +189,7 @@ def dataset_section(dataset: str, goal: str, rows: list[AlgorithmSummary],
     parts = [f"<h2>{html.escape(dataset)}</h2>", html_table(rows, dataset, goal, avg_last, target_acc)]
     parts.append(image(png_data_uri(curves_figure(dataset, by_row)),
                        f"{dataset}: accuracy and loss curves"))
-    for x_mode, needed in (("time", "rs_round_time"), ("bytes", "rs_bytes_up")):
+    for x_mode, needed in X_SERIES.items():
         lacking = [name for name, runs in by_row.items() if any(r.x_at_evals(x_mode) is None for r in runs)]
         if lacking:
             parts.append(f"<p class='muted'>Not on the {html.escape(X_LABELS[x_mode].lower())} axis (their "

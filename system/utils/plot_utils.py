@@ -108,13 +108,16 @@ GLOBAL_ACC = MetricSpec("acc", "rs_test_acc_global", "Test accuracy (%)", "test 
                         scale=100.0, variant="global model")
 
 #: x-axes of the per-evaluation curves: the round, the wall-clock seconds spent before the
-#: evaluation, or the megabytes uploaded before it.
-X_MODES: tuple[str, ...] = ("rounds", "time", "bytes")
+#: evaluation, the megabytes uploaded before it, or the virtual clock's seconds (flcore/clock.py).
+X_MODES: tuple[str, ...] = ("rounds", "time", "bytes", "virtual")
 X_LABELS: dict[str, str] = {
     "rounds": "Communication round",
     "time": "Wall-clock time (s)",
     "bytes": "Uploaded traffic (MB)",
+    "virtual": "Virtual time (s)",
 }
+#: The series each x-axis needs.
+X_SERIES: dict[str, str] = {"time": "rs_round_time", "bytes": "rs_bytes_up", "virtual": "rs_virtual_time"}
 
 
 @dataclass(eq=False)
@@ -186,6 +189,11 @@ class RunResult:
             return self.eval_rounds.astype(float)
         if x_mode == "time":
             return self.cumulative_at_evals("rs_round_time")
+        if x_mode == "virtual":  # already a clock: its reading after training rounds 0..r-1
+            clock = self.get("rs_virtual_time")
+            if clock is None:
+                return None
+            return np.concatenate([[0.0], clock])[np.clip(self.eval_rounds.astype(int), 0, len(clock))]
         uploaded = self.cumulative_at_evals("rs_bytes_up")
         return None if uploaded is None else uploaded / 1e6
 
@@ -513,9 +521,10 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
         runs: Runs of a single algorithm.
         metric: What to plot.
         x_mode: ``"rounds"`` (evaluation rounds), ``"time"`` (mean elapsed seconds at each
-            evaluation; needs ``rs_round_time``) or ``"bytes"`` (mean megabytes uploaded before
-            each evaluation; needs ``rs_bytes_up``). Per-round metrics always use the round
-            number, counted from 1.
+            evaluation; needs ``rs_round_time``), ``"bytes"`` (mean megabytes uploaded before
+            each evaluation; needs ``rs_bytes_up``) or ``"virtual"`` (mean virtual-clock seconds
+            at each evaluation; needs ``rs_virtual_time``). Per-round metrics always use the
+            round number, counted from 1.
         smooth: Moving-average window in points.
         note: Receives one-line remarks (truncation, runs left out, misaligned rounds).
 
@@ -555,7 +564,7 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
         for run in usable:
             values = run.x_at_evals(x_mode)
             if values is None:
-                needed = "rs_round_time" if x_mode == "time" else "rs_bytes_up"
+                needed = X_SERIES[x_mode]
                 raise PlotError(
                     f"--x {x_mode} needs '{needed}', which {run.path} does not have "
                     f"(PFLlib-format file); use --x rounds")
@@ -988,7 +997,7 @@ def plot_metric(groups: Sequence[GroupedSeries], dataset: str, goal: str, out_pa
         dataset: Dataset name for the title.
         goal: Goal string for the title.
         out_path: The PNG to write (its folder must exist).
-        x_mode: ``"rounds"``, ``"time"`` or ``"bytes"``; only changes the x label and ticks.
+        x_mode: One of :data:`X_MODES`; only changes the x label and ticks.
         smooth: Moving-average window used, mentioned in the title when > 1.
         dpi: Resolution.
 

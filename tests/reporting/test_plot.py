@@ -347,3 +347,14 @@ def test_hints_name_only_what_exists(results: Path, capsys: pytest.CaptureFixtur
     assert plot.main(["-data", "NoSuchData", "-algo", "MOON", "--results-dir", str(results)]) == 2
     err = capsys.readouterr().err
     assert "python generate_" not in err and "no generate_NoSuchData.py" in err and "MNIST" in err
+
+
+def test_x_virtual_is_the_clock_before_each_evaluation(tmp_path: Path) -> None:
+    import resultfiles
+
+    folder = resultfiles.write_folder(tmp_path / "results")
+    runs = load_algorithm_runs(folder, "MNIST", "FedAvg", "test")
+    group = group_runs(runs, METRICS["acc"], x_mode="virtual")
+    np.testing.assert_allclose(group.x, 2.0 * np.arange(11))  # 2 virtual seconds per round
+    with pytest.raises(PlotError, match="rs_virtual_time"):
+        group_runs(load_algorithm_runs(folder, "MNIST", "Ditto", "test"), METRICS["acc"], x_mode="virtual")

@@ -68,6 +68,7 @@ def test_figures_of_our_files(results: Path) -> None:
     assert row.stats["mb_to_target"].std == pytest.approx(np.std([7.0, 14.0, 21.0]))
     assert row.stats["s_per_round"].mean == pytest.approx(0.5)
     assert row.stats["peak_rss_mb"].mean == pytest.approx(110.0)
+    assert row.stats["virtual_time"].mean == pytest.approx(20.0)  # the clock after 10 rounds of 2 s
     assert "global_best" not in row.stats and "dp_epsilon" not in row.stats
 
 
@@ -110,8 +111,10 @@ def test_cli_tables_csv_and_markdown(results: Path, tmp_path: Path, capsys: pyte
     # The PFLlib file: accuracies from its rs_test_acc, "–" for what it does not store.
     prox = 100 * np.max(FEDPROX, axis=1)
     assert f"{prox.mean():.2f} ± {prox.std():.2f}" in fedprox
-    # global best and final, MB to the target (no traffic recorded), s/round, peak RSS, DP ε
-    assert fedprox.count("–") == 6 and "not reached (0/2)" in fedprox  # rounds: computable
+    # global best and final, MB to the target (no traffic recorded), s/round, peak RSS, DP ε,
+    # virtual time
+    assert fedprox.count("–") == 7 and "not reached (0/2)" in fedprox  # rounds: computable
+    assert "20 ± 0" in fedavg and "virtual time (s)" in out  # the clock's reading at the end
     assert "personal models" in ditto and "global model" in fedavg
     # The unfinished run is marked.
     assert "1 of 1" in row_of(out, "SCAFFOLD") and "finished = False" in out
