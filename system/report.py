@@ -105,10 +105,16 @@ def image(uri: str, alt: str) -> str:
     return f'<img src="{uri}" alt="{html.escape(alt)}">'
 
 
+def palette(runs_by_algorithm: dict[str, list[RunResult]]) -> dict[str, str]:
+    """One matplotlib colour per algorithm, the same in every panel of a dataset."""
+    return {algorithm: f"C{i % 10}" for i, algorithm in enumerate(runs_by_algorithm)}
+
+
 def curves_figure(dataset: str, runs_by_algorithm: dict[str, list[RunResult]]) -> Figure:
     """Accuracy (top) and training loss (bottom) against rounds, time and uploaded MB."""
     figure = Figure(figsize=(5.3 * len(X_MODES), 8.5))
     FigureCanvasAgg(figure)
+    colors = palette(runs_by_algorithm)
     panels = figure.subplots(2, len(X_MODES))
     for row, metric in enumerate((METRICS["acc"], METRICS["loss"])):
         for column, x_mode in enumerate(X_MODES):
@@ -122,7 +128,7 @@ def curves_figure(dataset: str, runs_by_algorithm: dict[str, list[RunResult]]) -
                 title += f"\n(no data for this axis: {', '.join(left_out)})"
             axes.set_title(title, fontsize="medium")
             if groups:
-                draw_metric(axes, groups, x_mode)
+                draw_metric(axes, groups, x_mode, colors)
             else:
                 axes.text(0.5, 0.5, "no run has this series", ha="center", va="center",
                           transform=axes.transAxes)
@@ -145,12 +151,13 @@ def client_figure(dataset: str, runs_by_algorithm: dict[str, list[RunResult]]) -
     figure = Figure(figsize=(max(5.0, 1.6 * len(names) + 2), 4.2))
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
+    colors = palette(runs_by_algorithm)
     axes.boxplot(values, showfliers=False)
     axes.set_xticks(range(1, len(names) + 1), names)
     for position, data in enumerate(values, start=1):
         # Evenly spread dots (no random jitter: the page is the same every time it is made).
         offsets = np.linspace(-0.15, 0.15, data.size) if data.size > 1 else np.zeros(1)
-        axes.scatter(position + offsets, data, s=8, alpha=0.5, color=f"C{(position - 1) % 10}")
+        axes.scatter(position + offsets, data, s=8, alpha=0.5, color=colors[names[position - 1]])
     axes.set_ylabel("Client test accuracy at the end (%)")
     axes.set_title(f"{dataset}: per-client accuracy at the last evaluation")
     axes.grid(True, axis="y", alpha=0.35)

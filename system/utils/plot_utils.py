@@ -965,11 +965,13 @@ def plot_file_name(dataset: str, goal: str, metric: str, x_mode: str = "rounds")
     return f"{dataset}_{goal}_{metric}{suffix}.png"
 
 
-def draw_metric(axes: Any, groups: Sequence[GroupedSeries], x_mode: str = "rounds") -> None:
-    """Mean curves with ±std bands into matplotlib ``axes``: one colour per algorithm, its
-    shared model's accuracy (``variant``) dashed in the same colour; whole-number ticks on a
-    round axis (there is no round 2.5)."""
-    colors: dict[str, str] = {}
+def draw_metric(axes: Any, groups: Sequence[GroupedSeries], x_mode: str = "rounds",
+                colors: dict[str, str] | None = None) -> None:
+    """Mean curves with ±std bands into matplotlib ``axes``: one colour per algorithm (from
+    ``colors``, so that several panels agree, else in order), its shared model's accuracy
+    (``variant``) dashed in the same colour; whole-number ticks on a round axis (there is no
+    round 2.5)."""
+    colors = dict(colors or {})
     for group in groups:
         color = colors.setdefault(group.algorithm, f"C{len(colors) % 10}")
         marker = "o" if len(group.x) <= 30 else None

@@ -86,3 +86,17 @@ def test_configuration_block_escapes_html(tmp_path: Path) -> None:
     assert report.main(["--results_dir", str(results)]) == 0
     page = (results / "report.html").read_text()
     assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_an_algorithm_keeps_its_colour_in_every_panel(tmp_path: Path) -> None:
+    from utils.plot_utils import find_all_runs
+
+    groups = find_all_runs(write_folder(tmp_path / "results"))["MNIST"]
+    figure = report.curves_figure("MNIST", {algorithm: runs for (algorithm, _), runs in groups.items()})
+    colours: dict[str, set[str]] = {}
+    for axes in figure.axes:
+        for line in axes.get_lines():
+            colours.setdefault(line.get_label().split(" (")[0].split(",")[0], set()).add(line.get_color())
+    # FedAvg alone is on the virtual-time panels (only its files carry the clock): still its colour.
+    assert set(colours) == {"Ditto", "FedAvg", "FedProx"}
+    assert all(len(c) == 1 for c in colours.values()) and len(set.union(*colours.values())) == 3
