@@ -28,6 +28,7 @@ from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, 
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
 from utils.errors import Diverged, FLError
+from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from utils.result_utils import result_path, save_results, summarize, write_atomically
 from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
@@ -408,7 +409,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     try:
         with StopOnSignal() as stop:
             server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
-                         round_end=round_end)
+                         round_end=round_end, callbacks=live_callbacks(run_args, run_index))
     except RunInterrupted as exc:
         _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))

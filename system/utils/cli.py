@@ -24,6 +24,7 @@ import typing
 from typing import Any, Iterable
 
 from utils.errors import FLError
+from utils.live import tensorboard_dir
 
 
 def str2bool(value: str | bool) -> bool:
@@ -409,4 +410,6 @@ def generic_parser() -> argparse.ArgumentParser:
              help="replace existing results of the same name (-data, -algo, -go, run); without it they are kept and the run refused")
     add_flag(o, "--progress", type=bool, default=True, help="show a progress bar over rounds")
     add_flag(o, "-q", "--quiet", type=bool, default=False, help="only print the summary")
+    add_flag(o, "--tensorboard", type=tensorboard_dir, default=None, metavar="DIR",
+             help="write TensorBoard scalars per round under DIR (needs the tensorboard package)")
     return parser
