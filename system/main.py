@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
-                       generic_parser, pfllib_algorithm_actions)
+from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
+                       declared_actions, generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
 from utils.errors import Diverged, FLError
+from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from utils.result_utils import result_path, save_results, summarize, write_atomically
 from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
@@ -157,6 +158,17 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
     ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
     ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    # the virtual clock (flcore/clock.py)
+    ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_uplink_ratio", "clock_uplink_ratio", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_compute_spread", "clock_compute_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_link_spread", "clock_link_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_avail_period", "clock_avail_period", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_avail_duty", "clock_avail_duty", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
+    ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
+    ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
     ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
 )
 
@@ -165,19 +177,19 @@ def validate(args: argparse.Namespace) -> None:
     """Reject settings that would silently do something else than asked (before any data is read)."""
     for flag, dest, (test, wanted) in FLAG_RANGES:
         value = getattr(args, dest)
-        if not test(value):
+        if value is not None and not test(value):  # None: left unset (-vs: config.json's vocab_size)
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     unsupported = {
         "-dlg (DLG attack)": args.dlg_eval,
         "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
-        "-ssr (slow senders)": args.send_slow_rate > 0,
-        "-ts/-tth (time-based selection)": args.time_select or args.time_threthold != 10000,
     }
     for name, used in unsupported.items():
         if used:
             raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+    if args.client_trace is not None and not Path(args.client_trace).is_file():
+        raise FLError(f"--client_trace {args.client_trace}: no such file")
 
 
 def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:
@@ -221,9 +233,10 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
 
 def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
     factory = MODELS.get(args.model)
+    model_args = with_vocab_size(args, dataset)
     try:
-        module = factory(dataset.input_shape, dataset.num_classes, args)
-        check_token_ids(args, dataset, module)
+        module = factory(dataset.input_shape, dataset.num_classes, model_args)
+        check_token_ids(model_args, dataset, module)
         probe = dataset.sample_inputs(2).to("cpu")
         with torch.no_grad():
             module.eval()
@@ -237,6 +250,21 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     if out.shape[-1] != dataset.num_classes:
         raise FLError(f"model {args.model} outputs {out.shape[-1]} classes, dataset has {dataset.num_classes}")
     return module
+
+
+def with_vocab_size(args: argparse.Namespace, dataset: FederatedDataset) -> argparse.Namespace:
+    """The arguments a model is built with. Without -vs, text models get the vocabulary the generator
+    recorded in config.json (token ids 0..vocab_size-1), and PFLlib's 80 for folders without one
+    (PFLlib's own, converted ones). ``args`` keeps -vs unset, so the settings a result file records
+    (and a resume or a sweep compares) are the ones the user gave."""
+    if args.vocab_size is not None:
+        return args
+    recorded = dataset.config.get("vocab_size", PFLLIB_VOCAB_SIZE)
+    if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 1:
+        raise FLError(f"dataset {args.dataset}: config.json's vocab_size {recorded!r} is not a positive integer; pass -vs")
+    model_args = copy.copy(args)
+    model_args.vocab_size = recorded
+    return model_args
 
 
 def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module: torch.nn.Module) -> None:
@@ -381,7 +409,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     try:
         with StopOnSignal() as stop:
             server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
-                         round_end=round_end)
+                         round_end=round_end, callbacks=live_callbacks(run_args, run_index))
     except RunInterrupted as exc:
         _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
