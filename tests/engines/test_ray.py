@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import main
-from flcore.engines.ray import CRASH_ENV, assign_by_samples, start_local_ray
+from flcore.engines.ray import CRASH_ENV, assign_by_samples, first_line, start_local_ray
 from fltest import ENGINE_SIZES, assert_same_training, build_server, engine_run, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 from toydata import make_dataset
@@ -86,6 +86,14 @@ def test_missing_ray_is_one_line(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == "error: --engine ray needs the ray package: run ./prepare.sh --ray " \
                                 "(or pip install -r requirements-ray.txt)"
+
+
+def test_a_remote_error_is_reported_by_its_cause():
+    remote = RuntimeError("The actor died because of an error raised in its creation task, (pid=1)\n"
+                          "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                          "\x1b[36mray.exceptions.RaySystemError: System error: No module named 'fltest'\x1b[0m")
+    assert first_line(remote) == "ray.exceptions.RaySystemError: System error: No module named 'fltest'"
+    assert first_line(RuntimeError("one\ntwo")) == "one" and first_line(RuntimeError()) == "RuntimeError"
 
 
 def test_assignment_is_sticky_and_balanced_by_samples():

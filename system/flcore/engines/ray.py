@@ -64,6 +64,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
+import re
 import sys
 import time
 from argparse import ArgumentParser
@@ -341,9 +342,13 @@ class TrainingWorker:
 
 
 def first_line(exc: BaseException) -> str:
-    """The first line of an error's message (Ray's errors carry the remote traceback after it)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """One line for an error: Ray's errors carry the remote traceback, whose last ``...Error: ...``
+    line names the cause (e.g. a module the actors cannot import); else the message's first line."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(exc).splitlines()]
+    causes = [line for line in lines if re.match(r"^[\w.]*(Error|Exception): ", line)]
+    if causes:
+        return causes[-1]
+    return next((line for line in lines if line), type(exc).__name__)
 
 
 def parse_crash(value: str | None) -> tuple[int, int, str] | None:
