@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flcore.privacy.server import privacy_lines, privacy_summary
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
 from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
                        generic_parser, pfllib_algorithm_actions)
@@ -132,6 +133,7 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError("-cdr must be in [0, 1) and -tsr in [0, 1]")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    validate_privacy(args)
     unsupported = {
         "-dlg (DLG attack)": args.dlg_eval,
         "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
@@ -141,6 +143,20 @@ def validate(args: argparse.Namespace) -> None:
     for name, used in unsupported.items():
         if used:
             raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+
+
+def validate_privacy(args: argparse.Namespace) -> None:
+    """DP settings that are out of range, or given without the mechanism they belong to."""
+    if args.dp_sigma < 0 or args.dp_server_sigma < 0 or args.dp_update_clip < 0 or args.dp_weight_cap < 0:
+        raise FLError("-dps, --dp_server_sigma, --dp_update_clip and --dp_weight_cap must be >= 0")
+    if args.dp_clip <= 0:
+        raise FLError(f"--dp_clip must be > 0, got {args.dp_clip}")
+    if not 0 < args.dp_delta < 1:
+        raise FLError(f"--dp_delta must be in (0, 1), got {args.dp_delta}")
+    if args.dp_sigma > 0 and not args.privacy:
+        raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
+    if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:
+        raise FLError("--dp_server_sigma sets DP-FedAvg's noise, which needs --dp_update_clip > 0 (DP-FedAvg) to be on")
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
@@ -248,6 +264,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, args.avg_last, args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=time.perf_counter() - started)
+        summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
         gpu = peak_gpu_mb(device)
         if gpu is not None:
             summary["peak_gpu_mb"] = gpu
@@ -294,6 +311,7 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
                 f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "
                 f"{summary['uploads_to_target']:.1f} model uploads ({summary['bytes_up_to_target'] / 1e6:.1f} MB)"
             )
+    lines += privacy_lines(summary)
     lines.append(f"  results: {path}")
     print("\n".join(lines))
 

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from flcore.flat import FlatModel, Net
+from flcore.privacy import dp_sgd_config
 from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
@@ -173,6 +174,8 @@ class Client:
         self.local_epochs = int(args.local_epochs)
         self.participations = 0
         self.slow = False
+        self.dp = dp_sgd_config(args)  # DP-SGD's settings with -dp (flcore/privacy), else None
+        self.dp_steps = 0  # DP-SGD steps taken so far: what the accountant charges this client for
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -222,6 +225,8 @@ class Client:
         Each epoch is a fresh permutation; with ``drop_last`` (PFLlib's default) a trailing partial
         batch is skipped, so a client with fewer samples than the batch size takes no step."""
         epochs = self.epochs_this_round(rnd) if epochs is None else epochs
+        if self.dp is not None and self.dp.poisson:  # DP-SGD's accountant assumes Poisson batches
+            return self.dp.poisson_plan(self, rnd, epochs)
         n, bs = self.num_train, self.batch_size
         generator = torch_generator(self.args.seed, "batches", rnd, self.cid)
         full = n // bs if self.args.drop_last else -(-n // bs)
@@ -235,8 +240,13 @@ class Client:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
         seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
-        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
+    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
+                         at: tuple[int, int] | None = None) -> torch.Tensor:
+        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``. With ``-dp``
+        the gradient is DP-SGD's (clipped per sample, noised), and ``at`` = (round, local step)
+        names the step's noise stream (``flcore/privacy/dpsgd.py``)."""
+        if self.dp is not None:
+            return self.dp.gradient(self, model, idx, ctx or {}, at)
         model.zero_grad()
         loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx or {})
         loss.backward()
@@ -260,7 +270,7 @@ class Client:
         loss_sum = torch.zeros((), device=model.device)
         for step, idx in enumerate(plan):
             step_ctx = self.context_at(ctx, step)
-            loss_sum += self.compute_gradient(model, idx, step_ctx)
+            loss_sum += self.compute_gradient(model, idx, step_ctx, at=(package.round, step))
             direction = self.adjust_grad(model.params, model.grad, step_ctx)
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)
@@ -298,6 +308,8 @@ class Client:
         """Step 4: count the participation, build the upload, keep the private part."""
         set_rng_state(job.rng)
         self.participations += 1
+        if self.dp is not None:
+            self.dp_steps += job.steps
         update = self.end_round(params, job.package, job.ctx, job.steps, loss)
         shared = job.package.shared
         if shared is not None:
