@@ -11,6 +11,7 @@ import argparse
 import copy
 import json
 import logging
+import shlex
 import sys
 import time
 import warnings
@@ -24,9 +25,11 @@ from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
 from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
                        generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
-from utils.errors import FLError
+from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
+from utils.errors import Diverged, FLError
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-from utils.result_utils import result_path, save_results, summarize
+from utils.result_utils import result_path, save_results, summarize, write_atomically
+from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
 from utils.seeding import derive_seed, seed_everything
 
 log = logging.getLogger("fl")
@@ -228,6 +231,18 @@ def run(args: argparse.Namespace) -> list[Path]:
     setup_logging(args.quiet)
     if getattr(args, IGNORED_DEST, None):
         log.info("%s does not use %s: ignored", args.algorithm, ", ".join(getattr(args, IGNORED_DEST)))
+    runs = range(args.prev, args.times)
+    # claimed before anything is loaded: a refusal costs nothing, and no other run can take the names
+    claims = claim_all([result_path(args.dataset, args.algorithm, args.goal, i, args.results_dir) for i in runs],
+                       args.overwrite, args.resume)
+    try:
+        return run_claimed(args, dict(zip(runs, claims)))
+    finally:
+        for held in claims:
+            held.release()
+
+
+def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path]:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     device = resolve_device(args)
@@ -248,7 +263,11 @@ def run(args: argparse.Namespace) -> list[Path]:
     server_cls = ALGORITHMS.get(args.algorithm)
     paths: list[Path] = []
     best: list[float] = []
-    for run_index in range(args.prev, args.times):
+    for run_index, claimed in claims.items():
+        if claimed.action == "skip":
+            print(f"Run {run_index}: already finished ({claimed.result}); skipped (--resume)")
+            paths.append(claimed.result)
+            continue
         run_args = copy.copy(args)
         run_args.seed = args.seed + run_index
         seed_everything(derive_seed(run_args.seed, "init"))
@@ -259,26 +278,11 @@ def run(args: argparse.Namespace) -> list[Path]:
             run_index + 1, args.times, args.algorithm, args.dataset, len(server.clients), args.model,
             server.model.num_params, device, json.dumps(server.summary()) if server.summary() else "",
         )
-        started = time.perf_counter()
-        history = server.train(progress=args.progress and not args.quiet)
-        model_bytes = server.global_params.numel() * server.global_params.element_size()
-        summary = summarize(history, args.avg_last, args.target_acc, model_bytes)
-        summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=time.perf_counter() - started)
-        summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
-        gpu = peak_gpu_mb(device)
-        if gpu is not None:
-            summary["peak_gpu_mb"] = gpu
-        attrs = {
-            "algorithm": args.algorithm, "dataset": Path(args.dataset).name, "goal": args.goal,
-            "run": run_index, "seed": run_args.seed, "model": args.model, "device": str(device),
-            "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
-        }
-        path = save_results(result_path(args.dataset, args.algorithm, args.goal, run_index, args.results_dir),
-                            history, attrs, summary)
+        try:
+            summary, path = train_one(server, run_args, run_index, claimed, device)
+        finally:
+            server.close()
         paths.append(path)
-        if args.save_model:
-            save_model(server, args)
-        server.close()
         best.append(summary["best_acc"])
         print_summary(run_index, summary, path)
     if len(best) > 1:
@@ -286,11 +290,94 @@ def run(args: argparse.Namespace) -> list[Path]:
     return paths
 
 
-def save_model(server, args: argparse.Namespace) -> None:
-    folder = Path(__file__).resolve().parent / "models" / Path(args.dataset).name
-    folder.mkdir(parents=True, exist_ok=True)
-    server.model.load(server.global_params)
-    torch.save(server.model.module.state_dict(), folder / f"{args.algorithm}_server.pt")
+def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Claim,
+              device: torch.device) -> tuple[dict, Path]:
+    """Train one run (from its checkpoint with --resume) and write its results; an interruption
+    or divergence still writes the results so far, marked unfinished."""
+    start_round, elapsed = 0, 0.0
+    if claimed.action == "resume":
+        saved = load_checkpoint(claimed.checkpoint, run_args)
+        start_round = load_server_state(server, saved)
+        elapsed = float(saved.get("elapsed_s", 0.0))
+        log.info("run %d: resuming at round %d from %s", run_index, start_round, claimed.checkpoint)
+    started = time.perf_counter()
+
+    def run_time() -> float:
+        return elapsed + time.perf_counter() - started
+
+    def save(finished: bool, **extra) -> tuple[dict, Path]:
+        history = server.history
+        model_bytes = server.global_params.numel() * server.global_params.element_size()
+        summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
+        summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
+        summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
+        gpu = peak_gpu_mb(device)
+        if gpu is not None:
+            summary["peak_gpu_mb"] = gpu
+        attrs = {
+            "algorithm": run_args.algorithm, "dataset": Path(run_args.dataset).name, "goal": run_args.goal,
+            "run": run_index, "seed": run_args.seed, "model": run_args.model, "device": str(device),
+            "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
+            "finished": finished, **extra,
+        }
+        return summary, save_results(claimed.result, history, attrs, summary)
+
+    every = int(run_args.checkpoint_every)
+
+    def round_end(srv, next_round: int) -> None:
+        """Checkpoint every ``--checkpoint_every`` rounds, and before stopping at a signal."""
+        if stop.requested is not None or (every > 0 and next_round % every == 0):
+            state = server_state(srv, next_round)
+            state["elapsed_s"] = run_time()
+            save_checkpoint(claimed.checkpoint, state)
+        if stop.requested is not None:
+            raise RunInterrupted(stop.requested, next_round)
+
+    try:
+        with StopOnSignal() as stop:
+            server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
+                         round_end=round_end)
+    except RunInterrupted as exc:
+        _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
+        resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
+        print(f"stopped after round {exc.next_round - 1}: results so far in {path}, checkpoint {claimed.checkpoint}; "
+              f"continue with: {resume} --resume", file=sys.stderr)
+        raise
+    except Diverged as exc:
+        if not server.history.test_acc:
+            raise
+        _, path = save(False, stopped_at_round=exc.round, stop_reason=str(exc))
+        raise Diverged(f"{exc} (results up to round {exc.round} kept in {path}, marked unfinished)", exc.round) from None
+    summary, path = save(True)
+    if run_args.save_model:
+        save_model(server, claimed.result)
+    claimed.checkpoint.unlink(missing_ok=True)  # the results are complete: nothing left to resume
+    return summary, path
+
+
+def save_model(server, result: Path) -> Path:
+    """The final global model as ``<result>.safetensors`` (a plain state_dict: load it with
+    ``module.load_state_dict(safetensors.torch.load_file(path))``); personalised algorithms also
+    write each client's model into ``<result>.personal.safetensors`` under ``client<i>/``."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise FLError("--save_model needs the safetensors package (pip install -r requirements.txt), "
+                      "or pass --save_model False") from None
+
+    def state_of(params: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
+        server.model.load(params)
+        # the module's tensors are views of one vector: safetensors wants separate, contiguous ones
+        return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in server.model.module.state_dict().items()}
+
+    path = result.with_suffix(".safetensors")
+    write_atomically(path, lambda tmp: save_file(state_of(server.global_params), tmp))
+    if server.personalized or server.shared_mask is not None:
+        personal: dict[str, torch.Tensor] = {}
+        for client in server.clients:
+            personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
+        write_atomically(result.with_suffix(".personal.safetensors"), lambda tmp: save_file(personal, tmp))
+    return path
 
 
 def print_summary(run_index: int, summary: dict, path: Path) -> None:
@@ -325,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     except torch.cuda.OutOfMemoryError:
         print("error: the GPU ran out of memory; lower -lbs or --eval_batch_size, or use -dev cpu", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        return exc.exit_status
     except KeyboardInterrupt:
         print("interrupted: no result file was written for the unfinished run", file=sys.stderr)
         return 130

@@ -57,12 +57,27 @@ def _as_array(values: list[Any]) -> np.ndarray:
         return out
 
 
-def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary: dict[str, Any]) -> Path:
-    """Write the h5 file to a temporary name, then rename: readers never see a partial file."""
+def write_atomically(path: Path, write) -> None:
+    """``write(temporary_path)``, then rename onto ``path``: readers see the old file or the new
+    one, never a partial one. The file gets the permissions of a normally created one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600 (and writers may recreate the file)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary: dict[str, Any]) -> Path:
+    """Write the h5 file to a temporary name, then rename: readers never see a partial file."""
+
+    def write(tmp: str) -> None:
         with h5py.File(tmp, "w") as f:
             f.create_dataset("rs_test_acc", data=np.asarray(history.test_acc, dtype=np.float64))
             f.create_dataset("rs_test_auc", data=np.asarray(history.test_auc, dtype=np.float64))
@@ -85,10 +100,8 @@ def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary
                 f.attrs[key] = value
             for key, value in summary.items():
                 f.attrs[key] = np.nan if value is None else value
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_atomically(path, write)
     return path
 
 
