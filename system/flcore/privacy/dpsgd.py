@@ -19,7 +19,8 @@ Sampling (``--dp_sampling``):
   with probability q = B/n (a Bernoulli draw per sample and step, from ``(seed, "dp-poisson",
   round, client)``); there are as many steps per epoch as without DP (n // B with ``--drop_last``,
   PFLlib's default). Batches vary in size (and may be empty: the step is then pure noise), and
-  the sum is divided by the *expected* batch size B' = B, as opacus does. This is the sampling
+  the sum is divided by the *expected* batch size B' = B, as opacus does (an empty batch adds 0 to
+  the reported mean loss). This is the sampling
   the RDP/PRV accountants of opacus analyse, so the reported ε is a proven bound.
 * ``shuffle``: PFLlib's batches (a permutation per epoch, ``Client.batch_plan``), divided by the
   real batch size. The accountant is still applied with q = B/n, as PFLlib (opacus with a

@@ -36,7 +36,7 @@ class ServerPrivacy:
     def __init__(self, server: "Server"):
         args = server.args
         self.server = server
-        self.sgd = server.clients[0].dp if server.clients else dpsgd.dp_sgd_config(args)
+        self.sgd = dpsgd.dp_sgd_config(args)  # the object every client holds as ``client.dp``
         self.central = dpfedavg.dp_fedavg_config(args, server.clients)
         self.accountant = str(args.dp_accountant)
         self.delta = float(args.dp_delta)
