@@ -240,17 +240,21 @@ class Client:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
         seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
-                         at: tuple[int, int] | None = None) -> torch.Tensor:
-        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``. With ``-dp``
-        the gradient is DP-SGD's (clipped per sample, noised), and ``at`` = (round, local step)
-        names the step's noise stream (``flcore/privacy/dpsgd.py``)."""
-        if self.dp is not None:
-            return self.dp.gradient(self, model, idx, ctx or {}, at)
+    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
+        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         model.zero_grad()
         loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx or {})
         loss.backward()
         return loss.detach()
+
+    def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:
+        """The gradient local step ``step`` of round ``rnd`` uses, left in ``model.grad`` (returns the
+        loss): ``compute_gradient``'s, or with ``-dp`` DP-SGD's, clipped per sample and noised from
+        (seed, round, client, step) (``flcore/privacy/dpsgd.py``); whoever replays a step (an
+        attack on the uploads) gets what the client used."""
+        if self.dp is not None:
+            return self.dp.gradient(self, model, idx, ctx, (rnd, step))
+        return self.compute_gradient(model, idx, ctx)
 
     def check_loss(self, loss_sum: torch.Tensor, steps: int, rnd: int) -> float:
         """Mean loss of the round; a NaN/inf loss stops the run with advice."""
@@ -270,7 +274,7 @@ class Client:
         loss_sum = torch.zeros((), device=model.device)
         for step, idx in enumerate(plan):
             step_ctx = self.context_at(ctx, step)
-            loss_sum += self.compute_gradient(model, idx, step_ctx, at=(package.round, step))
+            loss_sum += self.step_gradient(model, idx, step_ctx, package.round, step)
             direction = self.adjust_grad(model.params, model.grad, step_ctx)
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)

@@ -1,6 +1,6 @@
 """Sample-level DP-SGD on the client (Abadi et al. 2016), on the flat-vector local step.
 
-``-dp`` turns every local step of ``Client.sgd`` into a DP-SGD step::
+``-dp`` turns every local step of ``Client.sgd`` into a DP-SGD step (``Client.step_gradient``)::
 
     g_i   = ∇ loss(w; x_i, y_i)                       per-sample gradients (torch.func.vmap of grad)
     ĝ_i   = g_i · min(1, C / (‖g_i‖ + 1e-6))           clipped to C (--dp_clip; opacus's clip factor)
@@ -96,13 +96,10 @@ class DPSGD:
 
     # ----------------------------------------------------------------- one step
     def gradient(self, client: "Client", model: FlatModel, idx: torch.Tensor, ctx: dict,
-                 at: tuple[int, int] | None) -> torch.Tensor:
+                 at: tuple[int, int]) -> torch.Tensor:
         """Leave the privatised gradient of minibatch ``idx`` in ``model.grad``; returns the mean loss.
 
-        ``at`` = (round, local step) names the step's noise stream; whoever calls the local step
-        (the SGD loop, an attack replaying it) must say which step it is."""
-        if at is None:
-            raise ValueError("a DP-SGD step draws the noise of (round, step): pass at=(round, step)")
+        ``at`` = (round, local step) names the step's noise stream (``Client.step_gradient``)."""
         rnd, step = at
         model.zero_grad()
         divisor = client.batch_size if self.poisson else len(idx)
@@ -165,7 +162,7 @@ def check_composable(client_cls: type, model: FlatModel) -> None:
     from flcore.clients.clientbase import Client
     from flcore.engines.base import has_dropout
 
-    own = [name for name in ("train_job", "local_train", "sgd", "compute_gradient", "local_loss")
+    own = [name for name in ("train_job", "local_train", "sgd", "step_gradient", "compute_gradient", "local_loss")
            if getattr(client_cls, name) is not getattr(Client, name)]
     if own or not client_cls.vectorisable:
         what = f"overrides {', '.join(own)}" if own else "is not vectorisable (its hooks touch shared state)"
