@@ -11,6 +11,8 @@ import argparse
 import copy
 import json
 import logging
+import math
+import os
 import shlex
 import sys
 import time
@@ -121,41 +123,112 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _at_least(low: int):
+    # (test, the words the message uses for it): NaN cannot reach here, these flags are integers
+    return lambda v: v >= low, f">= {low}"
+
+
+def _finite(test, text: str):
+    # NaN fails every comparison and so every range below; infinity is refused explicitly
+    return lambda v: math.isfinite(v) and test(v), text
+
+
+#: generic flags and the values that make sense: (flag, destination, (test, what the test asks for)).
+#: Evaluation flags (--eval_batch_size, --eval_group) are checked where they are used (flcore/evaluation.py).
+FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
+    ("-gr", "global_rounds", _at_least(1)),
+    ("-lbs", "batch_size", _at_least(1)),
+    ("-ls", "local_epochs", _at_least(1)),
+    ("-eg", "eval_gap", _at_least(1)),
+    ("-t", "times", _at_least(1)),
+    ("-pv", "prev", _at_least(0)),
+    ("-tc", "top_cnt", _at_least(1)),
+    ("-fs", "few_shot", _at_least(0)),
+    ("-nnc", "num_new_clients", _at_least(0)),
+    ("-ften", "fine_tuning_epoch_new", _at_least(0)),
+    ("-vs", "vocab_size", _at_least(1)),
+    ("-fd", "feature_dim", _at_least(1)),
+    ("-ml", "max_len", _at_least(1)),
+    ("--avg_last", "avg_last", _at_least(1)),
+    ("--num_threads", "num_threads", _at_least(0)),
+    ("--checkpoint_every", "checkpoint_every", _at_least(0)),
+    ("-lr", "local_learning_rate", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("-ldg", "learning_rate_decay_gamma", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("-jr", "join_ratio", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
+    ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
+    ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    # the virtual clock (flcore/clock.py)
+    ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_uplink_ratio", "clock_uplink_ratio", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_compute_spread", "clock_compute_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_link_spread", "clock_link_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_avail_period", "clock_avail_period", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_avail_duty", "clock_avail_duty", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
+    ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
+    ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
+    ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
+    # differential privacy (flcore/privacy)
+    ("-dps", "dp_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--dp_clip", "dp_clip", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--dp_delta", "dp_delta", _finite(lambda v: 0 < v < 1, "in (0, 1)")),
+    ("--dp_update_clip", "dp_update_clip", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = off)")),
+    ("--dp_server_sigma", "dp_server_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--dp_weight_cap", "dp_weight_cap", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = the largest client)")),
+)
+
+
 def validate(args: argparse.Namespace) -> None:
-    """Reject settings that would silently do something else than asked."""
-    if not 0 < args.join_ratio <= 1:
-        raise FLError(f"-jr must be in (0, 1], got {args.join_ratio}")
-    if args.global_rounds < 0:
-        raise FLError(f"-gr must be >= 0, got {args.global_rounds}")
-    for flag, value in (("-lbs", args.batch_size), ("-ls", args.local_epochs), ("-eg", args.eval_gap), ("-t", args.times)):
-        if value < 1:
-            raise FLError(f"{flag} must be >= 1, got {value}")
-    if args.local_learning_rate <= 0:
-        raise FLError(f"-lr must be > 0, got {args.local_learning_rate}")
-    if not 0 <= args.client_drop_rate < 1 or not 0 <= args.train_slow_rate <= 1:
-        raise FLError("-cdr must be in [0, 1) and -tsr in [0, 1]")
+    """Reject settings that would silently do something else than asked (before any data is read)."""
+    for flag, dest, (test, wanted) in FLAG_RANGES:
+        value = getattr(args, dest)
+        if not test(value):
+            raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     validate_privacy(args)
     unsupported = {
         "-dlg (DLG attack)": args.dlg_eval,
         "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
-        "-ssr (slow senders)": args.send_slow_rate > 0,
-        "-ts/-tth (time-based selection)": args.time_select or args.time_threthold != 10000,
     }
     for name, used in unsupported.items():
         if used:
             raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+    if args.client_trace is not None and not Path(args.client_trace).is_file():
+        raise FLError(f"--client_trace {args.client_trace}: no such file")
+
+
+def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:
+    """The checks that need the dataset: samples to train on and to evaluate, a cohort of at least
+    one client, and clients that train.
+
+    Clients that take no local step (fewer training samples than -lbs with --drop_last, or none)
+    are named in one warning; a run in which no client would take a step is refused."""
+    clients = len(dataset.clients)
+    if math.floor(clients * args.join_ratio + 1e-9) < 1:  # the cohort size of utils' uniform selection
+        smallest = math.ceil(10_000 / clients) / 10_000
+        raise FLError(f"-jr {args.join_ratio} selects no client of {clients} (floor({clients} x {args.join_ratio}) = 0); "
+                      f"pass -jr {smallest:g} or more")
+    for split in ("train", "test"):
+        if not len(dataset.split(split)[1]):
+            raise FLError(f"no client of dataset {args.dataset} has {split} samples ({dataset.path / split}); "
+                          "regenerate the dataset")
+    sizes = [client.num_train for client in dataset.clients]
+    idle = [c.cid for c, n in zip(dataset.clients, sizes) if n == 0 or (args.drop_last and n < args.batch_size)]
+    if len(idle) == clients:
+        raise FLError(f"-lbs {args.batch_size} is larger than every client's training set (largest: {max(sizes)} "
+                      f"samples) and --drop_last skips the partial batch, so no client would train; "
+                      f"pass -lbs {max(sizes)} or less, or --drop_last False")
+    if idle:
+        named = ", ".join(map(str, idle[:5])) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
+        reason = f"fewer training samples than -lbs {args.batch_size}, with --drop_last" if args.drop_last else "no training samples"
+        log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
 
 
 def validate_privacy(args: argparse.Namespace) -> None:
-    """DP settings that are out of range, or given without the mechanism they belong to."""
-    if args.dp_sigma < 0 or args.dp_server_sigma < 0 or args.dp_update_clip < 0 or args.dp_weight_cap < 0:
-        raise FLError("-dps, --dp_server_sigma, --dp_update_clip and --dp_weight_cap must be >= 0")
-    if args.dp_clip <= 0:
-        raise FLError(f"--dp_clip must be > 0, got {args.dp_clip}")
-    if not 0 < args.dp_delta < 1:
-        raise FLError(f"--dp_delta must be in (0, 1), got {args.dp_delta}")
+    """DP noise given without the mechanism it belongs to (the ranges are in FLAG_RANGES)."""
     if args.dp_sigma > 0 and not args.privacy:
         raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
     if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:
@@ -259,6 +332,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         raise FLError(
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
+    validate_with_data(args, dataset)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     server_cls = ALGORITHMS.get(args.algorithm)
     paths: list[Path] = []

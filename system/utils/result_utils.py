@@ -6,8 +6,10 @@ bytes, per-client accuracy) and the full configuration as attributes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,8 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+from utils.errors import FLError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "results"
@@ -57,6 +61,26 @@ def _as_array(values: list[Any]) -> np.ndarray:
         return out
 
 
+def _os_errors_as_user_errors(write):
+    """A results folder that is read-only, full or gone ends the run as one FLError line naming the
+    file (the writer has removed its temporary file by then), not as an OSError traceback: for
+    results, checkpoints and saved models alike."""
+
+    @functools.wraps(write)
+    def checked(path: Path, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return write(path, *args, **kwargs)
+        except OSError as exc:
+            # h5py reports the C library's errno inside a multi-line message ("errno = 28")
+            code = exc.errno if isinstance(exc.errno, int) else re.search(r"errno = (\d+)", str(exc))
+            reason = os.strerror(code if isinstance(code, int) else int(code[1])) if code else " ".join(str(exc).split())
+            raise FLError(f"cannot write {path} ({reason}); free some space or pass "
+                          "--results_dir with a writable folder") from exc
+
+    return checked
+
+
+@_os_errors_as_user_errors
 def write_atomically(path: Path, write) -> None:
     """``write(temporary_path)``, then rename onto ``path``: readers see the old file or the new
     one, never a partial one. The file gets the permissions of a normally created one."""

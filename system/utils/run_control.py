@@ -98,10 +98,15 @@ def _lock(result: Path) -> IO:
         except FileNotFoundError:
             same = False
         if same:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(str(os.getpid()))
-            handle.flush()
+            try:
+                handle.seek(0)
+                handle.truncate()
+                handle.write(str(os.getpid()))
+                handle.flush()
+            except OSError:  # a full disk: the lock holds without the pid, but leave no file behind
+                path.unlink(missing_ok=True)
+                handle.close()
+                raise
             return handle
         handle.close()
 

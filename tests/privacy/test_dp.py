@@ -239,9 +239,11 @@ def test_models_without_per_sample_gradients_are_refused():
 @pytest.mark.parametrize("flags, words", [
     (["-dps", "1"], "needs -dp"),
     (["--dp_server_sigma", "1"], "needs --dp_update_clip"),
-    (["-dp", "--dp_clip", "0"], "--dp_clip must be > 0"),
-    (["-dp", "--dp_delta", "1"], "--dp_delta must be in"),
-    (["-dp", "-dps", "-1"], "must be >= 0"),
+    (["-dp", "--dp_clip", "0"], "--dp_clip must be a finite number > 0"),
+    (["-dp", "--dp_clip", "inf"], "--dp_clip must be a finite number > 0"),
+    (["-dp", "--dp_delta", "1"], "--dp_delta must be in (0, 1)"),
+    (["-dp", "-dps", "-1"], "-dps must be a finite number >= 0"),
+    (["--dp_update_clip", "nan"], "--dp_update_clip must be a finite number >= 0"),
     (["-dp", "--dp_accountant", "gdp"], "invalid choice"),
 ])
 def test_bad_settings_are_one_line_and_exit_2(tmp_path, capsys, flags, words):

@@ -86,7 +86,7 @@ def test_help_lists_algorithms_and_models(capsys):
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["-data", "NoSuchData"], "generate_NoSuchData.py"),
+        (["-data", "NoSuchData"], "no generator makes 'NoSuchData'"),
         (["-nc", "7"], "-nc 7 does not match"),
         (["-algo", "FedAvgg"], "did you mean FedAvg"),
         (["-m", "ResNet999"], "unknown model"),

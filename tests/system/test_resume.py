@@ -158,3 +158,18 @@ def test_checkpoint_is_read_without_pickle(data, tmp_path, monkeypatch):
     (checkpoint,) = tmp_path.glob("*.ckpt")
     saved = torch.load(checkpoint, weights_only=True)
     assert saved["next_round"] == 2 and saved["format"] == "fedcohort-checkpoint"
+
+
+@pytest.mark.parametrize("store", [["--state_device", "disk"], ["--state_dtype", "float16"]])
+@pytest.mark.parametrize("engine", ["sequential", "threaded"])
+def test_resume_with_other_state_stores_and_engines(store, engine, data, tmp_path, monkeypatch):
+    flags = ["--engine", engine, *store]
+    assert run_main(data, tmp_path / "ref", "SCAFFOLD", *flags) == 0
+    (reference,) = (tmp_path / "ref").glob("*.h5")
+    results = tmp_path / "res"
+    with monkeypatch.context() as patch:
+        stop_after_round(patch, 2, "signal")
+        assert run_main(data, results, "SCAFFOLD", *flags) == 130
+    assert run_main(data, results, "SCAFFOLD", *flags, "--resume") == 0
+    (resumed,) = results.glob("*.h5")
+    assert_same_results(reference, resumed)
