@@ -69,7 +69,8 @@ def test_epsilon_grows_with_steps_and_sampling_rate_and_falls_with_noise():
 
 def test_worst_client_front_equals_the_maximum_over_every_client():
     clients = [(0.5, 4), (0.1, 40), (0.25, 8), (0.1, 10), (0.5, 2), (0.05, 80), (0.3, 0)]
-    brute = max(opacus_epsilon(RDPAccountant, 0.9, q, n, 1e-5) for q, n in clients if n)
+    # each client's ε as accounting.epsilon gives it (equal to opacus's, tested above)
+    brute = max(accounting.epsilon("rdp", 0.9, [(q, n)], 1e-5) for q, n in clients if n)
     cache: dict = {}
     assert accounting.worst_client_epsilon("rdp", 0.9, 1e-5, clients, cache) == brute
     assert set(cache) == {(0.5, 4), (0.25, 8), (0.1, 40), (0.05, 80)}  # dominated pairs are never evaluated
@@ -84,7 +85,8 @@ def test_recorded_epsilon_is_the_worst_clients_and_grows_every_round():
     # each client's steps counted independently: participations x floor(n / B) (one epoch, --drop_last)
     per_client = [(min(1.0, 5 / c.num_train), c.participations * (c.num_train // 5)) for c in server.clients]
     assert [c.dp_steps for c in server.clients] == [n for _, n in per_client]
-    assert series[-1] == max(opacus_epsilon(RDPAccountant, 1.1, q, n, 1e-5) for q, n in per_client if n)
+    worst = max(per_client, key=lambda c: accounting.epsilon("rdp", 1.1, [c], 1e-5))
+    assert series[-1] == opacus_epsilon(RDPAccountant, 1.1, *worst, 1e-5)
 
 
 def test_dp_fedavg_epsilon_accounts_rounds_at_cohort_rate():
