@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flcore.privacy.server import privacy_lines, privacy_summary
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
 from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
                        declared_actions, generic_parser, pfllib_algorithm_actions)
@@ -170,6 +171,13 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
     ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
     ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
+    # differential privacy (flcore/privacy)
+    ("-dps", "dp_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--dp_clip", "dp_clip", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--dp_delta", "dp_delta", _finite(lambda v: 0 < v < 1, "in (0, 1)")),
+    ("--dp_update_clip", "dp_update_clip", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = off)")),
+    ("--dp_server_sigma", "dp_server_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--dp_weight_cap", "dp_weight_cap", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = the largest client)")),
 )
 
 
@@ -181,6 +189,7 @@ def validate(args: argparse.Namespace) -> None:
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    validate_privacy(args)
     unsupported = {
         "-dlg (DLG attack)": args.dlg_eval,
         "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
@@ -217,6 +226,14 @@ def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> N
         named = ", ".join(map(str, idle[:5])) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
         reason = f"fewer training samples than -lbs {args.batch_size}, with --drop_last" if args.drop_last else "no training samples"
         log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
+
+
+def validate_privacy(args: argparse.Namespace) -> None:
+    """DP noise given without the mechanism it belongs to (the ranges are in FLAG_RANGES)."""
+    if args.dp_sigma > 0 and not args.privacy:
+        raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
+    if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:
+        raise FLError("--dp_server_sigma sets DP-FedAvg's noise, which needs --dp_update_clip > 0 (DP-FedAvg) to be on")
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
@@ -384,6 +401,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
+        summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
         gpu = peak_gpu_mb(device)
         if gpu is not None:
             summary["peak_gpu_mb"] = gpu
@@ -471,6 +489,7 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
                 f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "
                 f"{summary['uploads_to_target']:.1f} model uploads ({summary['bytes_up_to_target'] / 1e6:.1f} MB)"
             )
+    lines += privacy_lines(summary)
     lines.append(f"  results: {path}")
     print("\n".join(lines))
 

@@ -361,6 +361,26 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(p, "--clock_avail_duty", type=float, default=1.0,
              help="fraction of each --clock_avail_period a client is available, in (0, 1]")
 
+    d = parser.add_argument_group("differential privacy (PFLlib's -dp/-dps, plus ours; system/flcore/privacy)")
+    add_flag(d, "-dp", "--privacy", type=bool, default=False,
+             help="sample-level DP-SGD on every client: per-sample clipping to --dp_clip, Gaussian noise -dps, "
+                  "epsilon at --dp_delta recorded each round (rs_dp_epsilon; needs opacus)")
+    add_flag(d, "-dps", "--dp_sigma", type=float, default=0.0, help="DP-SGD noise multiplier sigma (noise std sigma*C)")
+    add_flag(d, "--dp_clip", type=float, default=1.0, help="DP-SGD per-sample gradient clipping norm C (PFLlib's 1.0)")
+    add_flag(d, "--dp_delta", type=float, default=1e-5, help="delta at which epsilon is reported (PFLlib's 1e-5)")
+    add_flag(d, "--dp_accountant", type=str, default="rdp", choices=["rdp", "prv"],
+             help="opacus accountant: rdp (Renyi DP of the sampled Gaussian mechanism) or prv (numerical composition)")
+    add_flag(d, "--dp_sampling", type=str, default="poisson", choices=["poisson", "shuffle"],
+             help="DP-SGD batches: poisson (each sample in each step with probability B/n: what the accountant "
+                  "assumes) or shuffle (PFLlib's batches; epsilon is then an approximation)")
+    add_flag(d, "--dp_update_clip", type=float, default=0.0,
+             help="user-level DP-FedAvg (McMahan et al. 2018): clip each client's model update to this L2 norm S "
+                  "(0 = off); epsilon recorded as rs_dp_user_epsilon")
+    add_flag(d, "--dp_server_sigma", type=float, default=0.0,
+             help="DP-FedAvg noise multiplier z: N(0, (z*S)^2) added to the weighted sum of clipped updates")
+    add_flag(d, "--dp_weight_cap", type=float, default=0.0,
+             help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
+
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
     add_flag(o, "--engine", type=str, default="auto",
