@@ -110,7 +110,9 @@ def test_assignment_is_sticky_and_balanced_by_samples():
 @pytest.mark.parametrize("algorithm, flags", [
     # slow trainers and senders, dropped uploads and -tth on the virtual clock: the clients' virtual
     # times are driver-side attributes, their samples processed come back in the uploads
-    ("FedAvg", ("-tsr", "0.3", "-ssr", "0.3", "-cdr", "0.2", "-tth", "2")), ("IGFL", ()), ("Ditto", ()), ("FedALA", ()), ("AdaFL", ()),
+    ("FedAvg", ("-tsr", "0.3", "-ssr", "0.3", "-cdr", "0.2", "-tth", "2")), ("IGFL", ()),
+    # DP-SGD: the noise comes from (seed, round, client) on the actor, the epsilon from the clients' step counts
+    ("FedAvg", ("-dp", "True", "-dps", "1.0")), ("Ditto", ()), ("FedALA", ()), ("AdaFL", ()),
     # one actor with both CPUs: the threaded engine trains its clients inside it
     ("SCAFFOLD", ("--ray_workers", "1", "--ray_cpus_per_worker", "2")),
 ])
