@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flcore.attacks.dlg import DLGAttack
+from flcore.newclients import NewClientEvaluation, hold_out
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
 from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
                        generic_parser, pfllib_algorithm_actions)
@@ -132,9 +134,14 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError("-cdr must be in [0, 1) and -tsr in [0, 1]")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    for flag, value, low in (("-dlgg", args.dlg_gap, 1), ("-bnpc", args.batch_num_per_client, 1),
+                             ("--dlg_iters", args.dlg_iters, 1), ("--dlg_clients", args.dlg_clients, 0),
+                             ("-nnc", args.num_new_clients, 0), ("-ften", args.fine_tuning_epoch_new, 0)):
+        if value < low:
+            raise FLError(f"{flag} must be >= {low}, got {value}")
+    if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
+        raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     unsupported = {
-        "-dlg (DLG attack)": args.dlg_eval,
-        "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
         "-ssr (slow senders)": args.send_slow_rate > 0,
         "-ts/-tth (time-based selection)": args.time_select or args.time_threthold != 10000,
     }
@@ -219,7 +226,8 @@ def run(args: argparse.Namespace) -> list[Path]:
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:
             dataset = load_federated_dataset(
-                args.dataset, device, data_root=args.data_root, num_clients=args.num_clients,
+                args.dataset, device, data_root=args.data_root,
+                num_clients=None if args.num_new_clients else args.num_clients,  # hold_out checks -nc then
                 legacy_pickle=args.legacy_pickle, few_shot=args.few_shot, compact=args.compact_inputs,
             )
     for w in caught:
@@ -228,6 +236,7 @@ def run(args: argparse.Namespace) -> list[Path]:
         raise FLError(
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
+    dataset, new_clients = hold_out(dataset, args.num_new_clients, args.num_clients)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     server_cls = ALGORITHMS.get(args.algorithm)
     paths: list[Path] = []
@@ -244,10 +253,13 @@ def run(args: argparse.Namespace) -> list[Path]:
             server.model.num_params, device, json.dumps(server.summary()) if server.summary() else "",
         )
         started = time.perf_counter()
-        history = server.train(progress=args.progress and not args.quiet)
+        path = result_path(args.dataset, args.algorithm, args.goal, run_index, args.results_dir)
+        history = server.train(progress=args.progress and not args.quiet,
+                               callbacks=evaluation_callbacks(server, new_clients, path))
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, args.avg_last, args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=time.perf_counter() - started)
+        summary.update(evaluation_summary(history))
         gpu = peak_gpu_mb(device)
         if gpu is not None:
             summary["peak_gpu_mb"] = gpu
@@ -256,8 +268,7 @@ def run(args: argparse.Namespace) -> list[Path]:
             "run": run_index, "seed": run_args.seed, "model": args.model, "device": str(device),
             "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
         }
-        path = save_results(result_path(args.dataset, args.algorithm, args.goal, run_index, args.results_dir),
-                            history, attrs, summary)
+        path = save_results(path, history, attrs, summary)
         paths.append(path)
         if args.save_model:
             save_model(server, args)
@@ -267,6 +278,30 @@ def run(args: argparse.Namespace) -> list[Path]:
     if len(best) > 1:
         print(f"Best accuracy over {len(best)} runs: mean {np.mean(best):.4f}, std {np.std(best):.4f}")
     return paths
+
+
+def evaluation_callbacks(server, new_clients: FederatedDataset | None, path: Path) -> list:
+    """The round callbacks that evaluate more than accuracy: the DLG attack (``-dlg``; pictures
+    next to the result file) and the held-out new clients (``-nnc``)."""
+    callbacks: list = []
+    if server.args.dlg_eval:
+        callbacks.append(DLGAttack(server, path.with_suffix("")))
+    if new_clients is not None:
+        callbacks.append(NewClientEvaluation(server, new_clients))
+    return callbacks
+
+
+def evaluation_summary(history) -> dict[str, float]:
+    """The new clients' final accuracy and the attack's mean PSNR/SSIM, when the run has them."""
+    series = history.extra_series
+    summary = {}
+    if series.get("new_client_acc"):
+        summary.update(new_client_acc=float(series["new_client_acc"][-1]), new_client_auc=float(series["new_client_auc"][-1]))
+    if series.get("dlg_psnr"):
+        ssim = [v for v in series["dlg_ssim"] if np.isfinite(v)]  # NaN for inputs that are not images
+        summary.update(dlg_psnr_mean=float(np.mean(series["dlg_psnr"])),
+                       dlg_ssim_mean=float(np.mean(ssim)) if ssim else float("nan"))
+    return summary
 
 
 def save_model(server, args: argparse.Namespace) -> None:
@@ -286,6 +321,10 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
         + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
         + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
     ]
+    if "new_client_acc" in summary:
+        lines.append(f"  new clients: accuracy {summary['new_client_acc']:.4f}, auc {summary['new_client_auc']:.4f}")
+    if "dlg_psnr_mean" in summary:
+        lines.append(f"  DLG attack: mean PSNR {summary['dlg_psnr_mean']:.2f} dB, SSIM {summary['dlg_ssim_mean']:.3f}")
     if "target_acc" in summary:
         if summary["rounds_to_target"] is None:
             lines.append(f"  target accuracy {summary['target_acc']} not reached")

@@ -167,7 +167,8 @@ class Server:
         return result
 
     def train(self, progress: bool = True, callbacks: Sequence[Callable] = ()) -> RunHistory:
-        """Every round of the run; each callback gets (server, result) and may return True to stop."""
+        """Every round of the run; each callback gets (server, result) and may return True to stop,
+        and a callback object with a ``finish(server)`` method has it called once after the last round."""
         rounds = int(self.args.global_rounds)
         bar = ProgressBar(rounds + 1, self.args.algorithm, progress)
         steps = [record_round, bar, *callbacks]
@@ -178,6 +179,9 @@ class Server:
             result = self.run_round(rnd, evaluate=is_last or rnd % self.args.eval_gap == 0, train=not is_last)
             if any([bool(step(self, result)) for step in steps]):
                 break
+        for step in steps:  # callbacks with work after the last round (new clients' evaluation)
+            if hasattr(step, "finish"):
+                step.finish(self)
         bar.close()
         return self.history
 
