@@ -127,17 +127,17 @@ def reconstruct(
     ``forward(w, x)`` gives the logits of the model with trainable parameters ``w`` (a flat
     vector); ``target`` is the observed gradient over the entries ``mask`` selects (all when
     None); ``labels`` known (iDLG) fix the labels, else soft labels are optimised as well."""
-    device, dtype = weights.device, weights.dtype
+    device, dtype = weights.device, torch.float64  # float32 rounding floors the distance near 1e-7
     dummy = torch.randn(batch, *input_shape, generator=generator).to(device, dtype).requires_grad_(True)
     variables = [dummy]
     if labels is None:
         label_logits = torch.randn(batch, num_classes, generator=generator).to(device, dtype).requires_grad_(True)
         variables.append(label_logits)
-    w = weights.detach().clone().requires_grad_(True)
+    w = weights.detach().to(dtype).requires_grad_(True)
     target = target.detach().to(device, dtype)
     scale = target.pow(2).sum().clamp_min(torch.finfo(dtype).tiny)
     optimiser = torch.optim.LBFGS(variables, lr=1.0, max_iter=LBFGS_INNER, history_size=100,
-                                  line_search_fn="strong_wolfe")
+                                  line_search_fn="strong_wolfe", tolerance_grad=1e-12, tolerance_change=1e-15)
 
     def distance() -> torch.Tensor:
         logits = forward(w, dummy)
@@ -295,6 +295,11 @@ class DLGAttack:
         model.load(start)
         model.module.eval()
         net = model.net
+        buffers = start[p:].double()  # float buffers (BatchNorm statistics) in the attack's float64
+
+        def forward(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+            return net.at(torch.cat([w, buffers]))(x)
+
         plan = client.batch_plan(result.round)
         out = []
         for k, idx in enumerate(plan[: self.batches]):
@@ -303,7 +308,7 @@ class DLGAttack:
             label = idlg_label(grad, model.segments, server.num_classes) if len(idx) == 1 else None
             known = None if label is None else torch.tensor([label], device=true_y.device)
             generator = torch_generator(args.seed, "dlg", result.round, client.cid, k)
-            found = reconstruct(lambda w, x: net.at(w)(x), start[:p], target, true_x.shape[1:], len(idx),
+            found = reconstruct(forward, start[:p], target, true_x.shape[1:], len(idx),
                                 server.num_classes, mask=mask, labels=known, iterations=self.iterations,
                                 generator=generator)
             out += self.measure(true_x, true_y, found)
