@@ -25,7 +25,7 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements.txt
     echo "$WANT" > "$STAMP"
 fi
-"$VENV/bin/python" -c 'import torch, numpy, h5py, sklearn, matplotlib, tqdm' || {
+"$VENV/bin/python" -c 'import torch, numpy, h5py, sklearn, matplotlib, tqdm, safetensors' || {
     echo "error: the environment in .venv is broken; remove .venv and run ./prepare.sh again" >&2; exit 2; }
 
 case "${1:-}" in

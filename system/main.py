@@ -11,6 +11,9 @@ import argparse
 import copy
 import json
 import logging
+import math
+import os
+import shlex
 import sys
 import time
 import warnings
@@ -25,9 +28,11 @@ from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
 from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
                        generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
-from utils.errors import FLError
+from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
+from utils.errors import Diverged, FLError
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-from utils.result_utils import result_path, save_results, summarize
+from utils.result_utils import result_path, save_results, summarize, write_atomically
+from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
 from utils.seeding import derive_seed, seed_everything
 
 log = logging.getLogger("fl")
@@ -119,26 +124,57 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _at_least(low: int):
+    # (test, the words the message uses for it): NaN cannot reach here, these flags are integers
+    return lambda v: v >= low, f">= {low}"
+
+
+def _finite(test, text: str):
+    # NaN fails every comparison and so every range below; infinity is refused explicitly
+    return lambda v: math.isfinite(v) and test(v), text
+
+
+#: generic flags and the values that make sense: (flag, destination, (test, what the test asks for)).
+#: Evaluation flags (--eval_batch_size, --eval_group) are checked where they are used (flcore/evaluation.py).
+FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
+    ("-gr", "global_rounds", _at_least(1)),
+    ("-lbs", "batch_size", _at_least(1)),
+    ("-ls", "local_epochs", _at_least(1)),
+    ("-eg", "eval_gap", _at_least(1)),
+    ("-t", "times", _at_least(1)),
+    ("-pv", "prev", _at_least(0)),
+    ("-tc", "top_cnt", _at_least(1)),
+    ("-fs", "few_shot", _at_least(0)),
+    ("-nnc", "num_new_clients", _at_least(0)),
+    ("-ften", "fine_tuning_epoch_new", _at_least(0)),
+    ("-dlgg", "dlg_gap", _at_least(1)),
+    ("-bnpc", "batch_num_per_client", _at_least(1)),
+    ("--dlg_iters", "dlg_iters", _at_least(1)),
+    ("--dlg_clients", "dlg_clients", _at_least(0)),
+    ("-vs", "vocab_size", _at_least(1)),
+    ("-fd", "feature_dim", _at_least(1)),
+    ("-ml", "max_len", _at_least(1)),
+    ("--avg_last", "avg_last", _at_least(1)),
+    ("--num_threads", "num_threads", _at_least(0)),
+    ("--checkpoint_every", "checkpoint_every", _at_least(0)),
+    ("-lr", "local_learning_rate", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("-ldg", "learning_rate_decay_gamma", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("-jr", "join_ratio", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
+    ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
+    ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
+)
+
+
 def validate(args: argparse.Namespace) -> None:
-    """Reject settings that would silently do something else than asked."""
-    if not 0 < args.join_ratio <= 1:
-        raise FLError(f"-jr must be in (0, 1], got {args.join_ratio}")
-    if args.global_rounds < 0:
-        raise FLError(f"-gr must be >= 0, got {args.global_rounds}")
-    for flag, value in (("-lbs", args.batch_size), ("-ls", args.local_epochs), ("-eg", args.eval_gap), ("-t", args.times)):
-        if value < 1:
-            raise FLError(f"{flag} must be >= 1, got {value}")
-    if args.local_learning_rate <= 0:
-        raise FLError(f"-lr must be > 0, got {args.local_learning_rate}")
-    if not 0 <= args.client_drop_rate < 1 or not 0 <= args.train_slow_rate <= 1:
-        raise FLError("-cdr must be in [0, 1) and -tsr in [0, 1]")
+    """Reject settings that would silently do something else than asked (before any data is read)."""
+    for flag, dest, (test, wanted) in FLAG_RANGES:
+        value = getattr(args, dest)
+        if not test(value):
+            raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
-    for flag, value, low in (("-dlgg", args.dlg_gap, 1), ("-bnpc", args.batch_num_per_client, 1),
-                             ("--dlg_iters", args.dlg_iters, 1), ("--dlg_clients", args.dlg_clients, 0),
-                             ("-nnc", args.num_new_clients, 0), ("-ften", args.fine_tuning_epoch_new, 0)):
-        if value < low:
-            raise FLError(f"{flag} must be >= {low}, got {value}")
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     unsupported = {
@@ -148,6 +184,33 @@ def validate(args: argparse.Namespace) -> None:
     for name, used in unsupported.items():
         if used:
             raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+
+
+def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:
+    """The checks that need the dataset: samples to train on and to evaluate, a cohort of at least
+    one client, and clients that train.
+
+    Clients that take no local step (fewer training samples than -lbs with --drop_last, or none)
+    are named in one warning; a run in which no client would take a step is refused."""
+    clients = len(dataset.clients)
+    if math.floor(clients * args.join_ratio + 1e-9) < 1:  # the cohort size of utils' uniform selection
+        smallest = math.ceil(10_000 / clients) / 10_000
+        raise FLError(f"-jr {args.join_ratio} selects no client of {clients} (floor({clients} x {args.join_ratio}) = 0); "
+                      f"pass -jr {smallest:g} or more")
+    for split in ("train", "test"):
+        if not len(dataset.split(split)[1]):
+            raise FLError(f"no client of dataset {args.dataset} has {split} samples ({dataset.path / split}); "
+                          "regenerate the dataset")
+    sizes = [client.num_train for client in dataset.clients]
+    idle = [c.cid for c, n in zip(dataset.clients, sizes) if n == 0 or (args.drop_last and n < args.batch_size)]
+    if len(idle) == clients:
+        raise FLError(f"-lbs {args.batch_size} is larger than every client's training set (largest: {max(sizes)} "
+                      f"samples) and --drop_last skips the partial batch, so no client would train; "
+                      f"pass -lbs {max(sizes)} or less, or --drop_last False")
+    if idle:
+        named = ", ".join(map(str, idle[:5])) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
+        reason = f"fewer training samples than -lbs {args.batch_size}, with --drop_last" if args.drop_last else "no training samples"
+        log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
@@ -219,6 +282,18 @@ def run(args: argparse.Namespace) -> list[Path]:
     setup_logging(args.quiet)
     if getattr(args, IGNORED_DEST, None):
         log.info("%s does not use %s: ignored", args.algorithm, ", ".join(getattr(args, IGNORED_DEST)))
+    runs = range(args.prev, args.times)
+    # claimed before anything is loaded: a refusal costs nothing, and no other run can take the names
+    claims = claim_all([result_path(args.dataset, args.algorithm, args.goal, i, args.results_dir) for i in runs],
+                       args.overwrite, args.resume)
+    try:
+        return run_claimed(args, dict(zip(runs, claims)))
+    finally:
+        for held in claims:
+            held.release()
+
+
+def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path]:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     device = resolve_device(args)
@@ -237,11 +312,16 @@ def run(args: argparse.Namespace) -> list[Path]:
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
     dataset, new_clients = hold_out(dataset, args.num_new_clients, args.num_clients)
+    validate_with_data(args, dataset)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     server_cls = ALGORITHMS.get(args.algorithm)
     paths: list[Path] = []
     best: list[float] = []
-    for run_index in range(args.prev, args.times):
+    for run_index, claimed in claims.items():
+        if claimed.action == "skip":
+            print(f"Run {run_index}: already finished ({claimed.result}); skipped (--resume)")
+            paths.append(claimed.result)
+            continue
         run_args = copy.copy(args)
         run_args.seed = args.seed + run_index
         seed_everything(derive_seed(run_args.seed, "init"))
@@ -252,27 +332,11 @@ def run(args: argparse.Namespace) -> list[Path]:
             run_index + 1, args.times, args.algorithm, args.dataset, len(server.clients), args.model,
             server.model.num_params, device, json.dumps(server.summary()) if server.summary() else "",
         )
-        started = time.perf_counter()
-        path = result_path(args.dataset, args.algorithm, args.goal, run_index, args.results_dir)
-        history = server.train(progress=args.progress and not args.quiet,
-                               callbacks=evaluation_callbacks(server, new_clients, path))
-        model_bytes = server.global_params.numel() * server.global_params.element_size()
-        summary = summarize(history, args.avg_last, args.target_acc, model_bytes)
-        summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=time.perf_counter() - started)
-        summary.update(evaluation_summary(history))
-        gpu = peak_gpu_mb(device)
-        if gpu is not None:
-            summary["peak_gpu_mb"] = gpu
-        attrs = {
-            "algorithm": args.algorithm, "dataset": Path(args.dataset).name, "goal": args.goal,
-            "run": run_index, "seed": run_args.seed, "model": args.model, "device": str(device),
-            "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
-        }
-        path = save_results(path, history, attrs, summary)
+        try:
+            summary, path = train_one(server, run_args, run_index, claimed, device, new_clients)
+        finally:
+            server.close()
         paths.append(path)
-        if args.save_model:
-            save_model(server, args)
-        server.close()
         best.append(summary["best_acc"])
         print_summary(run_index, summary, path)
     if len(best) > 1:
@@ -304,11 +368,95 @@ def evaluation_summary(history) -> dict[str, float]:
     return summary
 
 
-def save_model(server, args: argparse.Namespace) -> None:
-    folder = Path(__file__).resolve().parent / "models" / Path(args.dataset).name
-    folder.mkdir(parents=True, exist_ok=True)
-    server.model.load(server.global_params)
-    torch.save(server.model.module.state_dict(), folder / f"{args.algorithm}_server.pt")
+def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Claim,
+              device: torch.device, new_clients: FederatedDataset | None = None) -> tuple[dict, Path]:
+    """Train one run (from its checkpoint with --resume) and write its results; an interruption
+    or divergence still writes the results so far, marked unfinished. ``new_clients``: the
+    clients ``-nnc`` holds out, evaluated apart."""
+    start_round, elapsed = 0, 0.0
+    if claimed.action == "resume":
+        saved = load_checkpoint(claimed.checkpoint, run_args)
+        start_round = load_server_state(server, saved)
+        elapsed = float(saved.get("elapsed_s", 0.0))
+        log.info("run %d: resuming at round %d from %s", run_index, start_round, claimed.checkpoint)
+    started = time.perf_counter()
+
+    def run_time() -> float:
+        return elapsed + time.perf_counter() - started
+
+    def save(finished: bool, **extra) -> tuple[dict, Path]:
+        history = server.history
+        model_bytes = server.global_params.numel() * server.global_params.element_size()
+        summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
+        summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
+        summary.update(evaluation_summary(history))
+        gpu = peak_gpu_mb(device)
+        if gpu is not None:
+            summary["peak_gpu_mb"] = gpu
+        attrs = {
+            "algorithm": run_args.algorithm, "dataset": Path(run_args.dataset).name, "goal": run_args.goal,
+            "run": run_index, "seed": run_args.seed, "model": run_args.model, "device": str(device),
+            "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
+            "finished": finished, **extra,
+        }
+        return summary, save_results(claimed.result, history, attrs, summary)
+
+    every = int(run_args.checkpoint_every)
+
+    def round_end(srv, next_round: int) -> None:
+        """Checkpoint every ``--checkpoint_every`` rounds, and before stopping at a signal."""
+        if stop.requested is not None or (every > 0 and next_round % every == 0):
+            state = server_state(srv, next_round)
+            state["elapsed_s"] = run_time()
+            save_checkpoint(claimed.checkpoint, state)
+        if stop.requested is not None:
+            raise RunInterrupted(stop.requested, next_round)
+
+    try:
+        with StopOnSignal() as stop:
+            server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
+                         round_end=round_end, callbacks=evaluation_callbacks(server, new_clients, claimed.result))
+    except RunInterrupted as exc:
+        _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
+        resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
+        print(f"stopped after round {exc.next_round - 1}: results so far in {path}, checkpoint {claimed.checkpoint}; "
+              f"continue with: {resume} --resume", file=sys.stderr)
+        raise
+    except Diverged as exc:
+        if not server.history.test_acc:
+            raise
+        _, path = save(False, stopped_at_round=exc.round, stop_reason=str(exc))
+        raise Diverged(f"{exc} (results up to round {exc.round} kept in {path}, marked unfinished)", exc.round) from None
+    summary, path = save(True)
+    if run_args.save_model:
+        save_model(server, claimed.result)
+    claimed.checkpoint.unlink(missing_ok=True)  # the results are complete: nothing left to resume
+    return summary, path
+
+
+def save_model(server, result: Path) -> Path:
+    """The final global model as ``<result>.safetensors`` (a plain state_dict: load it with
+    ``module.load_state_dict(safetensors.torch.load_file(path))``); personalised algorithms also
+    write each client's model into ``<result>.personal.safetensors`` under ``client<i>/``."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise FLError("--save_model needs the safetensors package (pip install -r requirements.txt), "
+                      "or pass --save_model False") from None
+
+    def state_of(params: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
+        server.model.load(params)
+        # the module's tensors are views of one vector: safetensors wants separate, contiguous ones
+        return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in server.model.module.state_dict().items()}
+
+    path = result.with_suffix(".safetensors")
+    write_atomically(path, lambda tmp: save_file(state_of(server.global_params), tmp))
+    if server.personalized or server.shared_mask is not None:
+        personal: dict[str, torch.Tensor] = {}
+        for client in server.clients:
+            personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
+        write_atomically(result.with_suffix(".personal.safetensors"), lambda tmp: save_file(personal, tmp))
+    return path
 
 
 def print_summary(run_index: int, summary: dict, path: Path) -> None:
@@ -346,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     except torch.cuda.OutOfMemoryError:
         print("error: the GPU ran out of memory; lower -lbs or --eval_batch_size, or use -dev cpu", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        return exc.exit_status
     except KeyboardInterrupt:
         print("interrupted: no result file was written for the unfinished run", file=sys.stderr)
         return 130

@@ -57,6 +57,7 @@ from utils.cli import IGNORED_DEST  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 from utils.plot_utils import AlgorithmSummary, format_summary_table, load_run, summarize_runs  # noqa: E402
 from utils.result_utils import result_path  # noqa: E402
+from utils.run_control import is_finished  # noqa: E402
 
 PROG = "sweep.py"
 # Flags whose values are free text that may hold commas (device lists, paths): never split into axes.
@@ -68,6 +69,7 @@ RUN_ONLY_DESTS = frozenset({
     "quiet", "progress", "num_threads", "times", "prev", "results_dir", "data_root", "save_model",
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
     "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
+    "resume", "overwrite", "checkpoint_every",
 })
 
 @dataclass
@@ -314,9 +316,10 @@ def jobs_of_setting(own: argparse.Namespace, algorithm: str, applied: list[tuple
     jobs = []
     for run in range(own.times):
         path = result_path(settings.dataset, settings.algorithm, goal, run, settings.results_dir)
-        job = Job(settings.algorithm, " ".join(parts), run, [*argv, "-pv", str(run), "-t", str(run + 1)],
+        # --resume: a run the sweep's Ctrl-C interrupted continues from its checkpoint
+        job = Job(settings.algorithm, " ".join(parts), run, [*argv, "--resume", "-pv", str(run), "-t", str(run + 1)],
                   path, vars(settings))
-        if path.exists():
+        if path.exists() and is_finished(path):
             job.state = stored_conflict(path, job) or "done"
         jobs.append(job)
     return jobs
@@ -432,7 +435,7 @@ def summaries(jobs: list[Job]) -> dict[str, list[AlgorithmSummary]]:
         by_setting.setdefault(key, []).append(job)
     tables: dict[str, list[AlgorithmSummary]] = {}
     for (dataset, algorithm, label), group in by_setting.items():
-        runs = [load_run(job.path) for job in group if job.path.exists() and not job.state.startswith("conflict")]
+        runs = [load_run(job.path) for job in group if job.path.exists() and is_finished(job.path) and not job.state.startswith("conflict")]
         if runs:
             summary = summarize_runs(runs)
             tables.setdefault(dataset, []).append(

@@ -13,6 +13,7 @@ import numpy as np
 from .dataset_utils import CONFIG_NAME, FORMAT, STATS_KEY, _save_npz, write_json_atomic
 from .errors import DatasetError, ReadError
 from .legacy import load_pfllib_npz
+from .lock import writing
 
 PICKLE_WARNING = ("warning: PFLlib npz files are pickles; loading them can execute code "
                   "from the file. Convert only folders you trust.")
@@ -77,17 +78,18 @@ def convert_pfllib_folder(source: str | Path, out_dir: str | Path | None = None,
     if not present:
         raise ReadError(f"{source}: no client files train/<id>.npz and test/<id>.npz")
 
-    try:
-        config = _convert_clients(source, out_dir, config, present, in_place)
-    except OSError as exc:
-        raise DatasetError(f"cannot write {out_dir} ({exc.strerror or exc})") from None
-    if name is not None:
-        config["dataset"] = name
-    stats = config.get(STATS_KEY)
-    if "num_classes" not in config and isinstance(stats, list) and any(stats):
-        # Older PFLlib configs lack num_classes; the label statistic bounds it from below.
-        config["num_classes"] = 1 + max(int(pair[0]) for client in stats for pair in client)
-    write_json_atomic(out_dir / CONFIG_NAME, config)
+    with writing(out_dir):  # a run started meanwhile refuses the folder (see lock.py)
+        try:
+            config = _convert_clients(source, out_dir, config, present, in_place)
+        except OSError as exc:
+            raise DatasetError(f"cannot write {out_dir} ({exc.strerror or exc})") from None
+        if name is not None:
+            config["dataset"] = name
+        stats = config.get(STATS_KEY)
+        if "num_classes" not in config and isinstance(stats, list) and any(stats):
+            # Older PFLlib configs lack num_classes; the label statistic bounds it from below.
+            config["num_classes"] = 1 + max(int(pair[0]) for client in stats for pair in client)
+        write_json_atomic(out_dir / CONFIG_NAME, config)
     return config
 
 

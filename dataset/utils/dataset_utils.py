@@ -20,7 +20,9 @@ Output (format ``npz-xy-v1``)::
 The npz files hold plain arrays (``np.load(f, allow_pickle=False)`` works). Every
 file is written to a temporary name and renamed; ``config.json`` comes last and
 is removed first when regenerating, so a folder holding ``config.json`` is
-complete. Running the same configuration again is a no-op unless ``--force``.
+complete. Running the same configuration again is a no-op unless ``--force``. While it writes, a
+generator holds the folder's writer marker (``lock.py``), so a run started meanwhile (or a second
+generator) refuses the folder, and one killed midway is told apart from one still running.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import numpy as np
 
 from .errors import DatasetError
 from . import feature_skew
+from .lock import writing
 from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, label_counts,
                         make_partition, train_test_split)
 from .picture import count_matrix, save_partition_png, summary_lines
@@ -272,6 +275,17 @@ def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray]
                     options: dict[str, Any], rng: np.random.Generator, *,
                     shared_test: np.ndarray | None = None,
                     client_domains: Sequence[str] | None = None) -> dict[str, Any]:
+    """:func:`_write_federated` under the folder's writer marker (``lock.py``): a run started
+    meanwhile refuses the folder instead of reading half-written files."""
+    with writing(out_dir):
+        return _write_federated(out_dir, data, parts, options, rng, shared_test=shared_test,
+                                client_domains=client_domains)
+
+
+def _write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray],
+                     options: dict[str, Any], rng: np.random.Generator, *,
+                     shared_test: np.ndarray | None = None,
+                     client_domains: Sequence[str] | None = None) -> dict[str, Any]:
     """Split each client's samples, apply few-shot, the cap and the feature skew, print
     statistics and write the folder with its partition picture.
 

@@ -146,6 +146,25 @@ class ClientStateStore:
         """Bytes of state held in this process's memory (host and accelerator)."""
         return self.nbytes()
 
+    def state_dict(self) -> dict:
+        """Every vector as stored (storage dtype, on the CPU) and the dtype callers get back, for
+        checkpoints: ``load_state_dict`` of a fresh store then returns exactly what ``get`` did."""
+        return {
+            "dtypes": {name: str(dtype).removeprefix("torch.") for name, dtype in self._dtypes.items()},
+            "entries": {name: {int(i): self._load(entry).to("cpu", copy=True) for i, entry in table.items()}
+                        for name, table in self._entries.items()},
+        }
+
+    def load_state_dict(self, saved: dict) -> None:
+        """Replace the store's contents with ``saved`` (from ``state_dict``)."""
+        self._entries.clear()
+        self._dtypes = {name: getattr(torch, dtype) for name, dtype in saved["dtypes"].items()}
+        for name, table in saved["entries"].items():
+            entries = self._entries.setdefault(name, {})
+            for index, value in table.items():
+                # already in the storage dtype, so storing it again rounds nothing
+                entries[int(index)] = self._save(name, None, value)
+
     def close(self) -> None:
         """Release what the store holds outside the process (nothing for the in-memory store)."""
 

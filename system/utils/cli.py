@@ -376,7 +376,15 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--data_root", type=str, default=None, help="folder holding datasets (default <repo>/dataset)")
     add_flag(o, "--legacy_pickle", type=bool, default=False,
              help="allow PFLlib's pickled npz files (unsafe: unpickling can run code from the file)")
-    add_flag(o, "--save_model", type=bool, default=True, help="save the final global model (state_dict)")
+    add_flag(o, "--save_model", type=bool, default=True,
+             help="save the final global model next to the results as <result>.safetensors (personalised "
+                  "algorithms also <result>.personal.safetensors, one state_dict per client under 'client<i>/')")
+    add_flag(o, "--checkpoint_every", type=int, default=0,
+             help="write a checkpoint (<result>.ckpt) every N rounds, for --resume; 0 = only when interrupted")
+    add_flag(o, "--resume", type=bool, default=False,
+             help="continue each run from its checkpoint (same flags required), skip finished runs, start the others")
+    add_flag(o, "--overwrite", type=bool, default=False,
+             help="replace existing results of the same name (-data, -algo, -go, run); without it they are kept and the run refused")
     add_flag(o, "--progress", type=bool, default=True, help="show a progress bar over rounds")
     add_flag(o, "-q", "--quiet", type=bool, default=False, help="only print the summary")
     return parser

@@ -9,13 +9,30 @@ Layout (written by ``dataset/generate_<Name>.py``)::
 Files are read with ``allow_pickle=False``. Folders written by PFLlib itself store a pickled
 dict per file; reading them needs the explicit ``legacy_pickle`` opt-in, because unpickling a
 file can execute code from it (``dataset/convert_pfllib.py`` converts them once instead).
+
+Everything is checked before a run starts, each problem one :class:`FLError` line naming the file
+and what to do: a file that is not an npz archive (told apart by its first bytes: zip, npy, pickle
+or other, so random bytes are never taken for a PFLlib pickle), a truncated or corrupt archive, a
+config.json that contradicts the files (client files beyond ``num_clients``, sample counts other
+than those it records), labels that are not whole numbers in ``[0, num_classes)``, NaN or infinite
+inputs, inputs and labels of different lengths, train and test inputs of different shapes or
+kinds, and a folder that a generator is writing (``dataset/utils/lock.py``) or left incomplete.
+
+Empty clients are kept, so client numbering and ``-nc`` stay those of the files: a client without
+training samples takes no local step (``main.py`` warns, naming it, and refuses a run in which no
+client would take one) and has weight 0 in FedAvg's average; a client without test samples has
+weight 0 in the sample-weighted evaluation (its per-client accuracy is recorded as 0 and left out
+of the std). ``main.py`` refuses a run on a dataset without any training or any test sample.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,16 +45,6 @@ log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DATASET_ROOT = REPO_ROOT / "dataset"
-
-# The generator that creates each dataset a user is likely to ask for by name.
-_GENERATORS = {
-    "MNIST": "generate_MNIST.py noniid - dir",
-    "FashionMNIST": "generate_FashionMNIST.py noniid - dir",
-    "Cifar10": "generate_Cifar10.py noniid - dir",
-    "Synthetic": "generate_Synthetic.py",
-    "Digits": "generate_Digits.py noniid - dir",
-}
-
 
 def decode_inputs(x: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
     """The float inputs that ``x`` stands for: ``x`` itself, or ``table[x]`` for uint8 codes."""
@@ -139,58 +146,252 @@ def resolve_dataset_dir(name: str, data_root: str | Path | None = None) -> Path:
     return root / name
 
 
-def _generate_hint(name: str) -> str:
-    script = _GENERATORS.get(name, f"generate_{name}.py noniid - dir")
-    return f"cd dataset && python {script}"
+def available_generators() -> dict[str, str]:
+    """Dataset name -> script, for every ``dataset/generate_<Name>.py`` that exists."""
+    return {script.stem.removeprefix("generate_"): script.name for script in sorted(DATASET_ROOT.glob("generate_*.py"))}
+
+
+def generate_hint(name: str, path: Path) -> str:
+    """How to create dataset ``name`` at ``path``: the exact command of the generator of that name
+    (letter case aside) where one exists, else the list of the generators that do exist."""
+    generators = available_generators()
+    wanted = Path(name).name
+    match = next((known for known in generators if known.lower() == wanted.lower()), None)
+    if match is None:
+        return f"no generator makes {wanted!r}; the generators in {DATASET_ROOT} are for: {', '.join(generators) or 'none'}"
+    # Without arguments every generator writes its default partition (PFLlib's `noniid - dir`, or
+    # the natural clients) to dataset/<Name>; --out-dir sends it where this run looks instead.
+    command = f"cd {DATASET_ROOT} && python {generators[match]}"
+    if path.resolve() != (DATASET_ROOT / match).resolve():
+        command += f" --out-dir {path}"
+    return f"create it with: {command} (add -h for its partitions)"
 
 
 def load_config(path: Path, name: str) -> dict:
+    """``config.json`` of the dataset at ``path``, checked for the keys the loader relies on."""
     config_file = path / "config.json"
     if not config_file.exists():
-        raise FLError(
-            f"dataset {name!r} not found at {path} (no config.json); create it with: {_generate_hint(name)}"
-        )
+        raise FLError(f"dataset {name!r} not found at {path} (no config.json); {generate_hint(name, path)}")
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise FLError(f"{config_file} is not valid JSON ({exc}); regenerate it with --force") from exc
+        config = json.loads(config_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FLError(f"{config_file} is not valid JSON ({exc}); regenerate the dataset with --force") from exc
+    except OSError as exc:
+        raise FLError(f"cannot read {config_file} ({exc.strerror or exc})") from exc
+    if not isinstance(config, dict):
+        raise FLError(f"{config_file} holds {type(config).__name__}, not an object; regenerate the dataset with --force")
+
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+    if not whole(config.get("num_clients")):
+        raise FLError(f"{config_file}: \"num_clients\" must be a whole number >= 1, got {config.get('num_clients')!r}; "
+                      "regenerate the dataset with --force")
+    if "num_classes" in config and not whole(config["num_classes"]):
+        raise FLError(f"{config_file}: \"num_classes\" must be a whole number >= 1, got {config['num_classes']!r}; "
+                      "regenerate the dataset with --force")
+    shape = config.get("input_shape")
+    if shape is not None and not (isinstance(shape, list) and all(whole(d) for d in shape)):
+        raise FLError(f"{config_file}: \"input_shape\" must be a list of whole numbers >= 1, got {shape!r}; "
+                      "regenerate the dataset with --force")
+    return config
 
 
-def _read_npz(file: Path, legacy_pickle: bool) -> tuple[np.ndarray, np.ndarray]:
-    if not file.exists():
-        raise FLError(f"missing client file {file}; regenerate the dataset with --force")
+# ---------------------------------------------------------------- a generator writing the folder
+#: the marker a generator holds an exclusive ``flock`` on while it writes a dataset folder (its pid
+#: inside); written by ``dataset/utils/lock.py``, whose name it must match
+WRITER_LOCK = ".writing.lock"
+
+
+def check_not_being_written(path: Path, name: str) -> None:
+    """Refuse a folder that a generator is writing now, or that a killed generator left incomplete.
+
+    The generator's lock is released by the kernel when it exits however it exits, so a marker
+    whose lock can be taken is stale: harmless when ``config.json`` (written last) is there, an
+    incomplete folder otherwise. The marker is only opened for reading: datasets may be read-only."""
+    marker = path / WRITER_LOCK
+    try:
+        fd = os.open(marker, os.O_RDONLY)
+    except OSError:
+        return  # no marker (or one we may not read, which no generator of ours writes)
+    try:
+        pid = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FLError(f"dataset {name} is being written by a generator (pid {pid}); wait for it to finish, "
+                          "or stop it and regenerate with --force") from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    if not (path / "config.json").exists():
+        raise FLError(f"dataset {name} was left incomplete by a generator that stopped (pid {pid}); "
+                      f"regenerate it with --force ({generate_hint(name, path).removeprefix('create it with: ')})")
+
+
+def _config_identity(path: Path) -> tuple[int, int] | None:
+    """Identity of ``config.json`` (a generator replaces it last, so a rewrite changes it)."""
+    try:
+        info = (path / "config.json").stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns
+
+
+# ---------------------------------------------------------------------------- client files
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # an npz archive (np.savez), PFLlib's files included
+_NPY_MAGIC = b"\x93NUMPY"  # one array saved with np.save
+_PICKLE_PROTO = 0x80  # a pickle of protocol 2 or later starts with the PROTO opcode and the protocol
+
+
+def _file_kind(head: bytes) -> str:
+    """What a file is, from its first bytes: 'npz', 'npy', 'pickle', 'empty' or 'unknown'.
+
+    Deciding from the bytes keeps two files apart that ``np.load`` mixes up: with
+    ``allow_pickle=False`` it takes any file that is neither zip nor npy for a pickle."""
+    if head.startswith(_ZIP_MAGIC):
+        return "npz"
+    if head.startswith(_NPY_MAGIC):
+        return "npy"
+    if len(head) >= 2 and head[0] == _PICKLE_PROTO and 2 <= head[1] <= 5:
+        return "pickle"
+    return "empty" if not head else "unknown"
+
+
+#: PFLlib's per-client label statistic in config.json: [label, count] pairs over train + test
+STATS_KEY = "Size of samples for labels in clients"
+#: what to do about a file that does not hold what config.json and the format say
+REGENERATE = "regenerate the dataset (its generator with --force)"
+
+
+def _read_npz(file: Path, legacy_pickle: bool, inputs: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """(x, y) of a client file, ``x`` only when ``inputs``; anything unreadable is one FLError line.
+
+    Only PFLlib's layout (an npz archive whose array ``data`` is a pickled dict) is ever unpickled,
+    and only with ``legacy_pickle``; a file of any other kind is reported as what it is."""
+    try:
+        with open(file, "rb") as handle:
+            head = handle.read(8)
+    except FileNotFoundError:
+        raise FLError(f"missing client file {file}; {REGENERATE}") from None
+    except OSError as exc:
+        raise FLError(f"cannot read {file} ({exc.strerror or exc})") from None
+    kind = _file_kind(head)
+    if kind == "empty":
+        raise FLError(f"{file} is empty (0 bytes); {REGENERATE}")
+    if kind == "npy":
+        raise FLError(f"{file} holds one .npy array, not an npz archive of arrays 'x' and 'y'; {REGENERATE}")
+    if kind == "pickle":
+        raise FLError(f"{file} is a bare pickle, not an npz archive (PFLlib's files are npz archives too), "
+                      f"so it is never unpickled; {REGENERATE}")
+    if kind == "unknown":
+        raise FLError(f"{file} is not an npz archive (it starts with bytes {head.hex(' ')}): the file is corrupt; {REGENERATE}")
     try:
         with np.load(file, allow_pickle=False) as archive:
             if "x" in archive.files and "y" in archive.files:
-                return archive["x"], archive["y"]
+                return (archive["x"] if inputs else None), archive["y"]
             if "data" not in archive.files:
-                raise FLError(f"{file} holds {archive.files}, expected arrays 'x' and 'y'")
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
-        raise FLError(f"{file} is corrupt ({exc}); regenerate the dataset with --force") from exc
-    except ValueError as exc:
-        if "allow_pickle" not in str(exc):
-            raise FLError(f"{file} cannot be read ({exc}); regenerate the dataset with --force") from exc
-    # Only PFLlib's legacy layout (a pickled dict under 'data') reaches this point.
+                raise FLError(f"{file} holds arrays {archive.files}, expected 'x' and 'y'; {REGENERATE}")
+            try:
+                archive["data"]
+            except ValueError as exc:  # an object array: only a pickle can hold one
+                if "allow_pickle" not in str(exc):
+                    raise
+            else:
+                raise FLError(f"{file} holds one array 'data', expected 'x' and 'y'; {REGENERATE}")
+    except FLError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError) as exc:
+        raise FLError(f"{file} is corrupt or truncated ({_one_line(exc)}); {REGENERATE}") from exc
+    # PFLlib's layout: a pickled dict {'x', 'y'} under 'data'.
     if not legacy_pickle:
         raise FLError(
             f"{file} is a PFLlib pickle file; convert it with `python dataset/convert_pfllib.py "
             f"{file.parent.parent} --out-dir <new folder> --trust-pickle`, or pass --legacy-pickle if you trust it"
         )
-    with np.load(file, allow_pickle=True) as archive:
-        data = archive["data"].tolist()
-    return np.asarray(data["x"]), np.asarray(data["y"])
+    try:
+        with np.load(file, allow_pickle=True) as archive:
+            data = archive["data"]
+        data = data.tolist() if isinstance(data, np.ndarray) else data
+    except Exception as exc:  # unpickling a damaged file can fail with any exception type
+        raise FLError(f"{file} is a damaged PFLlib pickle file ({type(exc).__name__}: {_one_line(exc)}); "
+                      f"{REGENERATE}") from exc
+    if not isinstance(data, dict) or "x" not in data or "y" not in data:
+        raise FLError(f"{file}: the PFLlib pickle holds {type(data).__name__}, not a dict of 'x' and 'y'; {REGENERATE}")
+    return (np.asarray(data["x"]) if inputs else None), np.asarray(data["y"])
 
 
-def _read_npz_labels(file: Path, legacy_pickle: bool) -> np.ndarray:
-    """Only the labels of a client file (the inputs are not read, except from PFLlib pickles)."""
-    if file.exists():
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:200] or type(exc).__name__
+
+
+def _check_labels(file: Path, y: np.ndarray, num_classes: int | None, config_file: Path) -> np.ndarray:
+    """``y`` as int64 after checking it is a vector of whole numbers in [0, num_classes)."""
+    if y.ndim != 1:
+        raise FLError(f"{file}: labels y have shape {list(y.shape)}, expected one label per sample; {REGENERATE}")
+    if y.dtype.kind not in "iub":
+        whole = y.dtype.kind == "f" and bool(np.all(np.isfinite(y))) and bool(np.all(y == np.round(y)))
+        if not whole:
+            raise FLError(f"{file}: labels y are {y.dtype}, not whole class numbers; {REGENERATE}")
+    if not len(y):
+        return np.zeros(0, dtype=np.int64)
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or (num_classes is not None and high >= num_classes):
+        bound = f"[0, {num_classes})" if num_classes is not None else "[0, ...)"
+        fix = (f"set \"num_classes\": {high + 1} in {config_file} if the data are right, or {REGENERATE}"
+               if low >= 0 else REGENERATE)
+        raise FLError(f"{file} has labels {low}..{high}, outside {bound} of {config_file.name} "
+                      f"(\"num_classes\": {num_classes}); {fix}")
+    return y.astype(np.int64, copy=False)
+
+
+def _check_sample_counts(config: dict, config_file: Path, cid: int, train: int, test: int) -> None:
+    """Compare a client's sample counts with those config.json records: ours per split
+    (``train_samples``/``test_samples``), else PFLlib's label statistic over train + test."""
+    recorded = [(key, n) for key, n in (("train_samples", train), ("test_samples", test)) if key in config]
+    if not recorded and STATS_KEY in config:
+        stats = config[STATS_KEY]
+        entry = stats[cid] if isinstance(stats, list) and cid < len(stats) else None
         try:
-            with np.load(file, allow_pickle=False) as archive:
-                if "x" in archive.files and "y" in archive.files:
-                    return archive["y"]
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-            pass  # _read_npz says what is wrong with the file
-    return _read_npz(file, legacy_pickle)[1]
+            expected = sum(int(count) for _, count in entry) if entry is not None else None
+        except (TypeError, ValueError):
+            expected = None
+        if expected is None:
+            raise FLError(f"{config_file}: {STATS_KEY!r} has no entry for client {cid}; {REGENERATE}")
+        if expected != train + test:
+            raise FLError(f"client {cid} holds {train + test} samples (train + test), {config_file} records {expected}; "
+                          f"the files and config.json are from different runs: {REGENERATE}")
+    for key, found in recorded:
+        values = config[key]
+        expected = values[cid] if isinstance(values, list) and cid < len(values) else "no entry"
+        if expected is not None and expected != found:  # None: a client absent when the folder was converted
+            raise FLError(f"client {cid} has {found} {key.split('_')[0]} samples, {config_file} records {expected}; "
+                          f"the files and config.json are from different runs: {REGENERATE}")
+
+
+def _check_inputs(file: Path, x: np.ndarray, rows: int) -> None:
+    """A client's inputs: one row per label, numbers, and no NaN or infinity."""
+    if x.ndim == 0 or len(x) != rows:
+        raise FLError(f"{file} has {len(x) if x.ndim else 0} inputs for {rows} labels; {REGENERATE}")
+    if x.dtype.kind not in "biuf":
+        raise FLError(f"{file}: inputs x are {x.dtype}, not numbers; {REGENERATE}")
+    if x.dtype.kind == "f":
+        bad = int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+        if bad:
+            raise FLError(f"{file} has {bad} NaN or infinite input values; fix or regenerate the dataset")
+
+
+def _check_client_files(path: Path, total: int, config_file: Path) -> None:
+    """Refuse client files numbered beyond ``num_clients``: config.json then describes other files."""
+    for split in ("train", "test"):
+        folder = path / split
+        if not folder.is_dir():
+            continue
+        extra = sorted(int(f.stem) for f in folder.glob("*.npz") if f.stem.isdigit() and int(f.stem) >= total)
+        if extra:
+            raise FLError(f"{config_file} says {total} clients (0..{total - 1}) but {folder} also holds "
+                          f"{', '.join(f'{i}.npz' for i in extra[:3])}{' ...' if len(extra) > 3 else ''}; "
+                          f"the files and config.json are from different runs: {REGENERATE}")
 
 
 class _InputCoder:
@@ -260,8 +461,11 @@ def load_federated_dataset(
     memory; ``ClientData.inputs`` and the engines decode them per batch to the same floats.
     """
     path = resolve_dataset_dir(name, data_root)
+    check_not_being_written(path, name)
+    identity = _config_identity(path)
     config = load_config(path, name)
-    total = int(config["num_clients"])
+    config_file = path / "config.json"
+    total = config["num_clients"]
     if num_clients is not None and num_clients != total:
         raise FLError(
             f"-nc {num_clients} does not match dataset {name!r}, which has {total} clients "
@@ -275,29 +479,37 @@ def load_federated_dataset(
         )
     ids = [i for i in range(total) if (path / "train" / f"{i}.npz").exists()]
     if not ids:
-        raise FLError(f"no client files in {path / 'train'}; regenerate with: {_generate_hint(name)}")
+        raise FLError(f"no client files in {path / 'train'}; {generate_hint(name, path)}")
     # Read one file first so a PFLlib folder gets the pickle advice, not a missing-files one.
-    _read_npz(path / "train" / f"{ids[0]}.npz", legacy_pickle)
+    _read_npz(path / "train" / f"{ids[0]}.npz", legacy_pickle, inputs=False)
     if len(ids) < total and not legacy_pickle:
         missing = sorted(set(range(total)) - set(ids))[:5]
-        raise FLError(f"client files missing in {path / 'train'} (e.g. {missing}); regenerate with --force")
+        raise FLError(f"client files missing in {path / 'train'} (e.g. {missing}); {REGENERATE}")
+    _check_client_files(path, total, config_file)
     # Two passes, so the inputs are written once into one tensor per split: the peak is the data
     # plus one client's file, not the data twice (the per-client arrays plus their concatenation).
+    # The first reads and checks the labels (and the sample counts config.json records).
+    declared_classes = config.get("num_classes")
     keep: dict[tuple[str, int], np.ndarray | None] = {}
+    rows: dict[tuple[str, int], int] = {}
     labels: dict[str, list[np.ndarray]] = {"train": [], "test": []}
     for cid in ids:
         for split in ("train", "test"):
-            y = _read_npz_labels(path / split / f"{cid}.npz", legacy_pickle)
+            file = path / split / f"{cid}.npz"
+            y = _check_labels(file, _read_npz(file, legacy_pickle, inputs=False)[1], declared_classes, config_file)
+            rows[split, cid] = len(y)
             if split == "train" and few_shot > 0:
                 keep[split, cid] = _few_shot_rows(y, few_shot)
                 y = y[keep[split, cid]]
-            labels[split].append(np.asarray(y, dtype=np.int64))
-    shape = tuple(int(d) for d in config["input_shape"]) if "input_shape" in config else None
+            labels[split].append(y)
+    shape = tuple(config["input_shape"]) if config.get("input_shape") is not None else None
+    shape_source = "config.json says"
     merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
     coder = _InputCoder() if compact else None
     #: integer inputs are token ids (text) or category codes: kept as int64 (embeddings index with
     #: them), never coded or converted to floats; decided by the first file's dtype
     integer_inputs: bool | None = None
+    first_file = None
     for split in ("train", "test"):
         sizes = [len(y) for y in labels[split]]
         all_y = torch.as_tensor(np.concatenate(labels[split]), dtype=torch.int64).to(device)
@@ -305,19 +517,24 @@ def load_federated_dataset(
         all_x = None
         start = 0
         for cid, size in zip(ids, sizes):
-            x, _ = _read_npz(path / split / f"{cid}.npz", legacy_pickle)
+            file = path / split / f"{cid}.npz"
+            x, _ = _read_npz(file, legacy_pickle)
+            _check_inputs(file, x, rows[split, cid])
             if (split, cid) in keep:
                 x = x[keep[split, cid]]
             if integer_inputs is None:
-                integer_inputs = bool(np.issubdtype(x.dtype, np.integer))
+                integer_inputs, first_file = bool(np.issubdtype(x.dtype, np.integer)), file
                 coder = None if integer_inputs else coder
+            elif bool(np.issubdtype(x.dtype, np.integer)) != integer_inputs and size:
+                kinds = ("integer", "float") if integer_inputs else ("float", "integer")
+                raise FLError(f"{file} has {kinds[1]} inputs, {first_file} {kinds[0]} ones; {REGENERATE}")
             if size:
                 if shape is None:
-                    shape = tuple(int(d) for d in x.shape[1:])
+                    shape, shape_source = tuple(int(d) for d in x.shape[1:]), f"{file} has"
                 if tuple(x.shape[1:]) != shape:
                     raise FLError(
-                        f"client {cid} inputs have shape {list(x.shape[1:])}, config.json says {list(shape)}; "
-                        "regenerate the dataset with --force"
+                        f"client {cid} inputs have shape {list(x.shape[1:])} ({file}), {shape_source} {list(shape)}; "
+                        f"{REGENERATE}"
                     )
             if all_x is None and shape is not None:
                 dtype = torch.int64 if integer_inputs else torch.uint8 if coder is not None else torch.float32
@@ -339,6 +556,13 @@ def load_federated_dataset(
             dtype = torch.int64 if integer_inputs else torch.uint8 if coder else torch.float32
             all_x = torch.empty((0, *(shape or ())), dtype=dtype, device=device)
         merged[split] = (all_x, all_y, owner)
+    # Compared last, so that a file of the wrong shape or length is reported as such.
+    for cid in ids:
+        _check_sample_counts(config, config_file, cid, rows["train", cid], rows["test", cid])
+    # A generator that started while we read would have replaced config.json (or holds its lock).
+    check_not_being_written(path, name)
+    if _config_identity(path) != identity:
+        raise FLError(f"dataset {name} was rewritten while it was being loaded (a generator ran); run again")
     # the clients' tensors are views of the merged ones (made last: a fallback to float32 replaces them)
     views = {split: split_views(all_x, all_y, map(len, labels[split])) for split, (all_x, all_y, _) in merged.items()}
     table = torch.as_tensor(coder.table, device=device) if coder is not None else None
@@ -346,10 +570,13 @@ def load_federated_dataset(
         ClientData(cid=cid, train_x=tx, train_y=ty, test_x=vx, test_y=vy, table=table)
         for cid, (tx, ty), (vx, vy) in zip(ids, views["train"], views["test"])
     ]
-    if "input_shape" not in config:
+    if config.get("input_shape") is None:
         config["input_shape"] = list(shape or ())
     if "num_classes" not in config:
-        config["num_classes"] = int(max(int(c.train_y.max()) for c in clients if c.num_train) + 1)
+        seen = [int(y.max()) for split in ("train", "test") for y in labels[split] if len(y)]
+        if not seen:
+            raise FLError(f"dataset {name!r} has no samples and {config_file} no \"num_classes\"; {REGENERATE}")
+        config["num_classes"] = max(seen) + 1
     return FederatedDataset(name=name, path=path, config=config, clients=clients, merged=merged, input_table=table)
 
 

@@ -8,3 +8,12 @@ and exits with status 2 instead of showing a traceback.
 
 class FLError(Exception):
     """A user-facing error: the message is printed as is, on one line."""
+
+
+class Diverged(FLError):
+    """Training produced NaN/inf (a client's loss or the aggregated model) in round ``round``;
+    the results up to the round before are still worth keeping."""
+
+    def __init__(self, message: str, round: int):
+        super().__init__(message)
+        self.round = round

@@ -6,8 +6,10 @@ bytes, per-client accuracy) and the full configuration as attributes.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +17,8 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+from utils.errors import FLError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO_ROOT / "results"
@@ -57,12 +61,47 @@ def _as_array(values: list[Any]) -> np.ndarray:
         return out
 
 
-def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary: dict[str, Any]) -> Path:
-    """Write the h5 file to a temporary name, then rename: readers never see a partial file."""
+def _os_errors_as_user_errors(write):
+    """A results folder that is read-only, full or gone ends the run as one FLError line naming the
+    file (the writer has removed its temporary file by then), not as an OSError traceback: for
+    results, checkpoints and saved models alike."""
+
+    @functools.wraps(write)
+    def checked(path: Path, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return write(path, *args, **kwargs)
+        except OSError as exc:
+            # h5py reports the C library's errno inside a multi-line message ("errno = 28")
+            code = exc.errno if isinstance(exc.errno, int) else re.search(r"errno = (\d+)", str(exc))
+            reason = os.strerror(code if isinstance(code, int) else int(code[1])) if code else " ".join(str(exc).split())
+            raise FLError(f"cannot write {path} ({reason}); free some space or pass "
+                          "--results_dir with a writable folder") from exc
+
+    return checked
+
+
+@_os_errors_as_user_errors
+def write_atomically(path: Path, write) -> None:
+    """``write(temporary_path)``, then rename onto ``path``: readers see the old file or the new
+    one, never a partial one. The file gets the permissions of a normally created one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
+        write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates 0600 (and writers may recreate the file)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary: dict[str, Any]) -> Path:
+    """Write the h5 file to a temporary name, then rename: readers never see a partial file."""
+
+    def write(tmp: str) -> None:
         with h5py.File(tmp, "w") as f:
             f.create_dataset("rs_test_acc", data=np.asarray(history.test_acc, dtype=np.float64))
             f.create_dataset("rs_test_auc", data=np.asarray(history.test_auc, dtype=np.float64))
@@ -85,10 +124,8 @@ def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary
                 f.attrs[key] = value
             for key, value in summary.items():
                 f.attrs[key] = np.nan if value is None else value
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_atomically(path, write)
     return path
 
 

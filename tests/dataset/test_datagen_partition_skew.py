@@ -2,14 +2,17 @@
 
 PFLlib's ``dir`` redraws until every client holds ``least`` samples and so never
 returns for many clients or a small alpha (PFLlib issues #120, #130); the cases
-below are the ones the issue names. ``hypothesis`` is not installed in the venv,
-so the property test sweeps seeded random settings instead.
+below are the ones the issue names. The property tests draw random settings with Hypothesis
+(a fixed, derandomised set of examples, so CI is reproducible).
 """
 
 import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from conftest import MNIST_RAW
 
 from dataset.utils import partition as P
@@ -166,30 +169,64 @@ def test_few_shot_keeps_at_most_n_per_label():
         P.few_shot(idx, y, 0, np.random.default_rng(0))
 
 
-def test_property_every_partition_covers_each_sample_once():
-    """Seeded random settings for every partition (in place of hypothesis, not installed)."""
-    sweep = np.random.default_rng(2026)
-    for _ in range(40):
-        num_classes = int(sweep.integers(2, 12))
-        n = int(sweep.integers(num_classes * 3, 1500))
-        y = sweep.integers(0, num_classes, n)
+@st.composite
+def partition_settings(draw, feasible: bool):
+    """Labels and partition parameters. ``feasible``: every class present, at least three samples
+    per class and per client, and enough label slots (clients x k) to cover the classes; else
+    anything down to one sample, more clients than samples, absent classes."""
+    num_classes = draw(st.integers(2, 12) if feasible else st.integers(1, 12))
+    low = num_classes * 3 if feasible else 1
+    n = draw(st.integers(low, 1500 if feasible else 200))
+    seed = draw(st.integers(0, 2**32 - 1))
+    y = np.random.default_rng(seed).integers(0, num_classes, n)
+    if feasible:
         y[:num_classes] = np.arange(num_classes)
-        num_clients = int(sweep.integers(1, min(60, n // 3) + 1))
-        alpha = float(10 ** sweep.uniform(-3, 2))
-        k = int(sweep.integers(1, num_classes + 1))
-        for name in P.PARTITIONS:
-            if name in ("pat", "exdir", "classes") and num_clients * k < num_classes:
-                continue
-            try:
-                parts = P.make_partition(y, num_clients=num_clients, num_classes=num_classes,
-                                         rng=np.random.default_rng(int(sweep.integers(1 << 30))),
-                                         non_iid=True, balance=False, partition=name,
-                                         alpha=alpha, class_per_client=k, max_tries=20)
-            except P.PartitionError as exc:
-                # Only the documented rejection loops may give up, with one line.
-                assert name in ("exdir", "shard") and "\n" not in str(exc)
-                continue
-            assert len(parts) == num_clients, name
-            assert_exact_cover(parts, n)
-            if name == "dir":
-                assert min(len(p) for p in parts) >= P.least_samples(n, num_clients)
+    num_clients = draw(st.integers(1, min(60, n // 3)) if feasible else st.integers(1, 80))
+    k = draw(st.integers(1, num_classes))
+    name = draw(st.sampled_from([*P.PARTITIONS, "iid"]))
+    if feasible and name in ("pat", "exdir", "classes"):
+        k = max(k, -(-num_classes // num_clients))
+    settings = dict(num_clients=num_clients, num_classes=num_classes, rng=np.random.default_rng(seed + 1),
+                    non_iid=name != "iid", balance=draw(st.booleans()), partition=None if name == "iid" else name,
+                    alpha=draw(st.floats(1e-3, 100)), class_per_client=k,
+                    shards_per_client=draw(st.integers(1, 4)), max_tries=20)
+    return y, settings
+
+
+PROPERTY = settings(max_examples=80, deadline=timedelta(seconds=10), derandomize=True, database=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(partition_settings(feasible=True))
+def test_property_every_partition_covers_each_sample_once(case):
+    """Feasible random settings: every sample goes to exactly one client; only the documented
+    rejection loops (exdir's label sets, shard's label clashes) may give up, with one line."""
+    y, kwargs = case
+    try:
+        parts = P.make_partition(y, **kwargs)
+    except P.PartitionError as exc:
+        assert kwargs["partition"] in ("exdir", "shard") and "\n" not in str(exc)
+        return
+    assert len(parts) == kwargs["num_clients"]
+    assert_exact_cover(parts, len(y))
+    if kwargs["partition"] == "dir":
+        assert min(len(p) for p in parts) >= P.least_samples(len(y), kwargs["num_clients"])
+
+
+@PROPERTY
+@given(partition_settings(feasible=False), st.floats(0.01, 0.99))
+def test_property_any_setting_covers_each_sample_once_or_is_one_clear_error(case, train_ratio):
+    """Any random setting (one sample, more clients than samples, absent classes): an exact cover
+    (and a train/test split of each client that is one too), or a one-line PartitionError."""
+    y, kwargs = case
+    try:
+        parts = P.make_partition(y, **kwargs)
+    except P.PartitionError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert len(parts) == kwargs["num_clients"]
+    assert_exact_cover(parts, len(y))
+    for part in parts:
+        train, test = P.train_test_split(part, train_ratio, np.random.default_rng(0))
+        np.testing.assert_array_equal(np.sort(np.concatenate([train, test])), np.sort(part))

@@ -224,7 +224,7 @@ def test_attack_refuses_token_ids(tmp_path, capsys):
         for split in ("train", "test"):
             np.savez(folder / split / f"{cid}.npz", x=np.ones((4, 6), dtype=np.int64), y=np.arange(4) % 2)
     (folder / "config.json").write_text('{"num_clients": 2, "num_classes": 2, "input_shape": [6]}')
-    code = main.main(["-data", str(folder), "-m", "fastText", "-vs", "4", "-gr", "1", "-dev", "cpu", "-dlg",
+    code = main.main(["-data", str(folder), "-m", "fastText", "-vs", "4", "-gr", "1", "-lbs", "2", "-dev", "cpu", "-dlg",
                       "--results_dir", str(tmp_path), "--progress", "False"])
     err = capsys.readouterr().err
     assert code == 2 and "token ids" in err and len(err.strip().splitlines()) == 1

@@ -86,7 +86,7 @@ def test_help_lists_algorithms_and_models(capsys):
 @pytest.mark.parametrize(
     "argv,needle",
     [
-        (["-data", "NoSuchData"], "generate_NoSuchData.py"),
+        (["-data", "NoSuchData"], "no generator makes 'NoSuchData'"),
         (["-nc", "7"], "-nc 7 does not match"),
         (["-algo", "FedAvgg"], "did you mean FedAvg"),
         (["-m", "ResNet999"], "unknown model"),
@@ -113,7 +113,14 @@ def test_errors_are_one_line_with_exit_2(toy, tmp_path, capsys, argv, needle):
     assert needle in err
     if "unrecognized" not in needle:
         assert len(err.strip().splitlines()) == 1, err
-    assert not list(tmp_path.glob("*.h5")), "a failed run must not leave a result file"
+    results = list(tmp_path.glob("*.h5"))
+    if needle == "lower the learning rate":  # a diverged run keeps its results so far, marked unfinished
+        assert len(results) == 1 and "kept in" in err
+        with h5py.File(results[0]) as f:
+            assert not f.attrs["finished"] and f.attrs["stopped_at_round"] >= 0
+    else:
+        assert not results, "a failed run must not leave a result file"
+    assert not list(tmp_path.glob(".*")), "no temporary or lock file is left behind"
 
 
 def test_model_that_does_not_fit_the_data(tmp_path, capsys):

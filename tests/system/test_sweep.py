@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import shutil
 
 import h5py
 import numpy as np
@@ -137,3 +138,15 @@ def test_a_stored_run_with_other_settings_is_a_conflict_not_a_skip(toy, swept):
     assert "made with global_rounds=2, this job has 3" in states["Toy_FedAvg_sweep-m=DNN-lr=0.01_0.h5"]
     same = {j.path.name: j.state for j in planned(*sweep_argv(toy, folders[1], 1))}
     assert same["Toy_FedAvg_sweep-m=DNN-lr=0.05_0.h5"] == "done"
+
+
+def test_an_interrupted_run_is_resumed_not_skipped(toy, swept, tmp_path):
+    folders, _, _ = swept
+    copy = tmp_path / "copy"
+    shutil.copytree(folders[1], copy)
+    name = "Toy_FedAvg_sweep-m=DNN-lr=0.05_0.h5"
+    with h5py.File(copy / name, "a") as f:  # what a run stopped by Ctrl-C leaves (with its checkpoint)
+        f.attrs["finished"] = False
+    states = {j.path.name: (j.state, j.argv) for j in planned(*sweep_argv(toy, copy, 1))}
+    state, argv = states[name]
+    assert state == "todo" and "--resume" in argv

@@ -47,7 +47,7 @@ from flcore.flat import FlatModel, Net
 from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
-from utils.errors import FLError
+from utils.errors import Diverged
 from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
 
 
@@ -247,9 +247,9 @@ class Client:
         """Mean loss of the round; a NaN/inf loss stops the run with advice."""
         mean_loss = float(loss_sum) / steps if steps else 0.0
         if not np.isfinite(mean_loss):
-            raise FLError(
+            raise Diverged(
                 f"training loss became {mean_loss} on client {self.cid} in round {rnd}; "
-                f"lower the learning rate (-lr, now {self.learning_rate()})"
+                f"lower the learning rate (-lr, now {self.learning_rate()})", rnd
             )
         return mean_loss
 

@@ -43,7 +43,7 @@ from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
 from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset
-from utils.errors import FLError
+from utils.errors import Diverged
 from utils.metrics import EvalResult
 from utils.result_utils import RunHistory
 from utils.seeding import numpy_rng
@@ -159,26 +159,31 @@ class Server:
                 self.aggregate(updates, package)
                 if self.shared_mask is not None:  # the private part is no part of the global model
                     self.global_params = torch.where(self.shared_mask, self.global_params, previous)
-                self._check_finite(rnd)
+                self._check_finite(rnd, updates)
             self.after_round(rnd, package, updates)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
         result.seconds = time.perf_counter() - start
         return result
 
-    def train(self, progress: bool = True, callbacks: Sequence[Callable] = ()) -> RunHistory:
-        """Every round of the run; each callback gets (server, result) and may return True to stop,
-        and a callback object with a ``finish(server)`` method has it called once after the last round."""
+    def train(self, progress: bool = True, callbacks: Sequence[Callable] = (), start_round: int = 0,
+              round_end: Callable[["Server", int], None] | None = None) -> RunHistory:
+        """Every round of the run from ``start_round`` (a resumed run's); each callback gets
+        (server, result) and may return True to stop, and a callback object with a ``finish(server)``
+        method has it called once after the last round. ``round_end(server, next_round)`` runs once a
+        training round is complete and the run goes on (checkpoints, interruption)."""
         rounds = int(self.args.global_rounds)
-        bar = ProgressBar(rounds + 1, self.args.algorithm, progress)
+        bar = ProgressBar(rounds + 1, self.args.algorithm, progress, initial=start_round)
         steps = [record_round, bar, *callbacks]
         if self.args.auto_break:
             steps.append(stop_when_stalled)
-        for rnd in range(rounds + 1):
+        for rnd in range(start_round, rounds + 1):
             is_last = rnd == rounds
             result = self.run_round(rnd, evaluate=is_last or rnd % self.args.eval_gap == 0, train=not is_last)
             if any([bool(step(self, result)) for step in steps]):
                 break
+            if round_end is not None and not is_last:
+                round_end(self, rnd + 1)
         for step in steps:  # callbacks with work after the last round (new clients' evaluation)
             if hasattr(step, "finish"):
                 step.finish(self)
@@ -208,10 +213,12 @@ class Server:
             for i in chosen:
                 self.clients[int(i)].slow = True
 
-    def _check_finite(self, rnd: int) -> None:
+    def _check_finite(self, rnd: int, updates: list[ClientUpdate]) -> None:
         if not bool(torch.isfinite(self.global_params).all()):
-            raise FLError(
-                f"the global model has NaN/inf values after round {rnd}; lower the learning rate (-lr)"
+            culprits = [u.index for u in updates if not bool(torch.isfinite(u.params).all())]
+            which = f" (non-finite uploads from client(s) {', '.join(map(str, culprits[:5]))})" if culprits else ""
+            raise Diverged(
+                f"the global model has NaN/inf values after round {rnd}{which}; lower the learning rate (-lr)", rnd
             )
 
     # --------------------------------------------------------- evaluation
@@ -285,12 +292,13 @@ def stop_when_stalled(server: Server, result: RoundResult) -> bool:
 class ProgressBar:
     """Callback: a tqdm bar over rounds showing the latest accuracy."""
 
-    def __init__(self, total: int, name: str, enabled: bool):
+    def __init__(self, total: int, name: str, enabled: bool, initial: int = 0):
         try:
             from tqdm.auto import tqdm
         except ImportError:  # pragma: no cover - tqdm is a declared dependency
             tqdm = None
-        self.bar = tqdm(total=total, desc=name, unit="round", disable=not enabled or tqdm is None, leave=False)
+        self.bar = tqdm(total=total, initial=initial, desc=name, unit="round", disable=not enabled or tqdm is None,
+                        leave=False)
 
     def __call__(self, server: Server, result: RoundResult) -> None:
         if result.evaluation is not None:

@@ -1,0 +1,264 @@
+"""Checkpoints for exact resume: ``--checkpoint_every N`` writes one, ``--resume`` continues from it.
+
+A checkpoint is everything a run would carry from one round into the next:
+
+* the server's attributes (global model, momentum, controls, AdaFL's scores, FedGen's generator
+  and its optimizer, ...), each client's attributes (participation counts, slowness, anything an
+  algorithm keeps on the client object), the selection policy's attributes, and the engine's own
+  state where it has any (``checkpoint_state`` / ``load_checkpoint_state``);
+* the per-client state store (control variates, personal models, private parts), as stored;
+* the global random generators (Python, NumPy, torch) and the history recorded so far.
+
+Attributes are captured generically, so an algorithm's new state is checkpointed without code:
+what an object holds is encoded into tensors and plain data (``encode``) and put back into a
+freshly built server of the same run (``decode``). Infrastructure (the dataset, the flags, the
+working model's engine, the state store handled separately) is named in ``SKIP``; anything else
+that cannot be encoded is a programming error reported with the attribute's path.
+
+The file is written atomically (temporary name, then rename) with ``torch.save`` and read with
+``torch.load(weights_only=True)``: tensors and plain containers only, no pickled code.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from utils.errors import FLError
+from utils.result_utils import write_atomically
+
+FORMAT = "fedcohort-checkpoint"
+VERSION = 1
+
+#: attributes that are part of how a run is built, not of what it has learned; a resumed run builds
+#: them again from the same flags and data (``state`` and ``history`` are saved separately)
+SKIP: dict[str, frozenset[str]] = {
+    "server": frozenset({"args", "hp", "dataset", "device", "num_classes", "state", "clients", "selector",
+                         "engine", "history", "evaluator", "shared_mask"}),
+    "client": frozenset({"index", "task", "cid", "data", "args", "hp", "state", "batch_size", "local_epochs"}),
+    "selector": frozenset({"server", "args", "hp", "num_clients"}),
+}
+
+#: flags that do not change a run's numbers: a resume may set them differently
+RESUMABLE_FLAGS = frozenset({
+    "resume", "overwrite", "checkpoint_every", "progress", "quiet", "tensorboard", "num_threads",
+    "times", "prev", "save_model", "results_dir", "data_root",
+})
+
+
+class CheckpointError(FLError):
+    """A checkpoint that cannot be written or does not belong to this run."""
+
+
+# ------------------------------------------------------------------------------------ encoding
+def encode(value: Any, where: str) -> Any:
+    """``value`` as tensors, numbers, strings and containers that ``weights_only`` loading accepts;
+    typed wrappers ({"__kind__": ...}) keep what plain pickling of those would lose (tuples,
+    NumPy dtypes, dict key types)."""
+    from flcore.flat import FlatModel  # here: utils must not import flcore at module level
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise CheckpointError(f"cannot checkpoint {where}: a NumPy object array")
+        return {"__kind__": "ndarray", "data": torch.from_numpy(np.ascontiguousarray(value).copy())}
+    if isinstance(value, np.generic):
+        return {"__kind__": "npscalar", "dtype": value.dtype.str, "value": value.item()}
+    if isinstance(value, torch.dtype):
+        return {"__kind__": "dtype", "name": str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"__kind__": "device", "name": str(value)}
+    if isinstance(value, tuple):
+        return {"__kind__": "tuple", "items": [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [encode(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, (set, frozenset)):
+        return {"__kind__": "set", "items": [encode(v, f"{where}{{}}") for v in sorted(value)]}
+    if isinstance(value, dict):
+        return {"__kind__": "dict", "items": [[encode(k, f"{where} key"), encode(v, f"{where}[{k!r}]")]
+                                               for k, v in value.items()]}
+    if isinstance(value, FlatModel):  # parameters and float buffers are the vector; the rest are int buffers
+        ints = {n: b.clone() for n, b in value.module.named_buffers() if not b.is_floating_point()}
+        return {"__kind__": "flat", "vector": value.vector.detach().clone(), "int_buffers": ints}
+    if isinstance(value, nn.Module):
+        return {"__kind__": "module", "state": {k: v.detach().clone() for k, v in value.state_dict().items()}}
+    if isinstance(value, torch.optim.Optimizer):
+        return {"__kind__": "optimizer", "state": encode(value.state_dict(), f"{where}.state_dict()")}
+    if isinstance(value, torch.Generator):
+        return {"__kind__": "generator", "state": value.get_state()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {"__kind__": "dataclass", "fields": encode(vars(value), where)}
+    raise CheckpointError(
+        f"cannot checkpoint {where} of type {type(value).__name__}: keep per-round state in tensors, "
+        "arrays or plain data (see utils/checkpoint.py)"
+    )
+
+
+def decode(saved: Any, current: Any = None, device: torch.device | None = None) -> Any:
+    """The value ``saved`` encodes; modules, flat models, optimizers and generators are loaded into
+    ``current`` (the freshly built object); tensors go to ``current``'s device, or to ``device``
+    where there is no current tensor (state created during the run)."""
+    if isinstance(saved, torch.Tensor):
+        if isinstance(current, torch.Tensor):
+            return saved.to(current.device)
+        return saved.to(device) if device is not None else saved
+    if isinstance(saved, list):
+        items = current if isinstance(current, list) and len(current) == len(saved) else [None] * len(saved)
+        return [decode(s, c, device) for s, c in zip(saved, items)]
+    if not isinstance(saved, dict):
+        return saved
+    kind = saved["__kind__"]
+    if kind == "ndarray":
+        return saved["data"].numpy().copy()
+    if kind == "npscalar":
+        return np.dtype(saved["dtype"]).type(saved["value"])
+    if kind == "dtype":
+        return getattr(torch, saved["name"])
+    if kind == "device":
+        return torch.device(saved["name"])
+    if kind == "tuple":
+        items = current if isinstance(current, tuple) and len(current) == len(saved["items"]) else [None] * len(saved["items"])
+        return tuple(decode(s, c, device) for s, c in zip(saved["items"], items))
+    if kind == "set":
+        return set(decode(s) for s in saved["items"])
+    if kind == "dict":
+        current = current if isinstance(current, dict) else {}
+        out = {}
+        for key, value in saved["items"]:
+            key = decode(key)
+            out[key] = decode(value, current.get(key), device)
+        return out
+    if kind == "flat":
+        current.vector.copy_(saved["vector"])
+        buffers = dict(current.module.named_buffers())
+        for name, value in saved["int_buffers"].items():
+            buffers[name].copy_(value)
+        return current
+    if kind == "module":
+        current.load_state_dict(saved["state"])
+        return current
+    if kind == "optimizer":
+        current.load_state_dict(decode(saved["state"]))
+        return current
+    if kind == "generator":
+        generator = current if isinstance(current, torch.Generator) else torch.Generator()
+        generator.set_state(saved["state"])
+        return generator
+    if kind == "dataclass":
+        for name, value in decode(saved["fields"], vars(current), device).items():
+            setattr(current, name, value)
+        return current
+    raise CheckpointError(f"unknown entry kind {kind!r} in checkpoint")
+
+
+def capture(obj: Any, role: str, where: str) -> dict[str, Any]:
+    """The attributes of ``obj`` that a run changes, encoded (``role`` picks the SKIP set)."""
+    skip = SKIP[role]
+    return {name: encode(value, f"{where}.{name}") for name, value in vars(obj).items() if name not in skip}
+
+
+def restore(obj: Any, saved: dict[str, Any], device: torch.device | None = None) -> None:
+    for name, value in saved.items():
+        setattr(obj, name, decode(value, getattr(obj, name, None), device))
+
+
+# ------------------------------------------------------------------ random generators, history
+def global_rng_state() -> dict[str, Any]:
+    state = {"python": encode(random.getstate(), "random"), "numpy": encode(np.random.get_state(), "np.random"),
+             "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_global_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(decode(state["python"]))
+    np.random.set_state(decode(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- the run's state
+def comparable_config(args: Any) -> dict[str, str]:
+    """The flags that decide a run's numbers, as strings (for the resume check)."""
+    from utils.cli import IGNORED_DEST
+
+    return {k: json.dumps(v, default=str) for k, v in sorted(vars(args).items())
+            if k not in RESUMABLE_FLAGS and k != IGNORED_DEST}
+
+
+def server_state(server: Any, next_round: int) -> dict[str, Any]:
+    """Everything needed to continue ``server``'s run at round ``next_round``."""
+    engine_state = getattr(server.engine, "checkpoint_state", None)
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "next_round": int(next_round),
+        "config": comparable_config(server.args),
+        "server": capture(server, "server", type(server).__name__),
+        "clients": [capture(c, "client", f"client {c.index}") for c in server.clients],
+        "selector": capture(server.selector, "selector", type(server.selector).__name__),
+        "engine": encode(engine_state(), "engine") if engine_state is not None else None,
+        "state_store": server.state.state_dict(),
+        "history": {name: encode(value, f"history.{name}") for name, value in vars(server.history).items()},
+        "rng": global_rng_state(),
+    }
+
+
+def load_server_state(server: Any, saved: dict[str, Any]) -> int:
+    """Put ``saved`` into a freshly built ``server``; returns the round to continue with."""
+    device = server.device
+    restore(server, saved["server"], device)
+    if len(saved["clients"]) != len(server.clients):
+        raise CheckpointError(f"the checkpoint has {len(saved['clients'])} clients, the dataset {len(server.clients)}")
+    for client, state in zip(server.clients, saved["clients"]):
+        restore(client, state, device)
+    restore(server.selector, saved["selector"], device)
+    if saved["engine"] is not None:
+        server.engine.load_checkpoint_state(decode(saved["engine"]))
+    server.state.load_state_dict(saved["state_store"])
+    restore(server.history, saved["history"])
+    set_global_rng_state(saved["rng"])
+    return int(saved["next_round"])
+
+
+def checkpoint_path(result: Path) -> Path:
+    """The checkpoint of the run whose results go to ``result``: next to it."""
+    return result.with_suffix(".ckpt")
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    write_atomically(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_checkpoint(path: Path, args: Any) -> dict[str, Any]:
+    """The checkpoint at ``path``, refused when it belongs to a run with other flags."""
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # a truncated or foreign file: say which, never a traceback
+        raise CheckpointError(f"cannot read checkpoint {path} ({type(exc).__name__}); delete it and rerun with --overwrite") from None
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a checkpoint of this platform; delete it or rerun with --overwrite")
+    if saved.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {path} has format version {saved.get('version')}, this version reads {VERSION}")
+    now = comparable_config(args)
+    then = saved["config"]
+    differing = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+    if differing:
+        shown = ", ".join(f"{k} ({then.get(k, 'unset')} -> {now.get(k, 'unset')})" for k in differing[:6])
+        raise CheckpointError(
+            f"--resume with other flags than the checkpoint {path.name}: {shown}"
+            + (f" and {len(differing) - 6} more" if len(differing) > 6 else "")
+            + "; rerun with the original flags, or --overwrite to start again"
+        )
+    return saved
