@@ -163,6 +163,17 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
     ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
     ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
+    # the virtual clock (flcore/clock.py)
+    ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_uplink_ratio", "clock_uplink_ratio", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--clock_compute_spread", "clock_compute_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_link_spread", "clock_link_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_avail_period", "clock_avail_period", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--clock_avail_duty", "clock_avail_duty", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
+    ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
+    ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
     ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
 )
 
@@ -177,13 +188,8 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
-    unsupported = {
-        "-ssr (slow senders)": args.send_slow_rate > 0,
-        "-ts/-tth (time-based selection)": args.time_select or args.time_threthold != 10000,
-    }
-    for name, used in unsupported.items():
-        if used:
-            raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+    if args.client_trace is not None and not Path(args.client_trace).is_file():
+        raise FLError(f"--client_trace {args.client_trace}: no such file")
 
 
 def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:

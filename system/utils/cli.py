@@ -326,12 +326,40 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-fs", "--few_shot", type=int, default=0, help="if > 0 keep at most fs training samples per label per client")
 
     p = parser.add_argument_group("practical (system heterogeneity, PFLlib)")
-    add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0, help="fraction of uploads dropped each round")
+    add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0,
+             help="fraction of uploads dropped each round (drop-outs fail while uploading, on the virtual clock)")
     add_flag(p, "-tsr", "--train_slow_rate", type=float, default=0.0,
              help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
-    add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0, help="slow senders (not supported)")
-    add_flag(p, "-ts", "--time_select", type=bool, default=False, help="time-based selection (not supported)")
-    add_flag(p, "-tth", "--time_threthold", type=float, default=10000, help="time threshold (not supported)")
+    add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0,
+             help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
+                  "virtual clock (flcore/clock.py)")
+    add_flag(p, "-ts", "--time_select", type=bool, default=False,
+             help="select only clients whose predicted round time on the virtual clock is at most -tth")
+    add_flag(p, "-tth", "--time_threthold", type=float, default=10000,
+             help="virtual seconds: drop uploads of clients whose mean round time exceeds it (PFLlib's rule); "
+                  "with -ts also the selection limit. The default alone drops nothing")
+    # the virtual clock (flcore/clock.py documents the model and the trace format)
+    add_flag(p, "--client_trace", type=str, default=None,
+             help="CSV of client,samples_per_s,bytes_per_s[,available|period,duty,offset] giving every client's "
+                  "speeds and availability (default: speeds drawn from the seed)")
+    add_flag(p, "--clock_compute_speed", type=float, default=100.0,
+             help="median compute speed (samples/s) of the drawn, log-normal speeds")
+    add_flag(p, "--clock_compute_spread", type=float, default=0.5,
+             help="sigma of log(compute speed): 0 gives every client the median")
+    add_flag(p, "--clock_link_speed", type=float, default=1.25e6,
+             help="median download speed (bytes/s; 1.25e6 = 10 Mbit/s) of the drawn, log-normal speeds")
+    add_flag(p, "--clock_link_spread", type=float, default=0.5, help="sigma of log(link speed)")
+    add_flag(p, "--clock_uplink_ratio", type=float, default=1.0,
+             help="drawn upload speed = download speed x this ratio")
+    add_flag(p, "--clock_train_slow_factor", type=float, default=10.0,
+             help="a -tsr slow trainer computes this many times slower")
+    add_flag(p, "--clock_send_slow_factor", type=float, default=10.0,
+             help="a -ssr slow sender's links are this many times slower")
+    add_flag(p, "--clock_avail_period", type=float, default=0.0,
+             help="virtual seconds of a duty cycle: each client is available --clock_avail_duty of every period "
+                  "from a phase drawn from the seed (0: always available; a trace's availability replaces it)")
+    add_flag(p, "--clock_avail_duty", type=float, default=1.0,
+             help="fraction of each --clock_avail_period a client is available, in (0, 1]")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")

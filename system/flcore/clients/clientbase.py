@@ -115,6 +115,8 @@ class ClientUpdate:
     uploads_params: bool = True
     #: how many entries of ``params`` are really sent (the shared part); None = all
     shared_numel: int | None = None
+    #: training samples the client processed this round (its work on the virtual clock)
+    samples_processed: int = 0
 
     def nbytes(self) -> int:
         count = self.params.numel() if self.shared_numel is None else self.shared_numel
@@ -172,7 +174,11 @@ class Client:
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)
         self.participations = 0
-        self.slow = False
+        self.slow = False  # -tsr: fewer epochs, slower compute on the virtual clock
+        self.send_slow = False  # -ssr: slower links on the virtual clock
+        # virtual seconds of the rounds it trained in and their number (-tth averages them)
+        self.virtual_seconds = 0.0
+        self.virtual_rounds = 0
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -231,6 +237,17 @@ class Client:
             order = torch.randperm(n, generator=generator).to(self.data.train_x.device)
             plan.extend(order[i * bs : (i + 1) * bs] for i in range(full))
         return plan
+
+    def samples_processed(self, job: "LocalJob") -> int:
+        """Training samples in the round's minibatch plan (steps × batch size, partial batches as
+        they are): the client's work on the virtual clock. A plan entry may be a tuple of index
+        tensors (PerAvg's meta-steps). Algorithms whose local procedure does more passes than the
+        plan (e.g. Ditto's personal model) are charged the plan only."""
+        def count(entry) -> int:
+            if isinstance(entry, (tuple, list)):
+                return sum(count(part) for part in entry)
+            return int(entry.numel())
+        return sum(count(entry) for entry in job.plan)
 
     def seed_round(self, rnd: int) -> None:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
@@ -300,6 +317,7 @@ class Client:
         set_rng_state(job.rng)
         self.participations += 1
         update = self.end_round(params, job.package, job.ctx, job.steps, loss)
+        update.samples_processed = self.samples_processed(job)
         shared = job.package.shared
         if shared is not None:
             self.state.set("private", self.index, params[~shared])

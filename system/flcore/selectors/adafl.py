@@ -25,6 +25,10 @@ cohorts for the same seed, "Dyn. FedAvg" when the fraction is dynamic);
 ``--adafl_dynamic False`` uses ``-jr``/``-rjr`` as the uniform policy does ("Attn.<jr>").
 The probabilities and fraction of every round are recorded as ``rs_selection_probs`` and
 ``rs_join_fraction`` (at selection time, before the round's update).
+
+Under the virtual clock's restrictions (availability, ``-ts``; ``UniformSelector.allowed``) the
+draw uses the attention scores of the allowed clients, renormalised over them; the recorded
+probabilities are the unrestricted scores.
 """
 from __future__ import annotations
 
@@ -183,11 +187,19 @@ class AdaFLSelector(UniformSelector):
             cohort = super().select(rnd)
         else:
             count = self.num_to_select(rnd)
-            if count >= self.num_clients and not self.replace:
-                cohort = list(range(self.num_clients))
+            pool = self.allowed(rnd)
+            if pool is None:
+                if count >= self.num_clients and not self.replace:
+                    cohort = list(range(self.num_clients))
+                else:
+                    rng = numpy_rng(self.args.seed, "select", rnd)
+                    drawn = rng.choice(self.num_clients, size=count, replace=self.replace, p=probs)
+                    cohort = sorted({int(i) for i in drawn})
+            elif count >= len(pool) and not self.replace:
+                cohort = [int(i) for i in pool]
             else:
                 rng = numpy_rng(self.args.seed, "select", rnd)
-                drawn = rng.choice(self.num_clients, size=count, replace=self.replace, p=probs)
+                drawn = rng.choice(pool, size=count, replace=self.replace, p=probs[pool] / probs[pool].sum())
                 cohort = sorted({int(i) for i in drawn})
         history = self.server.history
         history.add_series("selection_probs", probs)

@@ -4,6 +4,11 @@
 and crash); ``-rjr`` draws the size uniformly from [floor(nc * jr), nc] each round. The draw for
 round t depends only on (seed, t), and the cohort is returned sorted so aggregation runs in
 client-id order.
+
+Restrictions (the virtual clock's availability and ``-ts``, ``flcore/clock.py``) reach every policy
+through :meth:`UniformSelector.allowed`: the draw is then made among the allowed clients only, with
+the same (seed, t) stream, and a cohort larger than them is all of them. Without restrictions the
+draw is exactly the unrestricted one.
 """
 from __future__ import annotations
 
@@ -47,12 +52,23 @@ class UniformSelector:
             return int(numpy_rng(self.args.seed, "join-count", rnd).integers(base, self.num_clients + 1))
         return base
 
+    def allowed(self, rnd: int) -> np.ndarray | None:
+        """Positions of the clients this round may select (sorted); None when any may be."""
+        mask = self.server.selectable(rnd)
+        return None if mask is None else np.flatnonzero(mask)
+
     def select(self, rnd: int) -> list[int]:
         count = self.num_to_select(rnd)
-        if count >= self.num_clients:
-            return list(range(self.num_clients))
+        pool = self.allowed(rnd)
+        if pool is None:
+            if count >= self.num_clients:
+                return list(range(self.num_clients))
+            rng = numpy_rng(self.args.seed, "select", rnd)
+            return sorted(int(i) for i in rng.choice(self.num_clients, size=count, replace=False))
+        if count >= len(pool):
+            return [int(i) for i in pool]
         rng = numpy_rng(self.args.seed, "select", rnd)
-        return sorted(int(i) for i in rng.choice(self.num_clients, size=count, replace=False))
+        return sorted(int(i) for i in rng.choice(pool, size=count, replace=False))
 
     def probabilities(self) -> np.ndarray:
         return np.full(self.num_clients, 1.0 / self.num_clients)

@@ -7,6 +7,7 @@ One round (PFLlib's order), :meth:`Server.run_round`::
     package = make_package(t, cohort)
     updates = engine.train(clients, package)   the one seam to local training
     updates = drop_uploads(updates)            -cdr
+    updates = clock.finish_round(...)          the virtual clock times the round; -tth
     aggregate(updates, package)                then the private part of the model is restored
     after_round(t, package, updates)
 
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task, with_private_part
+from flcore.clock import VirtualClock
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
 from flcore.registry import ENGINES, SELECTORS
@@ -90,6 +92,9 @@ class Server:
         task = Task(dataset.num_classes, self.model.num_params)
         self.clients = [self.client_cls(i, data, args, self.state, task) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
+        #: virtual seconds since the start of training (flcore/clock.py); the clock holds the speeds
+        self.virtual_time = 0.0
+        self.clock = VirtualClock(self)
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
         self.engine = ENGINES.get(args.engine)(self)
         self.history = RunHistory()
@@ -106,6 +111,11 @@ class Server:
 
     def select_clients(self, rnd: int) -> list[int]:
         return self.selector.select(rnd)
+
+    def selectable(self, rnd: int) -> np.ndarray | None:
+        """Which clients a selection policy may pick in round ``rnd`` (a boolean mask; None: any).
+        The virtual clock's availability and ``-ts`` restrictions; every policy honours it."""
+        return self.clock.selectable(self.virtual_time)
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         return self.package(rnd, cohort)
@@ -146,14 +156,21 @@ class Server:
         start = time.perf_counter()
         result = RoundResult(rnd)
         if train:
+            round_began = self.virtual_time
+            if cohort is None:  # the server waits until a client it may select is available
+                self.virtual_time = self.clock.wait_for_clients(self.virtual_time)
             result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
         if evaluate:
             result.evaluation = self.evaluate(rnd)
             result.eval_seconds = time.perf_counter() - start
         if train:
             package = result.package = self.make_package(rnd, result.cohort)
-            updates = self.engine.train([self.clients[i] for i in result.cohort], package)
-            result.updates = updates = self.drop_uploads(rnd, updates)
+            trained = self.engine.train([self.clients[i] for i in result.cohort], package)
+            arrived = self.drop_uploads(rnd, trained)
+            updates, seconds = self.clock.finish_round(self, package, trained, arrived)
+            self.virtual_time += seconds
+            result.virtual_seconds = self.virtual_time - round_began
+            result.updates = updates
             if updates:
                 previous = self.global_params
                 self.aggregate(updates, package)
@@ -206,12 +223,15 @@ class Server:
         return [u for u, k in zip(updates, keep) if k]
 
     def _mark_slow_clients(self) -> None:
-        rate = float(self.args.train_slow_rate)
-        count = int(round(rate * len(self.clients)))
-        if count:
-            chosen = numpy_rng(self.args.seed, "slow-clients").choice(len(self.clients), count, replace=False)
-            for i in chosen:
-                self.clients[int(i)].slow = True
+        """``-tsr`` slow trainers (``Client.slow``) and ``-ssr`` slow senders (``Client.send_slow``),
+        round(rate · N) of each drawn without replacement from the seed."""
+        for rate, purpose, attribute in ((self.args.train_slow_rate, "slow-clients", "slow"),
+                                         (self.args.send_slow_rate, "slow-senders", "send_slow")):
+            count = int(round(float(rate) * len(self.clients)))
+            if count:
+                chosen = numpy_rng(self.args.seed, purpose).choice(len(self.clients), count, replace=False)
+                for i in chosen:
+                    setattr(self.clients[int(i)], attribute, True)
 
     def _check_finite(self, rnd: int, updates: list[ClientUpdate]) -> None:
         if not bool(torch.isfinite(self.global_params).all()):
@@ -263,6 +283,8 @@ class RoundResult:
     evaluation: EvalResult | None = None
     seconds: float = 0.0
     eval_seconds: float = 0.0
+    #: the round's duration on the virtual clock (flcore/clock.py), waits included
+    virtual_seconds: float = 0.0
 
     @property
     def trained(self) -> bool:
@@ -278,6 +300,8 @@ def record_round(server: Server, result: RoundResult) -> None:
     history.bytes_down.append(result.package.total_nbytes())
     history.bytes_up.append(sum(u.nbytes() for u in result.updates))
     history.clients_per_round.append(len(result.updates))
+    history.add_series("virtual_time", server.virtual_time)
+    history.add_series("virtual_round_time", result.virtual_seconds)
 
 
 def stop_when_stalled(server: Server, result: RoundResult) -> bool:

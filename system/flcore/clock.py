@@ -1,0 +1,363 @@
+"""A virtual clock: how long each round would take on real devices and links.
+
+Every client has a compute speed (training samples per second), a download and an upload link
+speed (bytes per second) and an availability schedule. A round's simulated duration follows from
+the work and the bytes each client really had in it::
+
+    client time t_i = package.nbytes(i) / down_i + samples_i / compute_i + update.nbytes() / up_i
+
+where ``samples_i`` is the number of samples in the minibatches the client ran this round (steps
+× batch size, so a slow trainer's fewer epochs count; ``Client.samples_processed``). The server
+is synchronous, as PFLlib's: the round lasts until the last upload it waits for arrives::
+
+    duration = wait + max( t_i over the uploads that arrived (kept or dropped by -tth),
+                           down_i/down + samples_i/compute over the -cdr drop-outs )
+
+* ``wait``: when no selectable client is available at the end of the previous round, the server
+  waits for the first one to become available (0 otherwise).
+* ``-cdr`` drop-outs fail while uploading: the server notices when their upload should begin
+  (after download and training) and stops waiting for them then.
+* ``-tth`` (PFLlib's ``receive_models``): an upload is discarded when the client's *mean* time
+  cost over the rounds it trained in, this one included, exceeds the threshold; PFLlib measures
+  train + send wall-clock seconds, we use the virtual ``t_i``. The server has waited for the upload
+  before discarding it, so it counts in the duration (the straggler's wait). PFLlib's default
+  10000 s never triggers on its wall clock; here the threshold applies only when ``-ts`` is on or
+  ``-tth`` is given another value, so runs without these flags train exactly as before.
+* ``-ts`` (stored but unused by PFLlib): select only clients whose *predicted* time is at most
+  ``-tth``. The prediction is what the server knows before the round: the model's shared part
+  down and up (``shared_numel × element size`` each way; extras and per-client payloads are not
+  predicted) and the full local work ``E × steps per epoch × B`` at the client's speed (a slow
+  trainer's random epoch cut is not known in advance). It is computed once: speeds are fixed.
+* Availability: a client can be selected only while it is available at the round's virtual start
+  time (the end of the previous round, plus any wait). It need not stay available during the round.
+
+The restrictions reach the selection through :meth:`VirtualClock.selectable` (via
+``Server.selectable``), which every policy in ``flcore/selectors/`` honours: without availability
+limits and ``-ts`` it is None and selection is exactly what it was.
+
+Speeds without a trace (``--client_trace``) are drawn once per client from the seed, log-normal
+(a common model of device and bandwidth heterogeneity: the log of a speed is normal)::
+
+    compute_c = --clock_compute_speed · exp(--clock_compute_spread · z1)
+    down_c    = --clock_link_speed    · exp(--clock_link_spread · z2),   up_c = down_c · --clock_uplink_ratio
+
+with z1, z2 standard normals from (seed, "clock-speeds", client), so the same seed gives the same
+speeds whatever the engine, cohort or round. ``--clock_avail_period P`` with ``--clock_avail_duty D``
+makes every client available a fraction D of each period of P virtual seconds, from a phase drawn
+from (seed, "clock-phase", client); the default (P = 0) keeps every client always available.
+
+Slow clients (PFLlib's ``-tsr``/``-ssr``): a slow trainer (``Client.slow``; it also runs 1..E//2
+epochs) computes ``--clock_train_slow_factor`` times slower (PFLlib sleeps up to 0.1 s per batch);
+a slow sender's links (``Client.send_slow``) are ``--clock_send_slow_factor`` times slower both ways
+(PFLlib marks slow senders but never slows them down). The factors apply to trace speeds too.
+
+Trace file (``--client_trace FILE.csv``): a header line, then one row per client::
+
+    client,samples_per_s,bytes_per_s,available
+    0,120,1e6,
+    1,40,2.5e5,0-3600;7200-inf
+
+* ``client``: the client's index 0..N-1 (each exactly once; rows for indices >= N are ignored).
+* ``samples_per_s``, ``bytes_per_s``: positive numbers; optional ``down_bytes_per_s`` and
+  ``up_bytes_per_s`` replace ``bytes_per_s`` for one direction (``bytes_per_s`` may then be empty).
+* availability, optional: ``available`` as ``start-end`` windows in virtual seconds separated by
+  ``;`` (the client is available for start <= t < end; ``inf`` ends never; empty: always), or a
+  duty cycle with ``period`` (> 0), ``duty`` (in (0, 1]) and optional ``offset``: available while
+  ``(t + offset) mod period < duty · period``. A row uses one form or the other.
+A bad file is one line naming the file, the line and the column (exit status 2).
+
+The cumulative virtual time lives in ``Server.virtual_time`` and each client's time cost in
+``Client.virtual_seconds``/``Client.virtual_rounds`` (plain numbers the checkpoint keeps); the clock
+object itself holds only what the seed and the trace determine. ``record_round`` stores
+``rs_virtual_time`` (virtual seconds at the end of each training round) and
+``rs_virtual_round_time`` (each round's duration, waits included).
+"""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from utils.errors import FLError
+from utils.seeding import numpy_rng
+
+if TYPE_CHECKING:
+    from flcore.clients.clientbase import ClientUpdate, RoundPackage
+    from flcore.servers.serverbase import Server
+
+#: PFLlib's default -tth; left at it (and without -ts) no upload is dropped for its time
+PFLLIB_DEFAULT_THRESHOLD = 10000.0
+
+
+@dataclass
+class Profiles:
+    """Every client's speeds and availability (arrays indexed by client position)."""
+
+    compute: np.ndarray  # samples per second
+    down: np.ndarray  # bytes per second, server -> client
+    up: np.ndarray  # bytes per second, client -> server
+    #: per client, an (k, 2) array of [start, end) windows, or None (not limited by windows)
+    windows: list[np.ndarray | None]
+    period: np.ndarray  # duty cycle length; 0 = no duty cycle
+    duty: np.ndarray
+    offset: np.ndarray
+
+    def available(self, t: float) -> np.ndarray:
+        """Which clients are available at virtual time ``t``."""
+        ok = np.ones(len(self.compute), dtype=bool)
+        cycled = self.period > 0
+        if cycled.any():
+            phase = np.mod(t + self.offset[cycled], self.period[cycled])
+            ok[cycled] = phase < self.duty[cycled] * self.period[cycled]
+        for i, win in enumerate(self.windows):
+            if win is not None:
+                ok[i] = bool(((win[:, 0] <= t) & (t < win[:, 1])).any())
+        return ok
+
+    def next_available(self, t: float, among: np.ndarray) -> float | None:
+        """The earliest time after ``t`` at which one of the clients ``among`` becomes available
+        (None: never)."""
+        times = []
+        for i in np.flatnonzero(among):
+            if self.windows[i] is not None:
+                starts = self.windows[i][:, 0]
+                later = starts[starts > t]
+                if later.size:
+                    times.append(float(later.min()))
+            elif self.period[i] > 0:
+                phase = math.fmod(t + self.offset[i], self.period[i])
+                times.append(t + self.period[i] - phase)
+            else:
+                return t  # always available
+        return min(times) if times else None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any client is ever unavailable."""
+        return bool((self.period > 0).any()) or any(w is not None for w in self.windows)
+
+
+def drawn_profiles(args, cids: Sequence[int]) -> Profiles:
+    """Log-normal speeds and the seeded duty cycle (module docstring), one stream per client."""
+    n = len(cids)
+    z = np.stack([numpy_rng(args.seed, "clock-speeds", cid).standard_normal(2) for cid in cids]) if n else np.zeros((0, 2))
+    compute = args.clock_compute_speed * np.exp(args.clock_compute_spread * z[:, 0])
+    down = args.clock_link_speed * np.exp(args.clock_link_spread * z[:, 1])
+    period = np.full(n, float(args.clock_avail_period))
+    duty = np.full(n, float(args.clock_avail_duty))
+    offset = np.zeros(n)
+    if args.clock_avail_period > 0:
+        offset = np.asarray([numpy_rng(args.seed, "clock-phase", cid).uniform(0, args.clock_avail_period) for cid in cids])
+    return Profiles(compute, down, down * args.clock_uplink_ratio, [None] * n, period, duty, offset)
+
+
+# ----------------------------------------------------------------------------- trace files
+TRACE_COLUMNS = ("client", "samples_per_s", "bytes_per_s", "down_bytes_per_s", "up_bytes_per_s",
+                 "available", "period", "duty", "offset")
+
+
+def read_trace(path: str | Path, num_clients: int) -> Profiles:
+    """Every client's profile from a trace CSV (format: module docstring)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a spreadsheet's byte-order mark is no column name
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FLError(f"--client_trace {path}: cannot read it as UTF-8 text ({getattr(exc, 'strerror', None) or exc})") from exc
+    reader = csv.reader(text.splitlines())
+    try:
+        rows = iter(list(reader))
+    except csv.Error as exc:
+        raise FLError(f"--client_trace {path} line {reader.line_num}: {exc}") from exc
+
+    def fail(line: int, column: str, message: str) -> None:
+        raise FLError(f"--client_trace {path} line {line} column {column}: {message}")
+
+    header = next(rows, None)
+    if not header or not any(cell.strip() for cell in header):
+        raise FLError(f"--client_trace {path} line 1: empty file; expected a header such as "
+                      f"client,samples_per_s,bytes_per_s,available")
+    names = [cell.strip() for cell in header]
+    for name in names:
+        if name not in TRACE_COLUMNS:
+            fail(1, name or "(empty)", f"unknown column; known: {', '.join(TRACE_COLUMNS)}")
+    if len(set(names)) != len(names):
+        fail(1, next(n for n in names if names.count(n) > 1), "column given twice")
+    for needed in ("client", "samples_per_s"):
+        if needed not in names:
+            fail(1, needed, "missing column")
+    if "bytes_per_s" not in names and not {"down_bytes_per_s", "up_bytes_per_s"} <= set(names):
+        fail(1, "bytes_per_s", "missing column (or give both down_bytes_per_s and up_bytes_per_s)")
+
+    nan = float("nan")
+    compute, down, up = np.full(num_clients, nan), np.full(num_clients, nan), np.full(num_clients, nan)
+    period, duty, offset = np.zeros(num_clients), np.ones(num_clients), np.zeros(num_clients)
+    windows: list[np.ndarray | None] = [None] * num_clients
+    seen: dict[int, int] = {}
+    for line, row in enumerate(rows, start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(names):
+            fail(line, names[min(len(row), len(names) - 1)], f"{len(row)} cells for {len(names)} columns")
+        cells = {name: cell.strip() for name, cell in zip(names, row)}
+
+        def number(column: str, positive: bool = True, lowest: float | None = None) -> float | None:
+            raw = cells.get(column, "")
+            if raw == "":
+                return None
+            try:
+                value = float(raw)
+            except ValueError:
+                fail(line, column, f"{raw!r} is not a number")
+            if math.isnan(value) or (positive and not value > 0) or (lowest is not None and value < lowest):
+                fail(line, column, f"{raw!r} must be {'> 0' if positive else f'>= {lowest}'}")
+            return value
+
+        raw_id = cells["client"]
+        if not raw_id.isdigit():
+            fail(line, "client", f"{raw_id!r} is not a client index (0, 1, ...)")
+        client = int(raw_id)
+        if client in seen:
+            fail(line, "client", f"client {client} already given on line {seen[client]}")
+        seen[client] = line
+        speed = number("samples_per_s")
+        if speed is None:
+            fail(line, "samples_per_s", "empty; a number > 0 is required")
+        both = number("bytes_per_s")
+        down_i, up_i = number("down_bytes_per_s") or both, number("up_bytes_per_s") or both
+        for column, value in (("down_bytes_per_s", down_i), ("up_bytes_per_s", up_i)):
+            if value is None:
+                fail(line, "bytes_per_s", f"empty, and {column} is not given")
+        cycle = number("period")
+        share, shift = number("duty"), number("offset", positive=False, lowest=0.0)
+        window_text = cells.get("available", "")
+        if cycle is not None and window_text:
+            fail(line, "period", "give either available windows or a period, not both")
+        if (share is not None or shift is not None) and cycle is None:
+            fail(line, "duty" if share is not None else "offset", "needs a period")
+        if share is not None and share > 1:
+            fail(line, "duty", f"{cells['duty']!r} must be in (0, 1]")
+        if cycle is not None and math.isinf(cycle):
+            fail(line, "period", "must be finite")
+        if client >= num_clients:
+            continue
+        compute[client], down[client], up[client] = speed, down_i, up_i
+        if cycle is not None:
+            period[client], duty[client], offset[client] = cycle, share if share is not None else 1.0, shift or 0.0
+        if window_text:
+            windows[client] = _parse_windows(window_text, lambda message: fail(line, "available", message))
+    missing = [i for i in range(num_clients) if i not in seen]
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise FLError(f"--client_trace {path}: no row for client(s) {', '.join(map(str, missing[:5]))}{more} "
+                      f"of the dataset's {num_clients}")
+    return Profiles(compute, down, up, windows, period, duty, offset)
+
+
+def _parse_windows(text: str, fail) -> np.ndarray:
+    """``"0-100;200-inf"`` as a sorted (k, 2) array of [start, end) windows."""
+    windows = []
+    for part in text.split(";"):
+        start_text, sep, end_text = part.strip().partition("-")
+        try:
+            start, end = float(start_text), float(end_text)
+        except ValueError:
+            start = end = float("nan")
+        if not sep or math.isnan(start) or math.isnan(end):
+            fail(f"{part.strip()!r} is not a start-end window (e.g. 0-3600;7200-inf)")
+        if not 0 <= start < end or math.isinf(start):
+            fail(f"window {part.strip()!r} needs 0 <= start < end")
+        windows.append((start, end))
+    return np.asarray(sorted(windows), dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------- the clock
+class VirtualClock:
+    """Speeds, availability and the timing of rounds (module docstring)."""
+
+    def __init__(self, server: "Server"):
+        args = server.args
+        clients = server.clients
+        trace = getattr(args, "client_trace", None)
+        if trace:
+            self.profiles = read_trace(trace, len(clients))
+        else:
+            self.profiles = drawn_profiles(args, [c.cid for c in clients])
+        self.batch_size = int(args.batch_size)
+        # the slow factors are applied here once, so every formula below reads effective speeds
+        train_slow = np.asarray([c.slow for c in clients], dtype=bool)
+        send_slow = np.asarray([c.send_slow for c in clients], dtype=bool)
+        self.compute = np.where(train_slow, self.profiles.compute / args.clock_train_slow_factor, self.profiles.compute)
+        self.down = np.where(send_slow, self.profiles.down / args.clock_send_slow_factor, self.profiles.down)
+        self.up = np.where(send_slow, self.profiles.up / args.clock_send_slow_factor, self.profiles.up)
+        self.time_select = bool(args.time_select)
+        self.threshold = float(args.time_threthold)
+        #: whether -tth discards uploads (module docstring: PFLlib's default alone does not)
+        self.drops_late = self.time_select or self.threshold != PFLLIB_DEFAULT_THRESHOLD
+        self.predicted = self._predicted_seconds(server)
+        self.fast_enough = self.predicted <= self.threshold if self.time_select else np.ones(len(clients), dtype=bool)
+        if not self.fast_enough.any():
+            raise FLError(
+                f"-ts: no client's predicted round time is at most -tth {self.threshold:g} virtual seconds "
+                f"(the fastest needs {self.predicted.min():.4g}); raise -tth"
+            )
+        self.restricts_selection = self.time_select or self.profiles.limited
+
+    def _predicted_seconds(self, server: "Server") -> np.ndarray:
+        """Each client's expected round time from what the server knows in advance (docstring)."""
+        params = server.global_params
+        shared = params.numel() if server.shared_mask is None else int(server.shared_mask.sum())
+        model_bytes = shared * params.element_size()
+        samples = []
+        for client in server.clients:
+            steps = client.num_train // client.batch_size if client.args.drop_last else -(-client.num_train // client.batch_size)
+            samples.append(client.local_epochs * steps * client.batch_size)
+        return model_bytes / self.down + np.asarray(samples, dtype=np.float64) / self.compute + model_bytes / self.up
+
+    # ------------------------------------------------------------------- selection
+    def selectable(self, now: float) -> np.ndarray | None:
+        """Which clients may be selected at virtual time ``now``; None when nothing restricts it."""
+        if not self.restricts_selection:
+            return None
+        return self.fast_enough & self.profiles.available(now)
+
+    def wait_for_clients(self, now: float) -> float:
+        """The round's start: ``now``, or the first later time a selectable client is available."""
+        if not self.restricts_selection or (self.fast_enough & self.profiles.available(now)).any():
+            return now
+        start = self.profiles.next_available(now, self.fast_enough)
+        if start is None or math.isinf(start):
+            raise FLError(
+                f"no client is available at or after virtual time {now:.6g} s (their availability windows "
+                f"end before it); lengthen the windows of --client_trace or lower -gr"
+            )
+        return start
+
+    # ---------------------------------------------------------------------- rounds
+    def finish_round(self, server: "Server", package: "RoundPackage", trained: list["ClientUpdate"],
+                     arrived: list["ClientUpdate"]) -> tuple[list["ClientUpdate"], float]:
+        """Time the round's clients, charge each its time cost, and drop the uploads -tth rejects.
+
+        ``trained``: every upload the engine produced; ``arrived``: those -cdr kept. Returns the
+        uploads the server aggregates and the round's duration (without the start wait)."""
+        reached = {id(u) for u in arrived}
+        duration = 0.0
+        kept = []
+        for update in trained:
+            i = update.index
+            client = server.clients[i]
+            down_and_train = float(package.nbytes(i) / self.down[i] + update.samples_processed / self.compute[i])
+            seconds = down_and_train + float(update.nbytes() / self.up[i])
+            client.virtual_seconds += seconds
+            client.virtual_rounds += 1
+            if id(update) not in reached:  # a drop-out: noticed when its upload should begin
+                duration = max(duration, down_and_train)
+                continue
+            duration = max(duration, seconds)
+            if self.drops_late and client.virtual_seconds / client.virtual_rounds > self.threshold:
+                continue
+            kept.append(update)
+        return kept, duration
