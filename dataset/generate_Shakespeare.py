@@ -1,8 +1,10 @@
 """Generate federated Shakespeare (LEAF's next-character task): one client per speaking role.
 
 Run from ``dataset/``: ``python generate_Shakespeare.py --raw-dir LEAF/data/shakespeare/data``.
-Inputs are 80 character ids, the label is the next character's id (LEAF's 80-letter
-alphabet); all roles are kept unless ``--num-clients N`` keeps the N largest.
+Inputs are 80 character ids (1 + the letter's index in LEAF's 80-letter alphabet; 0 is
+padding), the label is the next character's index (80 classes); config.json records
+``vocab_size`` 81, which main.py uses when ``-vs`` is not given. All roles are kept unless
+``--num-clients N`` keeps the N largest.
 """
 
 import sys

@@ -24,12 +24,14 @@ import torch
 
 from flcore.attacks.dlg import DLGAttack
 from flcore.newclients import NewClientEvaluation, hold_out
+from flcore.privacy.server import privacy_lines, privacy_summary
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, accept_other_flags, declare_flags, declared_actions,
-                       generic_parser, pfllib_algorithm_actions)
+from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
+                       declared_actions, generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
 from utils.errors import Diverged, FLError
+from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from utils.result_utils import result_path, save_results, summarize, write_atomically
 from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
@@ -175,6 +177,13 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
     ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
     ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
+    # differential privacy (flcore/privacy)
+    ("-dps", "dp_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--dp_clip", "dp_clip", _finite(lambda v: v > 0, "a finite number > 0")),
+    ("--dp_delta", "dp_delta", _finite(lambda v: 0 < v < 1, "in (0, 1)")),
+    ("--dp_update_clip", "dp_update_clip", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = off)")),
+    ("--dp_server_sigma", "dp_server_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
+    ("--dp_weight_cap", "dp_weight_cap", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = the largest client)")),
 )
 
 
@@ -182,10 +191,11 @@ def validate(args: argparse.Namespace) -> None:
     """Reject settings that would silently do something else than asked (before any data is read)."""
     for flag, dest, (test, wanted) in FLAG_RANGES:
         value = getattr(args, dest)
-        if not test(value):
+        if value is not None and not test(value):  # None: left unset (-vs: config.json's vocab_size)
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    validate_privacy(args)
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     if args.client_trace is not None and not Path(args.client_trace).is_file():
@@ -219,6 +229,14 @@ def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> N
         log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
 
 
+def validate_privacy(args: argparse.Namespace) -> None:
+    """DP noise given without the mechanism it belongs to (the ranges are in FLAG_RANGES)."""
+    if args.dp_sigma > 0 and not args.privacy:
+        raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
+    if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:
+        raise FLError("--dp_server_sigma sets DP-FedAvg's noise, which needs --dp_update_clip > 0 (DP-FedAvg) to be on")
+
+
 def resolve_device(args: argparse.Namespace) -> torch.device:
     if args.device == "cuda":
         if not torch.cuda.is_available():
@@ -233,9 +251,10 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
 
 def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
     factory = MODELS.get(args.model)
+    model_args = with_vocab_size(args, dataset)
     try:
-        module = factory(dataset.input_shape, dataset.num_classes, args)
-        check_token_ids(args, dataset, module)
+        module = factory(dataset.input_shape, dataset.num_classes, model_args)
+        check_token_ids(model_args, dataset, module)
         probe = dataset.sample_inputs(2).to("cpu")
         with torch.no_grad():
             module.eval()
@@ -249,6 +268,21 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     if out.shape[-1] != dataset.num_classes:
         raise FLError(f"model {args.model} outputs {out.shape[-1]} classes, dataset has {dataset.num_classes}")
     return module
+
+
+def with_vocab_size(args: argparse.Namespace, dataset: FederatedDataset) -> argparse.Namespace:
+    """The arguments a model is built with. Without -vs, text models get the vocabulary the generator
+    recorded in config.json (token ids 0..vocab_size-1), and PFLlib's 80 for folders without one
+    (PFLlib's own, converted ones). ``args`` keeps -vs unset, so the settings a result file records
+    (and a resume or a sweep compares) are the ones the user gave."""
+    if args.vocab_size is not None:
+        return args
+    recorded = dataset.config.get("vocab_size", PFLLIB_VOCAB_SIZE)
+    if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 1:
+        raise FLError(f"dataset {args.dataset}: config.json's vocab_size {recorded!r} is not a positive integer; pass -vs")
+    model_args = copy.copy(args)
+    model_args.vocab_size = recorded
+    return model_args
 
 
 def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module: torch.nn.Module) -> None:
@@ -396,6 +430,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
         summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
         summary.update(evaluation_summary(history))
+        summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
         gpu = peak_gpu_mb(device)
         if gpu is not None:
             summary["peak_gpu_mb"] = gpu
@@ -421,7 +456,8 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     try:
         with StopOnSignal() as stop:
             server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
-                         round_end=round_end, callbacks=evaluation_callbacks(server, new_clients, claimed.result))
+                         round_end=round_end,
+                         callbacks=[*evaluation_callbacks(server, new_clients, claimed.result), *live_callbacks(run_args, run_index)])
     except RunInterrupted as exc:
         _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
@@ -487,6 +523,7 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
                 f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "
                 f"{summary['uploads_to_target']:.1f} model uploads ({summary['bytes_up_to_target'] / 1e6:.1f} MB)"
             )
+    lines += privacy_lines(summary)
     lines.append(f"  results: {path}")
     print("\n".join(lines))
 

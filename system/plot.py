@@ -4,12 +4,18 @@ Run from ``system/``, after ``python main.py -data MNIST -algo FedAvg -t 3`` and
 
     python plot.py -data MNIST -algo FedAvg FedProx
     python plot.py -data MNIST -algo FedAvg FedProx --metric acc loss time --smooth 5 --x time
+    python plot.py -data MNIST -algo FedAvg Ditto --x bytes
 
 Every run (``-t`` repeat) of an algorithm found as ``<results>/<dataset>_<algo>_<goal>_<run>.h5``
 is averaged into a mean line with a shaded ±std band (population std). Runs of different
 lengths are cut to the shortest, with a note. PNGs go next to the results unless ``--out`` is
 given (``MNIST_test_acc.png``, ``MNIST_test_loss.png``, ...); their paths are printed, followed
 by a summary table (runs, best accuracy mean ± std as in PFLlib, final accuracy).
+
+A personalised algorithm's accuracy (each client's own model on its own test data) is labelled
+so, with its shared model's accuracy (``rs_test_acc_global``) dashed in the same colour. Round
+axes have whole-number ticks; ``--metric time`` plots the time of training round ``t`` at round
+``t + 1``, the round at which the accuracy curve shows the model it produced.
 
 Files written by PFLlib itself (only ``rs_test_acc``, ``rs_test_auc``, ``rs_train_loss``) are
 plotted too, with one evaluation per round. Errors are one line on stderr and exit status 2.
@@ -20,21 +26,20 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from utils.errors import FLError
 from utils.plot_utils import (
     METRICS,
     X_MODES,
-    GroupedSeries,
     Note,
     PlotError,
     RunResult,
     algorithms_with_results,
     creation_command,
     format_summary_table,
-    group_runs,
     load_algorithm_runs,
+    metric_groups,
     plot_file_name,
     plot_metric,
     search_pattern,
@@ -84,8 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trailing moving average over K points before averaging runs "
                              "(default: 1, no smoothing)")
     parser.add_argument("--x", dest="x_mode", choices=list(X_MODES), default="rounds",
-                        help="x-axis: communication rounds or elapsed wall-clock seconds "
-                             "(needs rs_round_time; default: rounds)")
+                        help="x-axis of the per-evaluation curves: communication rounds, elapsed "
+                             "wall-clock seconds (needs rs_round_time), uploaded megabytes (needs "
+                             "rs_bytes_up) or the virtual clock's seconds (rs_virtual_time); "
+                             "default: rounds")
     return parser
 
 
@@ -106,8 +113,8 @@ def load_all(results_dir: Path, dataset: str, algorithms: Sequence[str], goal: s
     """Runs of every requested algorithm; a PlotError naming what is missing otherwise."""
     if not results_dir.is_dir():
         raise PlotError(
-            f"results folder {results_dir} does not exist; create results with "
-            f"`{creation_command(dataset, algorithms[0], goal)}` (from system/) or pass --results-dir")
+            f"results folder {results_dir} does not exist; pass --results-dir or "
+            f"{creation_command(dataset, algorithms[0], goal)}")
     loaded = {algo: load_algorithm_runs(results_dir, dataset, algo, goal, note=note)
               for algo in algorithms}
     missing = [algo for algo, runs in loaded.items() if not runs]
@@ -121,8 +128,8 @@ def load_all(results_dir: Path, dataset: str, algorithms: Sequence[str], goal: s
             what = f"algorithms {', '.join(missing)}"
             searched = search_pattern(results_dir, dataset, "{" + ",".join(missing) + "}", goal)
         raise PlotError(
-            f"no results for {what} on {dataset}: searched {searched}{hint}; create them with "
-            f"`{creation_command(dataset, missing[0], goal)}` (from system/)")
+            f"no results for {what} on {dataset}: searched {searched}{hint}; "
+            f"{creation_command(dataset, missing[0], goal)}")
     return loaded
 
 
@@ -132,14 +139,11 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, out_d
     written: list[Path] = []
     for metric_name in dict.fromkeys(args.metric):
         metric = METRICS[metric_name]
-        groups: list[GroupedSeries] = []
+        groups = metric_groups(loaded, metric, x_mode=args.x_mode, smooth=args.smooth, note=note)
         for algo, runs in loaded.items():
-            group = group_runs(runs, metric, x_mode=args.x_mode, smooth=args.smooth, note=note)
-            if group is None:
+            if not any(g.algorithm == algo for g in groups):
                 kind = " (PFLlib-format files)" if all(r.is_pfllib_format for r in runs) else ""
                 note(f"{algo}: no '{metric.key}' in its files{kind}; left out of the {metric_name} plot")
-            else:
-                groups.append(group)
         if not groups:
             note(f"no algorithm has '{metric.key}'; {metric_name} plot skipped")
             continue
@@ -149,11 +153,26 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, out_d
     return written
 
 
+def one_line_errors(prog: str, body: Callable[[], None]) -> int:
+    """Run ``body``; every error becomes one line on stderr and exit status 2, never a traceback
+    (the promise of plot.py, summarize.py and report.py). Returns the exit status."""
+    try:
+        body()
+    except (FLError, OSError) as exc:
+        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
+        print(f"{prog}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 on success, 2 on a user-facing error)."""
     args = build_parser().parse_args(argv)
     args.algorithms = list(dict.fromkeys(args.algorithms))
-    try:
+
+    def body() -> None:
         results_dir = Path(args.results_dir)
         note = NotePrinter()
         loaded = load_all(results_dir, args.dataset, args.algorithms, args.goal, note)
@@ -168,17 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(format_summary_table([summarize_runs(runs) for runs in loaded.values()],
                                    args.dataset, args.goal))
-    except FLError as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
-        print(f"{PROG}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}",
-              file=sys.stderr)
-        return 2
-    return 0
+
+    return one_line_errors(PROG, body)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ stopped); one made with other settings is reported as a conflict and left alone.
 reported with the last line of its error output (the whole output goes to
 ``<results>/sweep-logs/``) and the sweep goes on.
 
-At the end, the summary of ``plot.py`` (:func:`utils.plot_utils.summarize_runs`: runs, best and
-final accuracy as mean ± population std over the repeats) is printed for every setting, then for
+At the end, the summary table that ``plot.py`` and ``summarize.py`` print
+(:func:`utils.plot_utils.summarize_runs`: best, final and tail-mean accuracy, seconds per round,
+memory, ... as mean ± population std over the repeats) is printed for every setting, then for
 the best setting of each algorithm (``--rank_by best`` or ``final`` mean accuracy).
 Exit status: 0, 1 when a run failed or conflicted, 2 on a bad command line, 130 when interrupted.
 """
@@ -61,7 +62,7 @@ from utils.run_control import is_finished  # noqa: E402
 
 PROG = "sweep.py"
 # Flags whose values are free text that may hold commas (device lists, paths): never split into axes.
-LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir", "save_folder_name"})
+LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir", "save_folder_name", "tensorboard"})
 # Settings that say how a run is executed or reported, not what it computes: a stored result made
 # with other values of these is still the same experiment (engines and layouts agree up to float
 # rounding, see docs/architecture.md).
@@ -69,7 +70,7 @@ RUN_ONLY_DESTS = frozenset({
     "quiet", "progress", "num_threads", "times", "prev", "results_dir", "data_root", "save_model",
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
     "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
-    "resume", "overwrite", "checkpoint_every",
+    "resume", "overwrite", "checkpoint_every", "tensorboard",
 })
 
 @dataclass

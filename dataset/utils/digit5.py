@@ -1,14 +1,21 @@
 """Digit5 (feature shift): MNIST, MNIST-M, SVHN, SynthDigits and USPS, one client per domain.
 
 The files are KD3A's DigitFive folder (the source PFLlib names; Google Drive,
-so ``--raw-dir`` only)::
+so ``--raw-dir`` only). File names and keys as KD3A's ``datasets/DigitFive.py``
+and PFLlib's ``dataset/generate_Digit5.py`` read them::
 
     mnist_data.mat          train_32 / test_32 (N,32,32) grey, label_train / label_test (one-hot)
     mnistm_with_label.mat   train / test (N,28,28,3), label_train / label_test (one-hot)
     svhn_train_32x32.mat, svhn_test_32x32.mat   X (32,32,3,N), y 1..10 (10 means digit 0)
-    syn_number.mat          train_data / test_data (N,32,32,3), train_label / test_label
+    synth_train_32x32.mat, synth_test_32x32.mat X (32,32,3,N), y (10 means digit 0)
     usps_28x28.mat          dataset: {{train images, train labels}, {test images, test labels}},
-                            images (N,1,28,28) in [0, 1]
+                            images (N,1,28,28) in [0, 1], labels (10 means digit 0)
+
+Dassl's copy of the folder stores SynthDigits as ``syn_number.mat`` instead
+(``train_data`` / ``test_data`` (N,32,32,3), ``train_label`` / ``test_label``
+0..9); it is read when KD3A's two ``synth_*`` files are absent. Likewise SVHN's
+own ``train_32x32.mat`` / ``test_32x32.mat`` (the same files under the names
+torchvision's ``svhn.py`` downloads) are read when KD3A's ``svhn_*`` copies are absent.
 
 MAT files are read with ``scipy.io.loadmat``, which decodes data and never runs
 code. Every domain becomes 3x32x32 8-bit RGB (grey images repeated over the
@@ -31,12 +38,17 @@ from .sources import RawDataset
 DIGIT5_DOMAINS = ("mnist", "mnistm", "svhn", "syn", "usps")
 DIGIT5_FILES = {
     "mnist": ["mnist_data.mat"], "mnistm": ["mnistm_with_label.mat"],
-    "svhn": ["svhn_train_32x32.mat", "svhn_test_32x32.mat"], "syn": ["syn_number.mat"],
-    "usps": ["usps_28x28.mat"],
+    "svhn": ["svhn_train_32x32.mat", "svhn_test_32x32.mat"],
+    "syn": ["synth_train_32x32.mat", "synth_test_32x32.mat"], "usps": ["usps_28x28.mat"],
 }
+SYN_DASSL_FILE = "syn_number.mat"  # the same SynthDigits in one file, as Dassl ships them
+# SVHN's own names (ufldl.stanford.edu, torchvision's SVHN class) for the files KD3A renamed
+SVHN_OFFICIAL_FILES = ["train_32x32.mat", "test_32x32.mat"]
 DIGIT5_RAW_HELP = ("KD3A's DigitFive folder: " + ", ".join(f for fs in DIGIT5_FILES.values()
                                                            for f in fs)
-                   + " (Google Drive: no direct download)")
+                   + f" ({SYN_DASSL_FILE} instead of the synth_* files, and SVHN's own "
+                   "train_32x32.mat / test_32x32.mat, are read too; "
+                   "Google Drive: no direct download)")
 SIZE = 32
 
 
@@ -108,21 +120,34 @@ def _mnistm(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     return _two_splits(folder / "mnistm_with_label.mat", lambda s: (s,), "label_{split}", "NHWC")
 
 
-def _svhn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+def _svhn_layout(folder: Path, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """SVHN's MAT layout (one file per split): X (32,32,3,N), y with 10 meaning digit 0."""
     xs, ys = [], []
-    for name in DIGIT5_FILES["svhn"]:
+    for name in names:
         path = folder / name
         mat = _loadmat(path)
         x = _get(mat, path, "X")
         y = _labels(_get(mat, path, "y"), x.shape[-1], path)
-        y[y == 10] = 0  # SVHN writes digit 0 as class 10
+        y[y == 10] = 0  # SVHN (and KD3A's SynthDigits) write digit 0 as class 10
         xs.append(to_rgb32(x, "HWCN"))
         ys.append(y)
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def _svhn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    kd3a = DIGIT5_FILES["svhn"]
+    if not all((folder / name).is_file() for name in kd3a) and \
+            all((folder / name).is_file() for name in SVHN_OFFICIAL_FILES):
+        return _svhn_layout(folder, SVHN_OFFICIAL_FILES)
+    return _svhn_layout(folder, kd3a)
+
+
 def _syn(folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    return _two_splits(folder / "syn_number.mat", lambda s: (f"{s}_data",), "{split}_label", "NHWC")
+    kd3a = DIGIT5_FILES["syn"]
+    if not all((folder / name).is_file() for name in kd3a) and (folder / SYN_DASSL_FILE).is_file():
+        return _two_splits(folder / SYN_DASSL_FILE, lambda s: (f"{s}_data",), "{split}_label",
+                           "NHWC")
+    return _svhn_layout(folder, kd3a)
 
 
 def _usps(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -137,7 +162,9 @@ def _usps(folder: Path) -> tuple[np.ndarray, np.ndarray]:
         x = x.reshape(len(x), 1, 28, 28) if x.ndim != 4 else x
         # Pixels in [0, 1] (KD3A multiplies by 255); already 8-bit values are kept.
         xs.append(to_rgb32(x, "NCHW", scale=255.0 if x.max() <= 1.0 else 1.0))
-        ys.append(_labels(y, len(x), path))
+        labels = _labels(y, len(x), path)
+        labels[labels == 10] = 0  # as KD3A: a 10 would mean digit 0
+        ys.append(labels)
     return np.concatenate(xs), np.concatenate(ys)
 
 

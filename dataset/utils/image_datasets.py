@@ -10,8 +10,9 @@ and PFLlib use them) and published MD5s where they exist:
   8 class folders.
 * TinyImagenet: cs231n ``tiny-imagenet-200.zip`` (no checksum published);
   ``train/<wnid>/images`` and ``val/images`` labelled by ``val/val_annotations.txt``
-  (PFLlib reads ``val/`` through ImageFolder, which puts every image in one
-  class, PFLlib #231; we use the annotations). PFLlib uses ``train`` only.
+  (PFLlib reads ``train/`` and ``val/`` through ImageFolder, which puts every
+  ``val/`` image in one class, PFLlib #231; we label ``val`` by the annotations
+  and use ``train`` only by default).
 * Country211: OpenAI's ``country211.tgz`` (torchvision's MD5), ``train``,
   ``valid``, ``test`` folders of country codes. PFLlib: ``train``.
 * Flowers102: VGG's ``102flowers.tgz``, ``imagelabels.mat``, ``setid.mat``
@@ -21,7 +22,9 @@ and PFLlib use them) and published MD5s where they exist:
   ``00000..00042``; ``test`` adds ``GTSRB_Final_Test_Images.zip`` labelled by
   ``GTSRB_Final_Test_GT.zip``. PFLlib: ``train``.
 * COVIDx (CXR-2 and later): Kaggle only, ``--raw-dir`` with ``train.txt`` /
-  ``test.txt`` (``patient filename class source`` lines) and ``train/``, ``test/``.
+  ``test.txt`` (``patient filename class source`` lines, PFLlib's columns) and
+  ``train/``, ``test/``; ``--splits train val test`` adds ``val.txt`` / ``val/``
+  (CXR-3 on), which PFLlib reads too. Labels: ``positive`` 1, ``negative`` 0.
 * Omniglot: Lake's GitHub ``images_background.zip`` and ``images_evaluation.zip``
   (torchvision's MD5s); a class is a character (1,623), the natural client an
   alphabet (50); ``--partition dir`` etc. give PFLlib's partitioned version.
@@ -269,10 +272,12 @@ def load_gtsrb(raw_dir, download_dir, splits, size) -> RawDataset:
 
 # COVIDx ------------------------------------------------------------------------------------
 
+# Releases from CXR-3 on add val.txt and val/ (PFLlib reads train, val and test); CXR-2 has
+# train and test only, hence the default.
 COVIDX = ImageDatasetSpec(
-    "COVIDx", (), (), ("train", "test"), ("train", "test"), 64, num_classes=2,
+    "COVIDx", (), (), ("train", "val", "test"), ("train", "test"), 64, num_classes=2,
     raw_help="download COVIDx CXR from Kaggle (andyczhao/covidx-cxr2): a folder with "
-             "train.txt, test.txt, train/ and test/")
+             "train.txt, test.txt, train/ and test/ (and val.txt, val/ for --splits ... val)")
 
 
 def load_covidx(raw_dir, download_dir, splits, size) -> RawDataset:

@@ -141,7 +141,9 @@ def load_cifar100(raw_dir: Path | None, download_dir: Path) -> RawDataset:
 
 # EMNIST ------------------------------------------------------------------------------------
 
-EMNIST_MIRRORS = ("https://biometrics.nist.gov/cs_links/EMNIST/",)
+# NIST's current address first, then the one torchvision's EMNIST class used before (same file).
+EMNIST_MIRRORS = ("https://biometrics.nist.gov/cs_links/EMNIST/",
+                  "https://www.itl.nist.gov/iaui/vip/cs_links/EMNIST/")
 EMNIST_FILES = (download.RemoteFile("gzip.zip", "58c8d27c78d21e728a6bc7b3cc06412e"),)
 _LETTERS = [chr(c) for c in range(ord("a"), ord("z") + 1)]
 _BYCLASS = [str(d) for d in range(10)] + [chr(c) for c in range(ord("A"), ord("Z") + 1)] + _LETTERS

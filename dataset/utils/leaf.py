@@ -15,10 +15,15 @@ again by ``--train-ratio`` like every other dataset here.
   (digits, upper case, lower case). Stored as 8-bit pixels ``round(255 x)`` and
   normalised like the other images. The default keeps the 100 writers with most
   samples (PFLlib's default); ``--num-clients`` changes it.
-* Shakespeare: ``x`` is an 80-character string, ``y`` the next character; both
-  become indices into LEAF's 80-letter alphabet (:data:`SHAKESPEARE_LETTERS`).
-  LEAF maps a character outside it to -1; we map it to the space and count
-  such characters in config.json (``unknown_characters``).
+* Shakespeare: ``x`` is an 80-character string, ``y`` the next character, both
+  looked up in LEAF's 80-letter alphabet (:data:`SHAKESPEARE_LETTERS`, LEAF's
+  ``ALL_LETTERS`` in ``models/utils/language_utils.py``). The label is the
+  letter's index (0..79, 80 classes as in LEAF and PFLlib). Input ids are the
+  index **plus one**: the text models here treat id 0 as padding, and LEAF's
+  index 0 is the newline, which would otherwise be ignored as padding (so
+  ``vocab_size`` is 81; PFLlib feeds LEAF's indices 0..79 with ``-vs 80``).
+  LEAF maps a character outside the alphabet to -1; we map it to the space and
+  count such characters in config.json (``unknown_characters``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ FEMNIST_CLASSES = ([str(d) for d in range(10)] + [chr(c) for c in range(ord("A")
                    + [chr(c) for c in range(ord("a"), ord("z") + 1)])
 SHAKESPEARE_LETTERS = ("\n !\"&'(),-.0123456789:;>?ABCDEFGHIJKLMNOPQRSTUVWXYZ[]"
                        "abcdefghijklmnopqrstuvwxyz}")
+#: Shakespeare input id = letter index + SHAKESPEARE_ID_OFFSET; id 0 is padding (no letter).
+SHAKESPEARE_ID_OFFSET = 1
 LEAF_RAW_HELP = ("LEAF's JSON folder for {name} (train/ and test/ or all_data/ with *.json, "
                  "made by LEAF's preprocess.sh); there is no direct download")
 
@@ -132,6 +139,7 @@ def read_shakespeare(folder: Path) -> RawDataset:
             raise ReadError(f"{path}: user {user!r}: input strings of different lengths "
                             f"(LEAF's are all {length} characters)")
         xs = np.array([encode_characters(s, unknown) for s in x], dtype=np.int64).reshape(len(x), -1)
+        xs += SHAKESPEARE_ID_OFFSET
         ys = np.array([encode_characters(c, unknown)[0] for c in y], dtype=np.int64)
         records.append((user, xs, ys))
     if not records:
@@ -139,8 +147,11 @@ def read_shakespeare(folder: Path) -> RawDataset:
     x, y, groups, names = _grouped(records)
     return RawDataset(x, y, len(SHAKESPEARE_LETTERS), [repr(c)[1:-1] for c in SHAKESPEARE_LETTERS],
                       pixel_max=None, groups=groups, group_names=names,
-                      extra_config={"vocab_size": len(SHAKESPEARE_LETTERS),
-                                    "max_len": int(x.shape[1]),
+                      extra_config={"vocab_size": len(SHAKESPEARE_LETTERS) + SHAKESPEARE_ID_OFFSET,
+                                    "max_len": int(x.shape[1]), "pad_id": 0,
+                                    "input_id_offset": SHAKESPEARE_ID_OFFSET,
+                                    "id_mapping": "input id = 1 + index in class_names (0 = padding); "
+                                                  "label = index in class_names",
                                     "unknown_characters": unknown[0]})
 
 

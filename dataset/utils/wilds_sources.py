@@ -4,6 +4,8 @@ Both are large (Camelyon17 10 GB, iWildCam 11 GB) and served by CodaLab bundles
 without a plain file URL, so they are read from ``--raw-dir``: the folder that
 ``wilds.get_dataset(name, download=True)`` creates, or one extracted by hand.
 
+Columns and paths as WILDS's ``wilds/datasets/{camelyon17,iwildcam}_dataset.py`` read them:
+
 * Camelyon17 (``camelyon17_v1.0/``): ``metadata.csv`` with columns ``patient``,
   ``node``, ``x_coord``, ``y_coord``, ``tumor``, ``center`` (0-4), and the 96x96
   patches ``patches/patient_<patient>_node_<node>/patch_patient_<patient>_node_
@@ -63,7 +65,8 @@ def read_camelyon17(raw_dir: Path, size: int = 32) -> RawDataset:
     rows = _metadata(folder, ("patient", "node", "x_coord", "y_coord", "tumor", "center"))
     xs, ys, groups = [], [], []
     for row in rows:
-        patient, node = f"{int(row['patient']):03d}", row["node"]
+        # WILDS reads patient as a string (dtype str keeps its leading zeros, e.g. "004").
+        patient, node = row["patient"], row["node"]
         name = (f"patches/patient_{patient}_node_{node}/patch_patient_{patient}_node_{node}"
                 f"_x_{row['x_coord']}_y_{row['y_coord']}.png")
         xs.append(_read_image(folder / name, size))

@@ -40,8 +40,8 @@ VERSION = 1
 #: them again from the same flags and data (``state`` and ``history`` are saved separately)
 SKIP: dict[str, frozenset[str]] = {
     "server": frozenset({"args", "hp", "dataset", "device", "num_classes", "state", "clients", "selector",
-                         "engine", "history", "evaluator", "shared_mask", "clock"}),
-    "client": frozenset({"index", "task", "cid", "data", "args", "hp", "state", "batch_size", "local_epochs"}),
+                         "engine", "history", "evaluator", "shared_mask", "clock", "privacy"}),
+    "client": frozenset({"index", "task", "cid", "data", "args", "hp", "state", "batch_size", "local_epochs", "dp"}),
     "selector": frozenset({"server", "args", "hp", "num_clients"}),
 }
 

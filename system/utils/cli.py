@@ -24,6 +24,7 @@ import typing
 from typing import Any, Iterable
 
 from utils.errors import FLError
+from utils.live import tensorboard_dir
 
 
 def str2bool(value: str | bool) -> bool:
@@ -93,6 +94,9 @@ class _Ignored(argparse.Action):
             seen.append(option_string)
         setattr(namespace, IGNORED_DEST, seen)
 
+
+#: PFLlib's -vs default (Shakespeare's 80 characters); used when neither -vs nor config.json gives one
+PFLLIB_VOCAB_SIZE = 80
 
 #: where the parsed namespace lists the given flags that the selected algorithm does not use
 IGNORED_DEST = "ignored_flags"
@@ -321,7 +325,9 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0,
              help="epochs each new client (-nnc) fine-tunes the global model on its train data (0: evaluated as is)")
     add_flag(g, "-fd", "--feature_dim", type=int, default=512, help="feature/embedding dimension of text models")
-    add_flag(g, "-vs", "--vocab_size", type=int, default=80, help="vocabulary size of text models")
+    add_flag(g, "-vs", "--vocab_size", type=int, default=None,
+             help=f"vocabulary size of text models; default: the dataset's config.json vocab_size, "
+                  f"else {PFLLIB_VOCAB_SIZE} (PFLlib's)")
     add_flag(g, "-ml", "--max_len", type=int, default=200, help="text length")
     add_flag(g, "-fs", "--few_shot", type=int, default=0, help="if > 0 keep at most fs training samples per label per client")
 
@@ -360,6 +366,26 @@ def generic_parser() -> argparse.ArgumentParser:
                   "from a phase drawn from the seed (0: always available; a trace's availability replaces it)")
     add_flag(p, "--clock_avail_duty", type=float, default=1.0,
              help="fraction of each --clock_avail_period a client is available, in (0, 1]")
+
+    d = parser.add_argument_group("differential privacy (PFLlib's -dp/-dps, plus ours; system/flcore/privacy)")
+    add_flag(d, "-dp", "--privacy", type=bool, default=False,
+             help="sample-level DP-SGD on every client: per-sample clipping to --dp_clip, Gaussian noise -dps, "
+                  "epsilon at --dp_delta recorded each round (rs_dp_epsilon; needs opacus)")
+    add_flag(d, "-dps", "--dp_sigma", type=float, default=0.0, help="DP-SGD noise multiplier sigma (noise std sigma*C)")
+    add_flag(d, "--dp_clip", type=float, default=1.0, help="DP-SGD per-sample gradient clipping norm C (PFLlib's 1.0)")
+    add_flag(d, "--dp_delta", type=float, default=1e-5, help="delta at which epsilon is reported (PFLlib's 1e-5)")
+    add_flag(d, "--dp_accountant", type=str, default="rdp", choices=["rdp", "prv"],
+             help="opacus accountant: rdp (Renyi DP of the sampled Gaussian mechanism) or prv (numerical composition)")
+    add_flag(d, "--dp_sampling", type=str, default="poisson", choices=["poisson", "shuffle"],
+             help="DP-SGD batches: poisson (each sample in each step with probability B/n: what the accountant "
+                  "assumes) or shuffle (PFLlib's batches; epsilon is then an approximation)")
+    add_flag(d, "--dp_update_clip", type=float, default=0.0,
+             help="user-level DP-FedAvg (McMahan et al. 2018): clip each client's model update to this L2 norm S "
+                  "(0 = off); epsilon recorded as rs_dp_user_epsilon")
+    add_flag(d, "--dp_server_sigma", type=float, default=0.0,
+             help="DP-FedAvg noise multiplier z: N(0, (z*S)^2) added to the weighted sum of clipped updates")
+    add_flag(d, "--dp_weight_cap", type=float, default=0.0,
+             help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
@@ -415,4 +441,6 @@ def generic_parser() -> argparse.ArgumentParser:
              help="replace existing results of the same name (-data, -algo, -go, run); without it they are kept and the run refused")
     add_flag(o, "--progress", type=bool, default=True, help="show a progress bar over rounds")
     add_flag(o, "-q", "--quiet", type=bool, default=False, help="only print the summary")
+    add_flag(o, "--tensorboard", type=tensorboard_dir, default=None, metavar="DIR",
+             help="write TensorBoard scalars per round under DIR (needs the tensorboard package)")
     return parser

@@ -29,12 +29,15 @@ import h5py
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from utils.errors import FLError
 
 Note = Callable[[str], None]
+MISSING = "–"  # a figure the files do not allow to compute (PFLlib's files lack most series)
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
-#: 1-D datasets read from a result file (``rs_client_acc`` is 2-D and not needed for plots).
+#: 1-D datasets read from a result file (``rs_client_acc`` is 2-D: only its last row is kept).
 SERIES_KEYS: tuple[str, ...] = (
     "rs_test_acc",
     "rs_test_auc",
@@ -44,9 +47,16 @@ SERIES_KEYS: tuple[str, ...] = (
     "rs_test_acc_std",
     "rs_bytes_up",
     "rs_bytes_down",
+    "rs_clients_per_round",
+    "rs_test_acc_global",
+    "rs_test_auc_global",
 )
+#: Series other features add (differential privacy, the virtual clock, new clients); read when
+#: they are 1-D, ignored otherwise (their shape is their owners' business).
+OPTIONAL_SERIES_KEYS: tuple[str, ...] = ("rs_dp_epsilon", "rs_virtual_time", "rs_new_client_acc")
 #: Series with one entry per evaluation (must all have the length of ``rs_test_acc``).
-PER_EVAL_KEYS: tuple[str, ...] = ("rs_test_acc", "rs_test_auc", "rs_train_loss", "rs_test_acc_std")
+PER_EVAL_KEYS: tuple[str, ...] = ("rs_test_acc", "rs_test_auc", "rs_train_loss", "rs_test_acc_std",
+                                  "rs_test_acc_global", "rs_test_auc_global")
 #: Attributes that identify a run; when present they win over the file name.
 ID_ATTRS: tuple[str, ...] = ("dataset", "algorithm", "goal")
 
@@ -69,8 +79,11 @@ class MetricSpec:
         label: The y-axis label.
         title: Words used in the plot title.
         scale: Factor applied before plotting (100 turns accuracy fractions into percent).
-        per_round: True for series with one entry per round (``rs_round_time``) rather than
-            one per evaluation; they are plotted against the round index.
+        per_round: True for series with one entry per training round (``rs_round_time``)
+            rather than one per evaluation; entry ``i`` is plotted at round ``i + 1``, the
+            number the accuracy curve gives the model that round produced.
+        variant: Which model a curve measures when an algorithm has several ("global model"
+            for ``rs_test_acc_global``); empty for the algorithm's own evaluation.
     """
 
     name: str
@@ -79,6 +92,7 @@ class MetricSpec:
     title: str
     scale: float = 1.0
     per_round: bool = False
+    variant: str = ""
 
 
 METRICS: dict[str, MetricSpec] = {
@@ -88,8 +102,22 @@ METRICS: dict[str, MetricSpec] = {
     "time": MetricSpec("time", "rs_round_time", "Wall-clock time per round (s)",
                        "time per round", per_round=True),
 }
+#: The shared model's accuracy recorded by personalised algorithms that have one, drawn dashed
+#: on the accuracy plot next to their personalised accuracy.
+GLOBAL_ACC = MetricSpec("acc", "rs_test_acc_global", "Test accuracy (%)", "test accuracy",
+                        scale=100.0, variant="global model")
 
-X_MODES: tuple[str, ...] = ("rounds", "time")
+#: x-axes of the per-evaluation curves: the round, the wall-clock seconds spent before the
+#: evaluation, the megabytes uploaded before it, or the virtual clock's seconds (flcore/clock.py).
+X_MODES: tuple[str, ...] = ("rounds", "time", "bytes", "virtual")
+X_LABELS: dict[str, str] = {
+    "rounds": "Communication round",
+    "time": "Wall-clock time (s)",
+    "bytes": "Uploaded traffic (MB)",
+    "virtual": "Virtual time (s)",
+}
+#: The series each x-axis needs.
+X_SERIES: dict[str, str] = {"time": "rs_round_time", "bytes": "rs_bytes_up", "virtual": "rs_virtual_time"}
 
 
 @dataclass(eq=False)
@@ -114,6 +142,13 @@ class RunResult:
     eval_rounds: np.ndarray
     attrs: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    final_client_acc: np.ndarray | None = None
+
+    @property
+    def finished(self) -> bool:
+        """False only for a run whose file says ``finished = False`` (an interrupted run's
+        results so far); PFLlib's files and older ones are written at the end of a run."""
+        return bool(self.attrs.get("finished", True))
 
     @property
     def is_pfllib_format(self) -> bool:
@@ -135,12 +170,32 @@ class RunResult:
         Evaluation at round ``r`` happens at the start of round ``r`` (PFLlib's loop), so the
         elapsed time is the sum of the durations of rounds ``0 .. r-1``.
         """
-        times = self.get("rs_round_time")
-        if times is None:
+        return self.cumulative_at_evals("rs_round_time")
+
+    def cumulative_at_evals(self, key: str) -> np.ndarray | None:
+        """Sum of the per-round series ``key`` over the rounds before each evaluation (rounds
+        ``0 .. r-1`` for the evaluation at round ``r``), or None without that series."""
+        values = self.get(key)
+        if values is None:
             return None
-        cumulative = np.concatenate([[0.0], np.cumsum(times)])
-        index = np.clip(self.eval_rounds.astype(int), 0, len(times))
+        cumulative = np.concatenate([[0.0], np.cumsum(values)])
+        index = np.clip(self.eval_rounds.astype(int), 0, len(values))
         return cumulative[index]
+
+    def x_at_evals(self, x_mode: str) -> np.ndarray | None:
+        """The x value of each evaluation for ``x_mode`` (:data:`X_MODES`); None when the
+        series it needs is missing."""
+        if x_mode == "rounds":
+            return self.eval_rounds.astype(float)
+        if x_mode == "time":
+            return self.cumulative_at_evals("rs_round_time")
+        if x_mode == "virtual":  # already a clock: its reading after training rounds 0..r-1
+            clock = self.get("rs_virtual_time")
+            if clock is None:
+                return None
+            return np.concatenate([[0.0], clock])[np.clip(self.eval_rounds.astype(int), 0, len(clock))]
+        uploaded = self.cumulative_at_evals("rs_bytes_up")
+        return None if uploaded is None else uploaded / 1e6
 
 
 @dataclass
@@ -163,6 +218,7 @@ class GroupedSeries:
     std: np.ndarray
     lengths: list[int]
     runs: list[int]
+    personalized: bool = False
 
     @property
     def n_runs(self) -> int:
@@ -176,33 +232,15 @@ class GroupedSeries:
 
     @property
     def label(self) -> str:
-        """Legend text, e.g. ``FedAvg (3 runs)``."""
-        return f"{self.algorithm} ({self.n_runs} run{'' if self.n_runs == 1 else 's'})"
-
-
-@dataclass
-class AlgorithmSummary:
-    """Per-algorithm numbers for the summary table (fractions, as stored; not percent).
-
-    Attributes:
-        algorithm: The algorithm name.
-        n_runs: Number of runs.
-        n_evals: Evaluations per run (min, max).
-        last_round: Last evaluated round of the shortest run.
-        best_mean, best_std: Mean and population std over runs of each run's best accuracy.
-        final_mean, final_std: Same for each run's last accuracy.
-        time_per_round: Mean seconds per round over all runs, None without ``rs_round_time``.
-    """
-
-    algorithm: str
-    n_runs: int
-    n_evals: tuple[int, int]
-    last_round: int
-    best_mean: float
-    best_std: float
-    final_mean: float
-    final_std: float
-    time_per_round: float | None
+        """Legend text, e.g. ``FedAvg (3 runs)``; which model a pFL curve measures is named
+        (``Ditto, personalised: own model, own data (3 runs)``, ``Ditto, global model ...``)."""
+        if self.metric.variant:
+            which = f", {self.metric.variant}"
+        elif self.personalized and self.metric.key == "rs_test_acc":
+            which = ", personalised: own model, own data"
+        else:
+            which = ""
+        return f"{self.algorithm}{which} ({self.n_runs} run{'' if self.n_runs == 1 else 's'})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -220,9 +258,29 @@ def search_pattern(results_dir: Path | str, dataset: str, algorithm: str, goal: 
 
 
 def creation_command(dataset: str, algorithm: str, goal: str) -> str:
-    """The ``main.py`` command (run from ``system/``) that writes such result files."""
-    command = f"python main.py -data {dataset} -algo {algorithm}"
-    return command if goal == "test" else f"{command} -go {goal}"
+    """How to make such result files, naming only commands that exist: the ``main.py`` command
+    (from ``system/``) when ``algorithm`` is registered, preceded by the dataset's generator
+    when the dataset is not generated yet; otherwise what is missing."""
+    try:
+        from flcore.registry import ALGORITHMS, load_all
+        load_all()
+        known = ALGORITHMS.names()
+    except ImportError:  # no torch: main.py could not run either
+        known = None
+    if known is not None and algorithm not in known:
+        return (f"no algorithm {algorithm!r} in this platform, so main.py cannot make them "
+                f"(algorithms: {', '.join(known)})")
+    command = f"`python main.py -data {dataset} -algo {algorithm}{'' if goal == 'test' else f' -go {goal}'}`"
+    datasets = REPO_ROOT / "dataset"
+    if (datasets / dataset / "config.json").is_file() or Path(dataset).is_absolute():
+        return f"create them with {command} (from system/)"
+    generator = datasets / f"generate_{dataset}.py"
+    if generator.is_file():
+        return (f"create them with `python {generator.name} ...` (from dataset/, see dataset/README.md), "
+                f"then {command} (from system/)")
+    return (f"create them with {command} (from system/) once dataset/{dataset} exists (no "
+            f"generate_{dataset}.py; generators: "
+            f"{', '.join(sorted(p.stem[len('generate_'):] for p in datasets.glob('generate_*.py')))})")
 
 
 def parse_result_name(name: str) -> tuple[str, str, str, int] | None:
@@ -323,6 +381,14 @@ def load_run(path: Path | str) -> RunResult:
                 if not isinstance(obj, h5py.Dataset) or obj.ndim != 1:
                     raise ResultFileError(f"{path}: '{key}' is not a 1-D array")
                 series[key] = np.asarray(obj[()], dtype=float)
+            for key in OPTIONAL_SERIES_KEYS:
+                obj = handle.get(key)
+                if isinstance(obj, h5py.Dataset) and obj.ndim == 1 and obj.shape[0] > 0:
+                    series[key] = np.asarray(obj[()], dtype=float)
+            client_acc = handle.get("rs_client_acc")
+            final_client_acc = None
+            if isinstance(client_acc, h5py.Dataset) and client_acc.ndim == 2 and client_acc.shape[0] > 0:
+                final_client_acc = np.asarray(client_acc[-1], dtype=float)
     except ResultFileError:
         raise
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -369,7 +435,8 @@ def load_run(path: Path | str) -> RunResult:
     except (TypeError, ValueError):
         pass
     return RunResult(path=path, dataset=dataset, algorithm=algorithm, goal=goal, run=run,
-                     series=series, eval_rounds=eval_rounds, attrs=attrs, config=config)
+                     series=series, eval_rounds=eval_rounds, attrs=attrs, config=config,
+                     final_client_acc=final_client_acc)
 
 
 def load_algorithm_runs(results_dir: Path | str, dataset: str, algorithm: str, goal: str,
@@ -453,8 +520,11 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
     Args:
         runs: Runs of a single algorithm.
         metric: What to plot.
-        x_mode: ``"rounds"`` (evaluation rounds) or ``"time"`` (mean elapsed seconds at each
-            evaluation; needs ``rs_round_time``). Per-round metrics always use the round index.
+        x_mode: ``"rounds"`` (evaluation rounds), ``"time"`` (mean elapsed seconds at each
+            evaluation; needs ``rs_round_time``), ``"bytes"`` (mean megabytes uploaded before
+            each evaluation; needs ``rs_bytes_up``) or ``"virtual"`` (mean virtual-clock seconds
+            at each evaluation; needs ``rs_virtual_time``). Per-round metrics always use the
+            round number, counted from 1.
         smooth: Moving-average window in points.
         note: Receives one-line remarks (truncation, runs left out, misaligned rounds).
 
@@ -462,7 +532,7 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
         The grouped series, or None when no run has the metric.
 
     Raises:
-        PlotError: ``x_mode == "time"`` and a run has no ``rs_round_time``.
+        PlotError: ``x_mode`` is ``"time"`` or ``"bytes"`` and a run lacks the series it needs.
         ValueError: Unknown ``x_mode``.
     """
     if x_mode not in X_MODES:
@@ -488,17 +558,18 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
             f"curves truncated to the shortest ({length} {unit})")
 
     if metric.per_round:
-        x = np.arange(length, dtype=float)
-    elif x_mode == "time":
-        elapsed = []
+        x = np.arange(1, length + 1, dtype=float)
+    elif x_mode != "rounds":
+        positions = []
         for run in usable:
-            times = run.elapsed_at_evals()
-            if times is None:
+            values = run.x_at_evals(x_mode)
+            if values is None:
+                needed = X_SERIES[x_mode]
                 raise PlotError(
-                    f"--x time needs 'rs_round_time', which {run.path} does not have "
+                    f"--x {x_mode} needs '{needed}', which {run.path} does not have "
                     f"(PFLlib-format file); use --x rounds")
-            elapsed.append(times)
-        x = mean_std(elapsed)[0][:length]
+            positions.append(values)
+        x = mean_std(positions)[0][:length]
     else:
         x = usable[0].eval_rounds[:length].astype(float)
         if any(not np.array_equal(r.eval_rounds[:length], usable[0].eval_rounds[:length])
@@ -509,69 +580,414 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
                          lengths=lengths, runs=[r.run for r in usable])
 
 
-def summarize_runs(runs: Sequence[RunResult]) -> AlgorithmSummary:
-    """Best/final accuracy statistics of one algorithm's runs (full, untruncated series).
+# --------------------------------------------------------------------------------------------
+# Summary table (plot.py, sweep.py, summarize.py and report.py print this one table)
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Stat:
+    """One figure over the runs of a row: mean and population std (``ddof=0``) over the runs
+    that have a value (``count`` of them; NaN when none has)."""
+
+    mean: float
+    std: float
+    count: int
+
+
+@dataclass
+class AlgorithmSummary:
+    """One row of the summary table: the runs (``-t`` repeats) of one algorithm and goal.
+
+    Accuracies are fractions as stored (not percent). ``stats`` holds every figure of
+    :data:`SUMMARY_COLUMNS` that at least one run has, keyed by the column's key.
+
+    Attributes:
+        algorithm: The algorithm name (sweep.py appends the setting).
+        n_runs: Number of runs.
+        n_evals: Evaluations per run (min, max).
+        last_round: Last evaluated round of the shortest run.
+        best_mean, best_std: Mean and population std over runs of each run's best accuracy.
+        final_mean, final_std: Same for each run's last accuracy.
+        time_per_round: Mean seconds per training round over all runs' rounds, None without
+            ``rs_round_time``.
+        dataset, goal: Where the runs come from.
+        personalized: True when the accuracy is that of each client's own model on its own test
+            data (a personalised algorithm); the shared model's is then in the ``global_*`` stats.
+        unfinished: Runs whose file says ``finished = False``.
+        stats: Figure key -> :class:`Stat`.
+    """
+
+    algorithm: str
+    n_runs: int
+    n_evals: tuple[int, int]
+    last_round: int
+    best_mean: float
+    best_std: float
+    final_mean: float
+    final_std: float
+    time_per_round: float | None
+    dataset: str = ""
+    goal: str = ""
+    personalized: bool = False
+    unfinished: int = 0
+    stats: dict[str, Stat] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SummaryColumn:
+    """A figure of the summary table.
+
+    Attributes:
+        key: Name in :attr:`AlgorithmSummary.stats` and in the CSV (``<key>_mean``, ...).
+        header: Column header; ``{n}`` and ``{target}`` are filled in.
+        kind: ``"acc"`` (a fraction shown in percent), ``"count"`` or ``"number"``.
+        note: Exactly how the figure is computed (printed under Markdown tables, in reports).
+        always: Shown even when no row has the figure (then as "–").
+        none_text: Shown when the runs have what the figure needs but none gives a value (a
+            target no run reached).
+    """
+
+    key: str
+    header: str
+    kind: str
+    note: str
+    always: bool = False
+    none_text: str = MISSING
+
+
+SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
+    SummaryColumn("best", "best acc (%)", "acc",
+                  "the highest rs_test_acc of a run over all its evaluations (PFLlib's 'best "
+                  "accuracy'); mean ± population std over the runs", always=True),
+    SummaryColumn("final", "final acc (%)", "acc",
+                  "the last rs_test_acc of a run (the model after its last training round)",
+                  always=True),
+    SummaryColumn("last_10pct", "last 10% (%)", "acc",
+                  "mean rs_test_acc over the last 10% of a run's evaluations of trained models "
+                  "(at least one; the evaluation of the untrained model at round 0 is never "
+                  "counted), IGFL's metric", always=True),
+    SummaryColumn("last_n", "last {n} (%)", "acc",
+                  "mean rs_test_acc over the last N evaluations of trained models (all of them "
+                  "when fewer than N; round 0 never counted)", always=True),
+    SummaryColumn("global_best", "global best (%)", "acc",
+                  "for personalised algorithms with a shared model: the best of "
+                  "rs_test_acc_global, the shared model evaluated on every client's test data"),
+    SummaryColumn("global_final", "global final (%)", "acc",
+                  "the last rs_test_acc_global of a run"),
+    SummaryColumn("rounds_to_target", "rounds to {target}", "count",
+                  "the first evaluated round r whose rs_test_acc >= the target accuracy, i.e. "
+                  "after r training rounds (AdaFL's metric); mean over the runs that reach it, "
+                  "(k/n) when only k of n do", none_text="not reached"),
+    SummaryColumn("mb_to_target", "MB up to {target}", "number",
+                  "megabytes (10^6 bytes) uploaded by all clients in training rounds 0..r-1, "
+                  "r the round reaching the target (sum of rs_bytes_up)", none_text="not reached"),
+    SummaryColumn("s_per_round", "s/round", "number",
+                  "mean of rs_round_time, the wall-clock seconds of each training round (client "
+                  "training, aggregation and the evaluation made at the start of the round)",
+                  always=True),
+    SummaryColumn("peak_rss_mb", "peak RSS (MB)", "number",
+                  "the attribute peak_rss_mb: the process's peak resident memory at the end of the "
+                  "run (with -t, a later run's peak includes the earlier runs')", always=True),
+    SummaryColumn("peak_gpu_mb", "peak GPU (MB)", "number",
+                  "the attribute peak_gpu_mb: torch's peak allocated CUDA memory"),
+    SummaryColumn("dp_epsilon", "DP ε", "number",
+                  "the last rs_dp_epsilon of a run: the privacy budget spent by its end"),
+    SummaryColumn("virtual_time", "virtual time (s)", "number",
+                  "the last rs_virtual_time of a run: the simulated clock at its end"),
+    SummaryColumn("new_client_acc", "new-client acc (%)", "acc",
+                  "the last rs_new_client_acc of a run: accuracy on clients held out of training"),
+)
+COLUMNS_BY_KEY: dict[str, SummaryColumn] = {c.key: c for c in SUMMARY_COLUMNS}
+
+_PERSONALIZED_CACHE: dict[str, bool | None] = {}
+
+
+def registered_personalized(algorithm: str) -> bool | None:
+    """Whether a registered algorithm evaluates personal models (its server's ``personalized``);
+    None for a name this platform does not know (e.g. a PFLlib algorithm we lack)."""
+    if algorithm not in _PERSONALIZED_CACHE:
+        try:
+            from flcore.registry import ALGORITHMS, load_all
+            load_all()
+            known = algorithm in ALGORITHMS
+            _PERSONALIZED_CACHE[algorithm] = bool(ALGORITHMS.get(algorithm).personalized) if known else None
+        except ImportError:  # the registry needs torch; the summaries do not
+            _PERSONALIZED_CACHE[algorithm] = None
+    return _PERSONALIZED_CACHE[algorithm]
+
+
+def is_personalized(runs: Sequence[RunResult]) -> bool:
+    """True when the runs' accuracy is that of personal models: the file records the shared
+    model's accuracy separately, or the algorithm is registered as personalised."""
+    if any(r.get("rs_test_acc_global") is not None for r in runs):
+        return True
+    return bool(runs) and bool(registered_personalized(runs[0].algorithm))
+
+
+def _last(run: RunResult, key: str) -> float | None:
+    values = run.get(key)
+    return None if values is None or values.size == 0 else float(values[-1])
+
+
+def _attr_number(run: RunResult, key: str) -> float | None:
+    value = run.attrs.get(key)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if np.isfinite(number) else None
+
+
+def run_figures(run: RunResult, avg_last: int = 10, target_acc: float | None = None) -> dict[str, float | None]:
+    """Every figure of :data:`SUMMARY_COLUMNS` for one run (None where it cannot be computed),
+    from the series themselves, so PFLlib's files and ours get the same definitions."""
+    from utils.result_utils import reach_target, tail_means  # one definition for main.py and here
+
+    acc = run.series["rs_test_acc"]
+    finite = acc[np.isfinite(acc)]
+    last_10pct, last_n = tail_means(acc, run.eval_rounds, avg_last)
+    figures: dict[str, float | None] = {
+        "best": float(finite.max()) if finite.size else None,
+        "final": float(acc[-1]),
+        "last_10pct": last_10pct,
+        "last_n": last_n,
+        "peak_rss_mb": _attr_number(run, "peak_rss_mb"),
+        "peak_gpu_mb": _attr_number(run, "peak_gpu_mb"),
+        "dp_epsilon": _last(run, "rs_dp_epsilon"),
+        "virtual_time": _last(run, "rs_virtual_time"),
+        "new_client_acc": _last(run, "rs_new_client_acc"),
+    }
+    times = run.get("rs_round_time")
+    figures["s_per_round"] = float(times.mean()) if times is not None and times.size else None
+    global_acc = run.get("rs_test_acc_global")
+    if global_acc is not None and global_acc.size:
+        figures["global_best"] = float(np.nanmax(global_acc))
+        figures["global_final"] = float(global_acc[-1])
+    if target_acc is not None:
+        bytes_up = run.get("rs_bytes_up")
+        reached = reach_target(acc, run.eval_rounds, bytes_up if bytes_up is not None else [], target_acc)
+        # NaN: computable but not reached; None: not computable (no traffic recorded).
+        figures["rounds_to_target"] = np.nan if reached is None else float(reached[0])
+        figures["mb_to_target"] = None if bytes_up is None else np.nan if reached is None else reached[1] / 1e6
+    return figures
+
+
+def summarize_runs(runs: Sequence[RunResult], avg_last: int = 10,
+                   target_acc: float | None = None) -> AlgorithmSummary:
+    """The summary row of one algorithm's runs (full, untruncated series).
 
     Args:
-        runs: At least one run of a single algorithm.
+        runs: At least one run of a single algorithm (and goal).
+        avg_last: N of the "mean over the last N evaluations" column.
+        target_acc: Accuracy (fraction) for the rounds/bytes-to-target columns; None leaves
+            them out.
 
     Returns:
         The summary; accuracies are fractions like the stored data.
     """
     if not runs:
         raise ValueError("summarize_runs needs at least one run")
-    best = np.array([np.nanmax(r.series["rs_test_acc"]) if np.isfinite(r.series["rs_test_acc"]).any()
-                     else np.nan for r in runs])
-    final = np.array([r.series["rs_test_acc"][-1] for r in runs])
+    per_run = [run_figures(r, avg_last, target_acc) for r in runs]
+    stats: dict[str, Stat] = {}
+    for key in COLUMNS_BY_KEY:
+        present = np.array([f[key] for f in per_run if f.get(key) is not None], dtype=float)
+        values = present[np.isfinite(present)]
+        if values.size:
+            stats[key] = Stat(float(values.mean()), float(values.std(ddof=0)), int(values.size))
+        elif present.size:
+            stats[key] = Stat(np.nan, np.nan, 0)
     evals = [r.n_evals for r in runs]
     shortest = runs[int(np.argmin(evals))]
-    times = [r.get("rs_round_time") for r in runs]
-    times = [t for t in times if t is not None and t.size > 0]
+    times = [t for r in runs if (t := r.get("rs_round_time")) is not None and t.size > 0]
+    missing = Stat(np.nan, np.nan, 0)
     return AlgorithmSummary(
         algorithm=runs[0].algorithm,
         n_runs=len(runs),
         n_evals=(min(evals), max(evals)),
         last_round=int(shortest.eval_rounds[-1]),
-        best_mean=float(np.mean(best)),
-        best_std=float(np.std(best, ddof=0)),
-        final_mean=float(np.mean(final)),
-        final_std=float(np.std(final, ddof=0)),
+        best_mean=stats.get("best", missing).mean,
+        best_std=stats.get("best", missing).std,
+        final_mean=stats["final"].mean if "final" in stats else np.nan,
+        final_std=stats["final"].std if "final" in stats else np.nan,
         time_per_round=float(np.mean(np.concatenate(times))) if times else None,
+        dataset=runs[0].dataset,
+        goal=runs[0].goal,
+        personalized=is_personalized(runs),
+        unfinished=sum(not r.finished for r in runs),
+        stats=stats,
     )
 
 
-def format_summary_table(summaries: Sequence[AlgorithmSummary], dataset: str, goal: str) -> str:
-    """A plain-text table: runs, evaluations, best and final accuracy (percent) per algorithm."""
-    header = ("algorithm", "runs", "evals", "last round", "best acc (%)", "final acc (%)",
-              "s/round")
+def shown_columns(summaries: Sequence[AlgorithmSummary]) -> list[SummaryColumn]:
+    """The columns of a table: those always shown, and the others some row has."""
+    return [c for c in SUMMARY_COLUMNS if c.always or any(c.key in s.stats for s in summaries)]
+
+
+def column_header(column: SummaryColumn, avg_last: int, target_acc: float | None) -> str:
+    target = "target" if target_acc is None else f"{100 * target_acc:g}%"
+    return column.header.format(n=avg_last, target=target)
+
+
+def format_cell(summary: AlgorithmSummary, column: SummaryColumn) -> str:
+    """``mean ± std`` over the runs (percent for accuracies), ``(k/n)`` when only k of the n runs
+    have the figure, "–" when none has it."""
+    stat = summary.stats.get(column.key)
+    if stat is None:
+        return MISSING
+    if stat.count == 0:
+        return f"{column.none_text} (0/{summary.n_runs})" if column.none_text != MISSING else MISSING
+    if column.kind == "acc":
+        text = f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f}"
+    elif column.kind == "count":
+        text = f"{stat.mean:.1f} ± {stat.std:.1f}"
+    else:
+        text = f"{stat.mean:.3g} ± {stat.std:.2g}" if summary.n_runs > 1 else f"{stat.mean:.3g}"
+    if stat.count < summary.n_runs:
+        text += f" ({stat.count}/{summary.n_runs})"
+    return text
+
+
+def summary_cells(summaries: Sequence[AlgorithmSummary], avg_last: int = 10,
+                  target_acc: float | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and text cells of the table: algorithm, runs, evaluations, last round, (whose
+    accuracy, for tables with personalised rows), the figures, (unfinished runs)."""
+    columns = shown_columns(summaries)
+    any_pfl = any(s.personalized for s in summaries)
+    any_unfinished = any(s.unfinished for s in summaries)
+    header = ["algorithm", "runs", "evals", "last round"]
+    header += ["acc of"] if any_pfl else []
+    header += [column_header(c, avg_last, target_acc) for c in columns]
+    header += ["unfinished"] if any_unfinished else []
     rows = []
     for s in summaries:
         evals = str(s.n_evals[0]) if s.n_evals[0] == s.n_evals[1] else f"{s.n_evals[0]}-{s.n_evals[1]}"
-        rows.append((
-            s.algorithm, str(s.n_runs), evals, str(s.last_round),
-            f"{100 * s.best_mean:.2f} ± {100 * s.best_std:.2f}",
-            f"{100 * s.final_mean:.2f} ± {100 * s.final_std:.2f}",
-            "-" if s.time_per_round is None else f"{s.time_per_round:.3g}",
-        ))
+        row = [s.algorithm, str(s.n_runs), evals, str(s.last_round)]
+        row += [("personal models" if s.personalized else "global model")] if any_pfl else []
+        row += [format_cell(s, c) for c in columns]
+        row += [f"{s.unfinished} of {s.n_runs}" if s.unfinished else ""] if any_unfinished else []
+        rows.append(row)
+    return header, rows
+
+
+def table_title(dataset: str, goal: str) -> str:
+    return f"{dataset} (goal: {goal}): mean ± population std over the runs (-t repeats)"
+
+
+def format_summary_table(summaries: Sequence[AlgorithmSummary], dataset: str, goal: str,
+                         avg_last: int = 10, target_acc: float | None = None) -> str:
+    """The table as aligned plain text, one row per algorithm, under a title line."""
+    header, rows = summary_cells(summaries, avg_last, target_acc)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: Sequence[str]) -> str:
         first = cells[0].ljust(widths[0])
         rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
-        return "  ".join([first, *rest])
+        return "  ".join([first, *rest]).rstrip()
 
-    title = f"{dataset} (goal: {goal}): best = max of rs_test_acc per run; mean ± population std"
-    return "\n".join([title, line(header), line(["-" * w for w in widths]), *map(line, rows)])
+    lines = [table_title(dataset, goal), line(header), line(["-" * w for w in widths]), *map(line, rows)]
+    if any(s.unfinished for s in summaries):
+        lines.append("unfinished: runs interrupted before their last round (their file says finished = False)")
+    return "\n".join(lines)
 
+
+def format_summary_markdown(summaries: Sequence[AlgorithmSummary], dataset: str, goal: str,
+                            avg_last: int = 10, target_acc: float | None = None) -> str:
+    """The table in Markdown, followed by how each figure shown was computed."""
+    header, rows = summary_cells(summaries, avg_last, target_acc)
+    escape = lambda cell: cell.replace("|", "\\|")  # noqa: E731 - one-line cell escape
+    lines = [f"### {table_title(dataset, goal)}", "",
+             "| " + " | ".join(map(escape, header)) + " |",
+             "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(map(escape, row)) + " |" for row in rows]
+    lines += [""] + [f"- {column_header(c, avg_last, target_acc)}: {c.note}" for c in shown_columns(summaries)]
+    return "\n".join(lines)
+
+
+def summary_records(summaries: Sequence[AlgorithmSummary]) -> list[dict[str, Any]]:
+    """One flat dict per row for CSV files: identity, then ``<key>_mean``, ``<key>_std`` and
+    ``<key>_runs`` of every figure (empty where missing), fractions as stored."""
+    records = []
+    for s in summaries:
+        record: dict[str, Any] = {
+            "dataset": s.dataset, "goal": s.goal, "algorithm": s.algorithm, "runs": s.n_runs,
+            "unfinished": s.unfinished, "evals_min": s.n_evals[0], "evals_max": s.n_evals[1],
+            "last_round": s.last_round, "accuracy_of": "personal models" if s.personalized else "global model",
+        }
+        for column in SUMMARY_COLUMNS:
+            stat = s.stats.get(column.key)
+            known = stat is not None and stat.count > 0
+            record[f"{column.key}_mean"] = repr(stat.mean) if known else ""
+            record[f"{column.key}_std"] = repr(stat.std) if known else ""
+            record[f"{column.key}_runs"] = 0 if stat is None else stat.count
+        records.append(record)
+    return records
+
+
+def find_all_runs(results_dir: Path | str, datasets: Sequence[str] | None = None,
+                  algorithms: Sequence[str] | None = None, goals: Sequence[str] | None = None,
+                  note: Note | None = None) -> dict[str, dict[tuple[str, str], list[RunResult]]]:
+    """Every result file of a folder, loaded and grouped: dataset -> (algorithm, goal) -> runs.
+
+    Files are found by name (``<dataset>_<algorithm>_<goal>_<run>.h5``) and identified by their
+    attributes where they have them; the filters keep the listed names only (None: all). A file
+    that cannot be read is left out with a note, so one broken file does not hide the others.
+    """
+    folder = Path(results_dir)
+    if not folder.is_dir():
+        raise PlotError(f"results folder {folder} does not exist; pass --results_dir")
+    say = note if note is not None else (lambda _message: None)
+    grouped: dict[str, dict[tuple[str, str], list[RunResult]]] = {}
+    for path in sorted(folder.glob("*.h5")):
+        if parse_result_name(path.name) is None:
+            continue
+        try:
+            run = load_run(path)
+        except ResultFileError as exc:
+            say(f"{exc}; left out")
+            continue
+        if ((datasets and run.dataset not in datasets) or (algorithms and run.algorithm not in algorithms)
+                or (goals and run.goal not in goals)):
+            continue
+        grouped.setdefault(run.dataset, {}).setdefault((run.algorithm, run.goal), []).append(run)
+    for table in grouped.values():
+        for runs in table.values():
+            runs.sort(key=lambda r: r.run)
+    return dict(sorted(grouped.items()))
 
 # --------------------------------------------------------------------------------------------
 # Plotting
 # --------------------------------------------------------------------------------------------
 
 def plot_file_name(dataset: str, goal: str, metric: str, x_mode: str = "rounds") -> str:
-    """PNG name for one metric, e.g. ``MNIST_test_acc.png`` (``..._vs_time.png`` for ``--x time``)."""
-    suffix = "_vs_time" if x_mode == "time" and not METRICS[metric].per_round else ""
+    """PNG name for one metric, e.g. ``MNIST_test_acc.png`` (``..._vs_time.png`` for ``--x time``,
+    ``..._vs_bytes.png`` for ``--x bytes``)."""
+    suffix = f"_vs_{x_mode}" if x_mode != "rounds" and not METRICS[metric].per_round else ""
     return f"{dataset}_{goal}_{metric}{suffix}.png"
+
+
+def draw_metric(axes: Any, groups: Sequence[GroupedSeries], x_mode: str = "rounds",
+                colors: dict[str, str] | None = None) -> None:
+    """Mean curves with ±std bands into matplotlib ``axes``: one colour per algorithm (from
+    ``colors``, so that several panels agree, else in order), its shared model's accuracy
+    (``variant``) dashed in the same colour; whole-number ticks on a round axis (there is no
+    round 2.5)."""
+    colors = dict(colors or {})
+    for group in groups:
+        color = colors.setdefault(group.algorithm, f"C{len(colors) % 10}")
+        marker = "o" if len(group.x) <= 30 else None
+        axes.plot(group.x, group.mean, color=color, marker=marker, markersize=3, linewidth=1.6,
+                  linestyle="--" if group.metric.variant else "-", label=group.label)
+        if group.n_runs > 1:
+            axes.fill_between(group.x, group.mean - group.std, group.mean + group.std,
+                              color=color, alpha=0.15 if group.metric.variant else 0.2, linewidth=0)
+    metric = groups[0].metric
+    mode = "rounds" if metric.per_round else x_mode
+    axes.set_xlabel(X_LABELS[mode])
+    if mode == "rounds":
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_ylabel(metric.label)
+    axes.grid(True, alpha=0.35)
+    axes.legend(loc="best", frameon=True, fontsize="small")
 
 
 def plot_metric(groups: Sequence[GroupedSeries], dataset: str, goal: str, out_path: Path | str,
@@ -579,11 +995,11 @@ def plot_metric(groups: Sequence[GroupedSeries], dataset: str, goal: str, out_pa
     """Draw the mean curves with ±std bands of several algorithms into one PNG (Agg backend).
 
     Args:
-        groups: One grouped series per algorithm, all of the same metric.
+        groups: Grouped series of one metric (a pFL algorithm's shared-model accuracy included).
         dataset: Dataset name for the title.
         goal: Goal string for the title.
         out_path: The PNG to write (its folder must exist).
-        x_mode: ``"rounds"`` or ``"time"``; only changes the x label.
+        x_mode: One of :data:`X_MODES`; only changes the x label and ticks.
         smooth: Moving-average window used, mentioned in the title when > 1.
         dpi: Resolution.
 
@@ -596,20 +1012,7 @@ def plot_metric(groups: Sequence[GroupedSeries], dataset: str, goal: str, out_pa
     figure = Figure(figsize=(7.0, 4.5), dpi=dpi)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
-    colors = [f"C{i}" for i in range(10)]
-    for index, group in enumerate(groups):
-        color = colors[index % len(colors)]
-        marker = "o" if len(group.x) <= 30 else None
-        axes.plot(group.x, group.mean, color=color, marker=marker, markersize=3, linewidth=1.6,
-                  label=group.label)
-        if group.n_runs > 1:
-            axes.fill_between(group.x, group.mean - group.std, group.mean + group.std,
-                              color=color, alpha=0.2, linewidth=0)
-    if metric.per_round or x_mode == "rounds":
-        axes.set_xlabel("Communication round")
-    else:
-        axes.set_xlabel("Wall-clock time (s)")
-    axes.set_ylabel(metric.label)
+    draw_metric(axes, groups, x_mode)
     title = f"{dataset}: {metric.title} (goal: {goal})"
     extras = []
     if any(g.n_runs > 1 for g in groups):
@@ -619,9 +1022,24 @@ def plot_metric(groups: Sequence[GroupedSeries], dataset: str, goal: str, out_pa
     if extras:
         title += "\n" + ", ".join(extras)
     axes.set_title(title)
-    axes.grid(True, alpha=0.35)
-    axes.legend(loc="best", frameon=True)
     figure.tight_layout()
     out_path = Path(out_path)
     figure.savefig(out_path, dpi=dpi)
     return out_path
+
+
+def metric_groups(runs_by_algorithm: dict[str, Sequence[RunResult]], metric: MetricSpec,
+                  x_mode: str = "rounds", smooth: int = 1, note: Note | None = None) -> list[GroupedSeries]:
+    """The grouped series of one metric for every algorithm that has it; for accuracy, a
+    personalised algorithm's curve is marked as such and followed by its shared model's
+    (``rs_test_acc_global``) where the files have it."""
+    groups: list[GroupedSeries] = []
+    for runs in runs_by_algorithm.values():
+        personalized = is_personalized(runs)
+        for spec in ([metric, GLOBAL_ACC] if metric.key == "rs_test_acc" else [metric]):
+            group = group_runs(runs, spec, x_mode=x_mode, smooth=smooth,
+                               note=note if spec is metric else None)
+            if group is not None:
+                group.personalized = personalized
+                groups.append(group)
+    return groups

@@ -137,30 +137,63 @@ def read_results(path: str | Path) -> dict[str, Any]:
     return out
 
 
+def trained_evaluations(acc: np.ndarray, eval_rounds: np.ndarray) -> np.ndarray:
+    """The accuracies of trained models: the evaluation at round 0 (the untrained initial
+    model) is left out whenever a later evaluation exists, so a tail mean over few evaluations
+    never averages in chance accuracy."""
+    acc = np.asarray(acc, dtype=np.float64)
+    rounds = np.asarray(eval_rounds)
+    if acc.size > 1 and rounds.size == acc.size:
+        return acc[rounds > 0] if (rounds > 0).any() else acc
+    return acc
+
+
+def tail_means(acc: np.ndarray, eval_rounds: np.ndarray, avg_last: int) -> tuple[float, float | None]:
+    """(mean over the last 10% of the trained evaluations, rounded up to at least one,
+    mean over the last ``avg_last`` of them, or all when fewer; None when ``avg_last`` <= 0)."""
+    trained = trained_evaluations(acc, eval_rounds)
+    tail = max(1, int(np.ceil(0.1 * trained.size)))
+    last_n = float(trained[-min(avg_last, trained.size):].mean()) if avg_last > 0 else None
+    return float(trained[-tail:].mean()), last_n
+
+
+def reach_target(acc: np.ndarray, eval_rounds: np.ndarray, bytes_up: np.ndarray | list,
+                 target_acc: float) -> tuple[int, int] | None:
+    """(first evaluated round whose accuracy is >= ``target_acc``, bytes uploaded by the training
+    rounds before it, i.e. rounds 0..r-1), or None when no evaluation reaches it."""
+    hit = np.flatnonzero(np.asarray(acc, dtype=np.float64) >= target_acc)
+    if not hit.size:
+        return None
+    reached = int(np.asarray(eval_rounds)[hit[0]])
+    return reached, int(np.sum(np.asarray(bytes_up, dtype=np.int64)[:reached]))
+
+
 def summarize(history: RunHistory, avg_last: int, target_acc: float | None, model_bytes: int) -> dict[str, Any]:
-    """Headline figures of a run: best accuracy, tail means, rounds and traffic to a target."""
+    """Headline figures of a run: best accuracy, tail means, rounds and traffic to a target.
+
+    The tail means leave out the evaluation of the untrained model at round 0
+    (:func:`trained_evaluations`)."""
     acc = np.asarray(history.test_acc, dtype=np.float64)
     if acc.size == 0:
         return {}
-    tail = max(1, int(np.ceil(0.1 * acc.size)))
+    last_10pct, last_n = tail_means(acc, np.asarray(history.eval_rounds), avg_last)
     summary: dict[str, Any] = {
         "best_acc": float(acc.max()),
         "final_acc": float(acc[-1]),
-        "mean_acc_last_10pct": float(acc[-tail:].mean()),
+        "mean_acc_last_10pct": last_10pct,
         "avg_last": int(avg_last),
-        "mean_acc_last_n": float(acc[-min(avg_last, acc.size):].mean()) if avg_last > 0 else None,
+        "mean_acc_last_n": last_n,
         "total_bytes_up": int(sum(history.bytes_up)),
         "total_bytes_down": int(sum(history.bytes_down)),
         "mean_round_time": float(np.mean(history.round_time)) if history.round_time else None,
     }
     if target_acc is not None:
         summary["target_acc"] = float(target_acc)
-        hit = np.flatnonzero(acc >= target_acc)
-        if hit.size:
-            reached = int(history.eval_rounds[hit[0]])
-            up = int(sum(history.bytes_up[:reached]))
+        reached = reach_target(acc, np.asarray(history.eval_rounds), history.bytes_up, target_acc)
+        if reached is not None:
+            rounds, up = reached
             summary.update(
-                rounds_to_target=reached,
+                rounds_to_target=rounds,
                 bytes_up_to_target=up,
                 uploads_to_target=float(up / model_bytes) if model_bytes else None,
             )

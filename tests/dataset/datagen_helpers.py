@@ -297,9 +297,13 @@ def make_ag_news_csv(folder: Path, n_train: int = 40, n_test: int = 12,
     return texts, np.array(labels)
 
 
-def make_digit5(folder: Path, n: int = 6, seed: int = 0) -> dict[str, np.ndarray]:
+def make_digit5(folder: Path, n: int = 6, seed: int = 0,
+                syn_layout: str = "kd3a") -> dict[str, np.ndarray]:
     """KD3A's DigitFive MAT files with ``n`` train and ``n`` test images per domain.
 
+    ``syn_layout`` "kd3a" writes SynthDigits as KD3A / PFLlib read it
+    (``synth_{train,test}_32x32.mat``, SVHN's layout, digit 0 as 10), "dassl" as
+    Dassl's ``syn_number.mat``. USPS labels write digit 0 as 10, as KD3A expects.
     Returns each domain's labels (train then test) as the generator should read them.
     """
     from scipy.io import savemat
@@ -330,16 +334,23 @@ def make_digit5(folder: Path, n: int = 6, seed: int = 0) -> dict[str, np.ndarray
         svhn.append(y)
     labels["svhn"] = np.concatenate(svhn)
     a, b = digits(), digits()
-    savemat(folder / "syn_number.mat", {
-        "train_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "train_label": a[:, None],
-        "test_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8), "test_label": b[:, None]})
+    if syn_layout == "kd3a":
+        for name, y in (("synth_train_32x32.mat", a), ("synth_test_32x32.mat", b)):
+            savemat(folder / name, {"X": rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8),
+                                    "y": np.where(y == 0, 10, y)[:, None].astype(np.uint8)})
+    else:
+        savemat(folder / "syn_number.mat", {
+            "train_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+            "train_label": a[:, None],
+            "test_data": rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+            "test_label": b[:, None]})
     labels["syn"] = np.concatenate([a, b])
     a, b = digits(), digits()
     cells = np.empty((2, 2), dtype=object)
     cells[0, 0] = rng.random((n, 1, 28, 28)).astype(np.float32)
-    cells[0, 1] = a[:, None]
+    cells[0, 1] = np.where(a == 0, 10, a)[:, None]
     cells[1, 0] = rng.random((n, 1, 28, 28)).astype(np.float32)
-    cells[1, 1] = b[:, None]
+    cells[1, 1] = np.where(b == 0, 10, b)[:, None]
     savemat(folder / "usps_28x28.mat", {"dataset": cells})
     labels["usps"] = np.concatenate([a, b])
     return labels

@@ -29,6 +29,22 @@ def test_digit5_reads_every_domain_as_rgb32(tmp_path):
     np.testing.assert_array_equal(mnist[:, 0], mnist[:, 2])
 
 
+def test_digit5_reads_dassl_syn_number_when_kd3a_synth_files_are_absent(tmp_path):
+    labels = make_digit5(tmp_path, syn_layout="dassl")
+    data = digit5.read_digit5(tmp_path, ("syn", "usps"))
+    np.testing.assert_array_equal(data.y, np.concatenate([labels["syn"], labels["usps"]]))
+    # Digit 0, written as class 10 in KD3A's SynthDigits and USPS files, is class 0.
+    assert data.y.max() <= 9
+
+
+def test_digit5_reads_svhns_own_file_names_when_kd3as_are_absent(tmp_path):
+    labels = make_digit5(tmp_path)
+    for split in ("train", "test"):
+        (tmp_path / f"svhn_{split}_32x32.mat").rename(tmp_path / f"{split}_32x32.mat")
+    data = digit5.read_digit5(tmp_path, ("svhn",))
+    np.testing.assert_array_equal(data.y, labels["svhn"])
+
+
 def test_rgb32_conversion_keeps_32_pixel_images_and_resizes_28():
     grey = np.arange(2 * 32 * 32).reshape(2, 32, 32) % 256
     out = digit5.to_rgb32(grey, "NHW")
@@ -56,8 +72,8 @@ def test_digit5_generator_one_client_per_domain(tmp_path):
 
 def test_digit5_missing_file_names_raw_dir(tmp_path):
     make_digit5(tmp_path)
-    (tmp_path / "syn_number.mat").unlink()
-    with pytest.raises(ReadError, match="syn_number.mat: file not found"):
+    (tmp_path / "synth_test_32x32.mat").unlink()
+    with pytest.raises(ReadError, match="synth_test_32x32.mat: file not found"):
         digit5.read_digit5(tmp_path)
     proc = run_script("generate_Digit5.py", "--out-dir", str(tmp_path / "o"))
     assert proc.returncode == 2 and "--raw-dir" in proc.stderr and proc.stderr.count("\n") == 1

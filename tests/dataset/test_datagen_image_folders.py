@@ -133,6 +133,14 @@ def test_covidx_folder_and_missing_image(tmp_path):
     (tmp_path / "train" / "train2.png").unlink()
     with pytest.raises(ReadError, match="1 images listed in the split files are missing"):
         image_datasets.load_covidx(tmp_path, tmp_path / "dl", ("train", "test"), 8)
+    with pytest.raises(ReadError, match="val.txt: file not found"):
+        image_datasets.load_covidx(tmp_path, tmp_path / "dl", ("train", "val", "test"), 8)
+    write_tree(tmp_path, {"val/v0.png": image_bytes(9, grey=True, fmt="PNG")})
+    (tmp_path / "val.txt").write_text("p7 v0.png positive src\n")
+    (tmp_path / "train" / "train2.png").write_bytes(image_bytes(2, grey=True, fmt="PNG"))
+    with_val = image_datasets.load_covidx(tmp_path, tmp_path / "dl", ("train", "val", "test"), 8)
+    # The first split is the training set; val joins the official test part.
+    assert with_val.y.tolist() == [0, 1, 1, 1, 0, 1] and with_val.num_train == 3
     proc = run_script("generate_COVIDx.py", "--out-dir", str(tmp_path / "o"))
     assert proc.returncode == 2 and "Kaggle" in proc.stderr and proc.stderr.count("\n") == 1
 
@@ -166,14 +174,15 @@ def test_corrupt_image_and_archive_are_one_line_errors(tmp_path):
 
 def test_camelyon17_wilds_folder_hospitals_as_clients(tmp_path):
     root = tmp_path / "camelyon17_v1.0"
-    rows = ["patient,node,x_coord,y_coord,tumor,slide,center,split"]
+    # WILDS's layout: an unnamed index column, patient ids with leading zeros.
+    rows = [",patient,node,x_coord,y_coord,tumor,slide,center,split"]
     members = {}
     for i, (patient, center, tumor) in enumerate([(4, 0, 1), (4, 0, 0), (10, 1, 0), (10, 1, 1),
                                                   (10, 1, 1), (99, 4, 0)]):
         name = (f"patches/patient_{patient:03d}_node_2/patch_patient_{patient:03d}_node_2"
                 f"_x_{i * 96}_y_{i}.png")
         members[name] = image_bytes(i * 20, (96, 96))
-        rows.append(f"{patient},2,{i * 96},{i},{tumor},{patient // 5},{center},0")
+        rows.append(f"{i},{patient:03d},2,{i * 96},{i},{tumor},{patient // 5},{center},0")
     write_tree(root, members)
     (root / "metadata.csv").write_text("\n".join(rows) + "\n")
     out = tmp_path / "Camelyon17"

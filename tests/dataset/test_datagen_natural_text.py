@@ -136,10 +136,31 @@ def test_shakespeare_generator_encodes_leaf_characters(tmp_path):
     config = read_config(out)
     assert config["num_clients"] == 3 and config["num_classes"] == 80
     assert config["input_shape"] == [80] and config["unknown_characters"] == 1
+    # Input ids are 1 + the letter's index (0 = padding), labels the index itself (80 classes).
+    assert config["vocab_size"] == 81 and config["pad_id"] == 0 and config["input_id_offset"] == 1
+    role = config["client_names"][0]
     x, y = load_client(out, "train", 0)
-    assert x.dtype == np.int64 and x.max() < 80 and y.max() < 80
-    decoded = {"".join(leaf.SHAKESPEARE_LETTERS[i] for i in row) for row in x}
-    assert decoded <= {s for s in users["THE_TRAGEDY_OF_HAMLET_KING"][0]}
+    assert x.dtype == np.int64 and 1 <= x.min() and x.max() <= 80 and 0 <= y.min() and y.max() < 80
+    decoded = {"".join(leaf.SHAKESPEARE_LETTERS[i - 1] for i in row) for row in x}
+    wanted = {s.replace("é", " ") for s in users[role][0]}
+    assert decoded and decoded <= wanted
+    labels = {leaf.SHAKESPEARE_LETTERS[i] for i in y}
+    assert labels <= set(users[role][1])
+
+
+def test_shakespeare_newline_is_an_input_id_not_padding(tmp_path):
+    """LEAF's letter 0 is the newline: as input id 1 the models no longer skip it as padding."""
+    text = "ab\nc" * 40
+    write_leaf_json(tmp_path, {"ROLE": ([text[i:i + 80] for i in range(4)], [text[80 + i] for i in range(4)])})
+    data = leaf.read_shakespeare(tmp_path)
+    newline = leaf.SHAKESPEARE_LETTERS.index("\n")
+    assert newline == 0 and data.extra_config["vocab_size"] == 81
+    order = [1, 3, 0, 2]  # files in name order: test/ (samples 1 and 3), then train/ (0 and 2)
+    expected = [[leaf.SHAKESPEARE_LETTERS.index(c) + 1 for c in text[i:i + 80]] for i in order]
+    assert data.x.tolist() == expected and (data.x != 0).all()
+    assert (data.x[0] == newline + 1).sum() == 20
+    assert data.y.tolist() == [leaf.SHAKESPEARE_LETTERS.index(text[80 + i]) for i in order]
+    assert data.num_classes == 80
 
 
 def test_news_csv_parsing_and_tokenisation_on_the_training_split_only(tmp_path):

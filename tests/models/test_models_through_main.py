@@ -88,6 +88,49 @@ def test_a_vocabulary_smaller_than_the_data_is_one_line(text_data, tmp_path, cap
     assert err.strip().count("\n") == 0 and "pass -vs 40" in err and "Traceback" not in err
 
 
+def _embedding_rows(folder: Path, *flags: str) -> int:
+    import main
+
+    args = main.parse_args(["-data", str(folder), "-m", "fastText", "-fd", "8", "-dev", "cpu", *flags])
+    given = vars(args).copy()
+    module = main.build_model(args, load_federated_dataset(str(folder)), torch.device("cpu"))
+    assert vars(args) == given  # the run's settings (stored in its result file) stay as given
+    return next(m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding))
+
+
+def test_without_vs_text_models_take_the_vocabulary_from_config_json(tmp_path):
+    folder = write_token_dataset(tmp_path, vocab=120)  # ids up to 119: PFLlib's -vs 80 is too small
+    assert _embedding_rows(folder) == 120
+    assert _embedding_rows(folder, "-vs", "300") == 300  # an explicit -vs wins
+
+
+def test_without_vs_or_a_recorded_vocabulary_pfllibs_80_applies(tmp_path, capsys):
+    folder = write_token_dataset(tmp_path, vocab=120)
+    config = json.loads((folder / "config.json").read_text())
+    del config["vocab_size"]  # a PFLlib folder records none
+    (folder / "config.json").write_text(json.dumps(config))
+    code, _, err = run_main(capsys, "-data", str(folder), "-m", "fastText", "-fd", "8", "-gr", "1",
+                            "--results_dir", str(tmp_path))
+    assert code == 2 and err.strip().count("\n") == 0
+    assert "(-vs 80); pass -vs 120" in err and "Traceback" not in err
+
+
+def test_an_explicit_vs_below_the_recorded_vocabulary_is_one_line(tmp_path, capsys):
+    folder = write_token_dataset(tmp_path, vocab=120)
+    code, _, err = run_main(capsys, "-data", str(folder), "-m", "fastText", "-vs", "80", "-fd", "8", "-gr", "1",
+                            "--results_dir", str(tmp_path))
+    assert code == 2 and err.strip().count("\n") == 0 and "pass -vs 120" in err
+
+
+def test_a_bad_recorded_vocabulary_is_one_line(tmp_path, capsys):
+    folder = write_token_dataset(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": "many"}))
+    code, _, err = run_main(capsys, "-data", str(folder), "-m", "fastText", "-fd", "8", "-gr", "1",
+                            "--results_dir", str(tmp_path))
+    assert code == 2 and err.strip().count("\n") == 0 and "vocab_size 'many'" in err
+
+
 @pytest.mark.parametrize("model,data", [("LSTM", "image"), ("CNN", "text"), ("AlexNet", "image")])
 def test_a_model_that_does_not_fit_the_data_is_one_line(text_data, tmp_path, capsys, model, data):
     folder = text_data if data == "text" else make_dataset(tmp_path, num_clients=2, input_shape=(3, 32, 32))

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from flcore.flat import FlatModel, Net
+from flcore.privacy import dp_sgd_config
 from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
@@ -179,6 +180,8 @@ class Client:
         # virtual seconds of the rounds it trained in and their number (-tth averages them)
         self.virtual_seconds = 0.0
         self.virtual_rounds = 0
+        self.dp = dp_sgd_config(args)  # DP-SGD's settings with -dp (flcore/privacy), else None
+        self.dp_steps = 0  # DP-SGD steps taken so far: what the accountant charges this client for
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -229,6 +232,8 @@ class Client:
         Each epoch is a fresh permutation; with ``drop_last`` (PFLlib's default) a trailing partial
         batch is skipped, so a client with fewer samples than the batch size takes no step."""
         epochs = self.epochs_this_round(rnd) if epochs is None else epochs
+        if self.dp is not None and self.dp.poisson:  # DP-SGD's accountant assumes Poisson batches
+            return self.dp.poisson_plan(self, rnd, epochs)
         n, bs = self.num_train, self.batch_size
         generator = torch_generator(self.args.seed, purpose, rnd, self.cid)
         full = n // bs if self.args.drop_last else -(-n // bs)
@@ -260,6 +265,15 @@ class Client:
         loss.backward()
         return loss.detach()
 
+    def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:
+        """The gradient local step ``step`` of round ``rnd`` uses, left in ``model.grad`` (returns the
+        loss): ``compute_gradient``'s, or with ``-dp`` DP-SGD's, clipped per sample and noised from
+        (seed, round, client, step) (``flcore/privacy/dpsgd.py``); whoever replays a step (an
+        attack on the uploads) gets what the client used."""
+        if self.dp is not None:
+            return self.dp.gradient(self, model, idx, ctx, (rnd, step))
+        return self.compute_gradient(model, idx, ctx)
+
     def check_loss(self, loss_sum: torch.Tensor, steps: int, rnd: int) -> float:
         """Mean loss of the round; a NaN/inf loss stops the run with advice."""
         mean_loss = float(loss_sum) / steps if steps else 0.0
@@ -278,7 +292,7 @@ class Client:
         loss_sum = torch.zeros((), device=model.device)
         for step, idx in enumerate(plan):
             step_ctx = self.context_at(ctx, step)
-            loss_sum += self.compute_gradient(model, idx, step_ctx)
+            loss_sum += self.step_gradient(model, idx, step_ctx, package.round, step)
             direction = self.adjust_grad(model.params, model.grad, step_ctx)
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)
@@ -316,6 +330,8 @@ class Client:
         """Step 4: count the participation, build the upload, keep the private part."""
         set_rng_state(job.rng)
         self.participations += 1
+        if self.dp is not None:
+            self.dp_steps += job.steps
         update = self.end_round(params, job.package, job.ctx, job.steps, loss)
         update.samples_processed = self.samples_processed(job)
         shared = job.package.shared

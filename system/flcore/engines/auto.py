@@ -9,6 +9,17 @@
   intra-op threads on one client.
 * On a single core: the sequential engine.
 
+The choice does not depend on the model: a report that the threaded engine is slower than the
+sequential one for ``MobileNet-GN`` / ``ResNet10-GN`` on tiny data was checked (2-core machine at a
+load of 12-17, FedAvg, 4-6 clients of 30 samples, batch 10, seq/thr interleaved in one process).
+Against the sequential engine on one intra-op thread the threaded engine took 0.98-1.22x the time
+at 16x16 and 1.01-1.02x at 32x32 (the same setting repeated varied by +-15%; CNN 0.59-1.12x):
+with no idle core, two workers cannot beat one thread, and nothing in the engine serialises them
+(each worker runs on one intra-op thread; GroupNorm is 5-9% of a step; MobileNet's depthwise
+convolutions take half of it in PyTorch's im2col kernel, on any engine). Against the sequential
+engine on PyTorch's default two intra-op threads (``--num_threads 0``) it took 0.03-0.15x the
+time: OpenMP's team waits for a busy core at every operation. So no size rule is applied.
+
 Each of them trains sequentially whatever it cannot handle (a client class that is not
 vectorisable, a model with dropout, ...), so ``auto`` changes speed and memory, not results beyond
 float rounding (checked by ``tests/engines``). Its choice and any fallback are logged at info level.

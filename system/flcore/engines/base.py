@@ -36,6 +36,7 @@ def keeps_base_training(client: Client) -> bool:
         and cls.local_train is Client.local_train
         and cls.sgd is Client.sgd
         and cls.compute_gradient is Client.compute_gradient
+        and cls.step_gradient is Client.step_gradient
     )
 
 

@@ -181,6 +181,8 @@ class BatchedEngine(Engine):
     def client_fallback_reason(self, client: Client) -> str | None:
         if not keeps_base_training(client):
             return "is not vectorisable"
+        if client.dp is not None:
+            return "trains with DP-SGD (per-sample gradients, Poisson batches), which the batched step does not compute"
         cls = type(client)
         if cls.local_loss is not Client.local_loss:
             if not cls.vmappable_loss:

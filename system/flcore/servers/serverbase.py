@@ -40,6 +40,7 @@ from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task, 
 from flcore.clock import VirtualClock
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
+from flcore.privacy.server import make_server_privacy
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
@@ -100,6 +101,7 @@ class Server:
         self.history = RunHistory()
         self.evaluator = Evaluator(self)
         self.setup()
+        self.privacy = make_server_privacy(self)  # -dp / DP-FedAvg (flcore/privacy), else None
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -173,11 +175,16 @@ class Server:
             result.updates = updates
             if updates:
                 previous = self.global_params
-                self.aggregate(updates, package)
+                if self.privacy is not None:  # DP-FedAvg's clipped, noised mean, or the algorithm's own
+                    self.privacy.aggregate(updates, package)
+                else:
+                    self.aggregate(updates, package)
                 if self.shared_mask is not None:  # the private part is no part of the global model
                     self.global_params = torch.where(self.shared_mask, self.global_params, previous)
                 self._check_finite(rnd, updates)
             self.after_round(rnd, package, updates)
+            if self.privacy is not None:
+                self.privacy.account()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
         result.seconds = time.perf_counter() - start

@@ -45,11 +45,13 @@ def text_options(name: str, input_shape: Sequence[int], args: Namespace | None) 
     defaults (``-vs 80 -fd 512``) when no arguments are given."""
     if len(input_shape) != 1:
         raise ValueError(f"{name} needs token-id inputs [sequence length], got {list(input_shape)}")
-    if args is None:
-        from utils.cli import generic_parser  # the defaults live with the flags
+    from utils.cli import PFLLIB_VOCAB_SIZE, generic_parser  # the defaults live with the flags
 
+    if args is None:
         args = generic_parser().parse_args([])
-    vocab, width, length = int(args.vocab_size), int(args.feature_dim), int(input_shape[0])
+    # -vs unset: main.build_model fills in config.json's vocab_size; a bare factory call gets PFLlib's.
+    vocab = int(args.vocab_size if args.vocab_size is not None else PFLLIB_VOCAB_SIZE)
+    width, length = int(args.feature_dim), int(input_shape[0])
     if vocab < 1 or width < 1 or length < 1:
         raise ValueError(f"{name} needs -vs, -fd and the sequence length >= 1, got {vocab}, {width}, {length}")
     return vocab, width, length

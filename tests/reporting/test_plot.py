@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import plot
+from resultfiles import write_pfllib
 from utils.plot_utils import (
     METRICS,
     PlotError,
@@ -29,7 +30,7 @@ from utils.plot_utils import (
     summarize_runs,
 )
 
-SYSTEM = Path(__file__).resolve().parents[1] / "system"
+SYSTEM = Path(__file__).resolve().parents[2] / "system"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # Three runs of FedAvg with known values; run 2 is one evaluation longer than the others.
@@ -62,18 +63,6 @@ def write_ours(folder: Path, dataset: str, algo: str, goal: str, run: int, acc: 
             "config": json.dumps({"dataset": dataset, "algorithm": algo, "eval_gap": eval_gap}),
             "peak_rss_mb": 123.4,
         })
-    return path
-
-
-def write_pfllib(folder: Path, dataset: str, algo: str, goal: str, run: int,
-                 acc: list[float]) -> Path:
-    """A result file as PFLlib writes it: three datasets, no attributes."""
-    acc_arr = np.asarray(acc, dtype=float)
-    path = folder / f"{dataset}_{algo}_{goal}_{run}.h5"
-    with h5py.File(path, "w") as handle:
-        handle.create_dataset("rs_test_acc", data=acc_arr)
-        handle.create_dataset("rs_test_auc", data=acc_arr)
-        handle.create_dataset("rs_train_loss", data=1.0 - acc_arr)
     return path
 
 
@@ -177,8 +166,10 @@ def test_group_runs_three_runs(results: Path) -> None:
     by_time = group_runs(runs, METRICS["acc"], x_mode="time")
     np.testing.assert_allclose(by_time.x, [0.0, 1.0, 2.0, 3.0])
 
+    # Training round i produces the model the accuracy curve shows at round i + 1: the time of
+    # the first training round is plotted at round 1, as its accuracy is.
     per_round = group_runs(runs, METRICS["time"])
-    np.testing.assert_allclose(per_round.x, np.arange(7))
+    np.testing.assert_allclose(per_round.x, np.arange(1, 8))
     np.testing.assert_allclose(per_round.mean, 0.5)
 
 
@@ -287,3 +278,83 @@ def test_cli_subprocess(results: Path, tmp_path: Path) -> None:
     assert_png(out / "MNIST_test_acc.png")
     assert_png(out / "MNIST_test_loss.png")
     assert "Traceback" not in proc.stderr
+
+
+# ------------------------------------------------------------------ fixes of issue 14's plot bugs
+
+def test_round_axis_has_whole_number_ticks(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+    from utils.plot_utils import draw_metric
+
+    runs = [load_run(write_ours(tmp_path, "MNIST", "FedAvg", "test", 0, [0.1, 0.5, 0.7]))]
+    for metric in ("acc", "time"):
+        axes = Figure().add_subplot(1, 1, 1)
+        draw_metric(axes, [group_runs(runs, METRICS[metric])])
+        ticks = axes.get_xticks()
+        assert len(ticks) >= 2 and np.array_equal(ticks, np.round(ticks)), ticks
+
+
+def test_personalised_and_global_accuracy_are_told_apart(tmp_path: Path) -> None:
+    from matplotlib.figure import Figure
+    from utils.plot_utils import draw_metric, metric_groups
+
+    path = write_ours(tmp_path, "MNIST", "Ditto", "test", 0, [0.1, 0.6, 0.8])
+    with h5py.File(path, "a") as handle:
+        handle.create_dataset("rs_test_acc_global", data=[0.1, 0.3, 0.4])
+    write_ours(tmp_path, "MNIST", "FedAvg", "test", 0, [0.1, 0.5, 0.7])
+    loaded = {algo: load_algorithm_runs(tmp_path, "MNIST", algo, "test") for algo in ("Ditto", "FedAvg")}
+    groups = metric_groups(loaded, METRICS["acc"])
+    assert [g.label for g in groups] == ["Ditto, personalised: own model, own data (1 run)",
+                                         "Ditto, global model (1 run)", "FedAvg (1 run)"]
+    np.testing.assert_allclose(groups[1].mean, [10, 30, 40])
+    axes = Figure().add_subplot(1, 1, 1)
+    draw_metric(axes, groups)
+    lines = axes.get_lines()
+    assert [line.get_linestyle() for line in lines] == ["-", "--", "-"]
+    assert lines[0].get_color() == lines[1].get_color() != lines[2].get_color()
+    # Registered personalised algorithms are marked even without a global series (Local has no global model).
+    write_ours(tmp_path, "MNIST", "Local", "test", 0, [0.1, 0.6])
+    local = metric_groups({"Local": load_algorithm_runs(tmp_path, "MNIST", "Local", "test")}, METRICS["acc"])
+    assert [g.label for g in local] == ["Local, personalised: own model, own data (1 run)"]
+
+
+def test_time_per_round_and_accuracy_number_rounds_alike(results: Path) -> None:
+    runs = load_algorithm_runs(results, "MNIST", "FedAvg", "test")
+    accuracy, per_round = group_runs(runs, METRICS["acc"]), group_runs(runs, METRICS["time"])
+    # The first training round produces the model evaluated at round 1 (round 0 is the initial model).
+    assert accuracy.x[0] == 0 and accuracy.x[1] == 2  # evaluated every 2 rounds
+    np.testing.assert_allclose(per_round.x, np.arange(1, len(per_round.x) + 1))
+
+
+def test_x_bytes_is_the_traffic_uploaded_before_each_evaluation(results: Path, tmp_path: Path) -> None:
+    runs = load_algorithm_runs(results, "MNIST", "FedAvg", "test")
+    group = group_runs(runs, METRICS["acc"], x_mode="bytes")
+    np.testing.assert_allclose(group.x, [0.0, 0.002, 0.004, 0.006])  # 1000 bytes per round, eval_gap 2
+    assert plot.main(["-data", "MNIST", "-algo", "FedAvg", "--results-dir", str(results), "--out",
+                      str(tmp_path), "--x", "bytes"]) == 0
+    assert_png(tmp_path / "MNIST_test_acc_vs_bytes.png")
+
+
+def test_hints_name_only_what_exists(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert plot.main(["-data", "MNIST", "-algo", "NoSuchAlgo", "--results-dir", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "python main.py" not in err and "no algorithm 'NoSuchAlgo'" in err
+    assert "MOON" in err  # the list of algorithms that do exist
+    # A registered algorithm on a dataset that is not generated: its generator first, if there is one.
+    assert plot.main(["-data", "Cifar100", "-algo", "MOON", "--results-dir", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert "python generate_Cifar100.py" in err and "python main.py -data Cifar100 -algo MOON" in err
+    assert plot.main(["-data", "NoSuchData", "-algo", "MOON", "--results-dir", str(results)]) == 2
+    err = capsys.readouterr().err
+    assert "python generate_" not in err and "no generate_NoSuchData.py" in err and "MNIST" in err
+
+
+def test_x_virtual_is_the_clock_before_each_evaluation(tmp_path: Path) -> None:
+    import resultfiles
+
+    folder = resultfiles.write_folder(tmp_path / "results")
+    runs = load_algorithm_runs(folder, "MNIST", "FedAvg", "test")
+    group = group_runs(runs, METRICS["acc"], x_mode="virtual")
+    np.testing.assert_allclose(group.x, 2.0 * np.arange(11))  # 2 virtual seconds per round
+    with pytest.raises(PlotError, match="rs_virtual_time"):
+        group_runs(load_algorithm_runs(folder, "MNIST", "Ditto", "test"), METRICS["acc"], x_mode="virtual")
