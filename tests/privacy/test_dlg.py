@@ -228,3 +228,18 @@ def test_attack_refuses_token_ids(tmp_path, capsys):
                       "--results_dir", str(tmp_path), "--progress", "False"])
     err = capsys.readouterr().err
     assert code == 2 and "token ids" in err and len(err.strip().splitlines()) == 1
+
+
+def test_dp_sgd_defeats_the_attack_on_what_clients_upload():
+    """The same one-step uploads as above, without and with ``-dp`` (DP-SGD, σ = 1, PFLlib's
+    clipping bound 1): recovered without, not with."""
+    data = one_sample_clients()
+    psnr_by_dp = {}
+    for flags in ([], ["-dp", "-dps", "1", "--dp_clip", "1"]):
+        args = make_args("FedAvg", "-dlg", *flags, global_rounds=1, batch_size=1, local_learning_rate=0.1,
+                         dlg_clients=3, dlg_iters=8, eval_auc=False, engine="sequential")
+        torch.manual_seed(0)
+        server = build_server(args, data, TinyConv())
+        server.train(progress=False, callbacks=[DLGAttack(server)])
+        psnr_by_dp[bool(flags)] = server.history.extra_series["dlg_psnr"][0]
+    assert psnr_by_dp[False] > RECOVERED_DB and psnr_by_dp[True] < FAILED_DB, psnr_by_dp
