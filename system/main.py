@@ -22,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flcore.attacks.dlg import DLGAttack
+from flcore.newclients import NewClientEvaluation, hold_out
 from flcore.privacy.server import privacy_lines, privacy_summary
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
 from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
@@ -147,6 +149,10 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("-fs", "few_shot", _at_least(0)),
     ("-nnc", "num_new_clients", _at_least(0)),
     ("-ften", "fine_tuning_epoch_new", _at_least(0)),
+    ("-dlgg", "dlg_gap", _at_least(1)),
+    ("-bnpc", "batch_num_per_client", _at_least(1)),
+    ("--dlg_iters", "dlg_iters", _at_least(1)),
+    ("--dlg_clients", "dlg_clients", _at_least(0)),
     ("-vs", "vocab_size", _at_least(1)),
     ("-fd", "feature_dim", _at_least(1)),
     ("-ml", "max_len", _at_least(1)),
@@ -190,13 +196,8 @@ def validate(args: argparse.Namespace) -> None:
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     validate_privacy(args)
-    unsupported = {
-        "-dlg (DLG attack)": args.dlg_eval,
-        "-nnc (new clients)": args.num_new_clients > 0 or args.fine_tuning_epoch_new > 0,
-    }
-    for name, used in unsupported.items():
-        if used:
-            raise FLError(f"{name} is not implemented on this platform yet; remove the flag")
+    if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
+        raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     if args.client_trace is not None and not Path(args.client_trace).is_file():
         raise FLError(f"--client_trace {args.client_trace}: no such file")
 
@@ -340,7 +341,8 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:
             dataset = load_federated_dataset(
-                args.dataset, device, data_root=args.data_root, num_clients=args.num_clients,
+                args.dataset, device, data_root=args.data_root,
+                num_clients=None if args.num_new_clients else args.num_clients,  # hold_out checks -nc then
                 legacy_pickle=args.legacy_pickle, few_shot=args.few_shot, compact=args.compact_inputs,
             )
     for w in caught:
@@ -349,6 +351,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         raise FLError(
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
+    dataset, new_clients = hold_out(dataset, args.num_new_clients, args.num_clients)
     validate_with_data(args, dataset)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     server_cls = ALGORITHMS.get(args.algorithm)
@@ -370,7 +373,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
             server.model.num_params, device, json.dumps(server.summary()) if server.summary() else "",
         )
         try:
-            summary, path = train_one(server, run_args, run_index, claimed, device)
+            summary, path = train_one(server, run_args, run_index, claimed, device, new_clients)
         finally:
             server.close()
         paths.append(path)
@@ -381,10 +384,35 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
     return paths
 
 
+def evaluation_callbacks(server, new_clients: FederatedDataset | None, path: Path) -> list:
+    """The round callbacks that evaluate more than accuracy: the DLG attack (``-dlg``; pictures
+    next to the result file) and the held-out new clients (``-nnc``)."""
+    callbacks: list = []
+    if server.args.dlg_eval:
+        callbacks.append(DLGAttack(server, path.with_suffix("")))
+    if new_clients is not None:
+        callbacks.append(NewClientEvaluation(server, new_clients))
+    return callbacks
+
+
+def evaluation_summary(history) -> dict[str, float]:
+    """The new clients' final accuracy and the attack's mean PSNR/SSIM, when the run has them."""
+    series = history.extra_series
+    summary = {}
+    if series.get("new_client_acc"):
+        summary.update(new_client_acc=float(series["new_client_acc"][-1]), new_client_auc=float(series["new_client_auc"][-1]))
+    if series.get("dlg_psnr"):
+        ssim = [v for v in series["dlg_ssim"] if np.isfinite(v)]  # NaN for inputs that are not images
+        summary.update(dlg_psnr_mean=float(np.mean(series["dlg_psnr"])),
+                       dlg_ssim_mean=float(np.mean(ssim)) if ssim else float("nan"))
+    return summary
+
+
 def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Claim,
-              device: torch.device) -> tuple[dict, Path]:
+              device: torch.device, new_clients: FederatedDataset | None = None) -> tuple[dict, Path]:
     """Train one run (from its checkpoint with --resume) and write its results; an interruption
-    or divergence still writes the results so far, marked unfinished."""
+    or divergence still writes the results so far, marked unfinished. ``new_clients``: the
+    clients ``-nnc`` holds out, evaluated apart."""
     start_round, elapsed = 0, 0.0
     if claimed.action == "resume":
         saved = load_checkpoint(claimed.checkpoint, run_args)
@@ -401,6 +429,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
+        summary.update(evaluation_summary(history))
         summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
         gpu = peak_gpu_mb(device)
         if gpu is not None:
@@ -427,7 +456,8 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     try:
         with StopOnSignal() as stop:
             server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
-                         round_end=round_end, callbacks=live_callbacks(run_args, run_index))
+                         round_end=round_end,
+                         callbacks=[*evaluation_callbacks(server, new_clients, claimed.result), *live_callbacks(run_args, run_index)])
     except RunInterrupted as exc:
         _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
@@ -481,6 +511,10 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
         + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
         + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
     ]
+    if "new_client_acc" in summary:
+        lines.append(f"  new clients: accuracy {summary['new_client_acc']:.4f}, auc {summary['new_client_auc']:.4f}")
+    if "dlg_psnr_mean" in summary:
+        lines.append(f"  DLG attack: mean PSNR {summary['dlg_psnr_mean']:.2f} dB, SSIM {summary['dlg_ssim_mean']:.3f}")
     if "target_acc" in summary:
         if summary["rounds_to_target"] is None:
             lines.append(f"  target accuracy {summary['target_acc']} not reached")

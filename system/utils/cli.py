@@ -313,11 +313,17 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-eg", "--eval_gap", type=int, default=1, help="evaluate every eg rounds")
     add_flag(g, "-sfn", "--save_folder_name", type=str, default="items", help="accepted for PFLlib compatibility; the final global model goes to system/models/<data>/")
     add_flag(g, "-ab", "--auto_break", type=bool, default=False, help="stop when the best accuracy is -tc evaluations old")
-    add_flag(g, "-dlg", "--dlg_eval", type=bool, default=False, help="DLG privacy attack (not supported)")
-    add_flag(g, "-dlgg", "--dlg_gap", type=int, default=100, help="DLG every dlgg rounds (not supported)")
-    add_flag(g, "-bnpc", "--batch_num_per_client", type=int, default=2, help="batches per client for DLG")
-    add_flag(g, "-nnc", "--num_new_clients", type=int, default=0, help="new clients evaluated after training (not supported)")
-    add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0, help="fine-tuning epochs on new clients")
+    add_flag(g, "-dlg", "--dlg_eval", type=bool, default=False,
+             help="DLG/iDLG privacy attack on the uploads: records rs_dlg_psnr/ssim and saves "
+                  "results/<run>_dlg_round<t>.png (flcore/attacks/dlg.py)")
+    add_flag(g, "-dlgg", "--dlg_gap", type=int, default=100, help="attack the rounds t with t %% dlgg == 0 (round 0 included)")
+    add_flag(g, "-bnpc", "--batch_num_per_client", type=int, default=2,
+             help="minibatches of each attacked client that DLG reconstructs (the first it trained on that round)")
+    add_flag(g, "-nnc", "--num_new_clients", type=int, default=0,
+             help="hold the last nnc clients of the dataset out of training; after training they fine-tune the "
+                  "global model (-ften) and are evaluated apart (rs_new_client_acc)")
+    add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0,
+             help="epochs each new client (-nnc) fine-tunes the global model on its train data (0: evaluated as is)")
     add_flag(g, "-fd", "--feature_dim", type=int, default=512, help="feature/embedding dimension of text models")
     add_flag(g, "-vs", "--vocab_size", type=int, default=None,
              help=f"vocabulary size of text models; default: the dataset's config.json vocab_size, "
@@ -383,6 +389,11 @@ def generic_parser() -> argparse.ArgumentParser:
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
+    add_flag(o, "--dlg_clients", type=int, default=1,
+             help="uploads attacked per -dlg round, in cohort order (0 = every upload, as PFLlib)")
+    add_flag(o, "--dlg_iters", type=int, default=100, help="L-BFGS steps of each DLG reconstruction (PFLlib: 100)")
+    add_flag(o, "--new_clients_every_eval", type=bool, default=False,
+             help="also evaluate the new clients (-nnc) at every evaluation round, not only after training (PFLlib)")
     add_flag(o, "--engine", type=str, default="auto",
              help="training engine: auto (batched on a GPU, threaded on a multi-core CPU, else sequential), "
                   "sequential, threaded, batched")

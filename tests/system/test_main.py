@@ -95,7 +95,10 @@ def test_help_lists_algorithms_and_models(capsys):
         (["-jr", "1.5"], "-jr must be in (0, 1]"),
         (["-ncl", "3"], "-ncl 3 does not match"),
         (["-lr", "1e9", "-m", "DNN"], "lower the learning rate"),
-        (["-nnc", "2"], "not implemented"),
+        (["-nnc", "4"], "-nnc 4 leaves no client to train"),
+        (["-nnc", "1", "-nc", "2"], "pass -nc 3"),
+        (["-ften", "2"], "give -nnc N"),
+        (["-dlg", "-dlgg", "0"], "-dlgg must be >= 1"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(toy, tmp_path, capsys, argv, needle):

@@ -225,8 +225,9 @@ class Client:
         upper = max(1, self.local_epochs // 2)
         return int(numpy_rng(self.args.seed, "slow-epochs", rnd, self.cid).integers(1, upper + 1))
 
-    def batch_plan(self, rnd: int, epochs: int | None = None) -> list[torch.Tensor]:
-        """Index tensors of every local minibatch of round ``rnd``, from (seed, round, client) only.
+    def batch_plan(self, rnd: int, epochs: int | None = None, purpose: str = "batches") -> list[torch.Tensor]:
+        """Index tensors of every local minibatch of round ``rnd``, from (seed, purpose, round, client)
+        only (``purpose`` names another stream for work outside training: new clients' fine-tuning).
 
         Each epoch is a fresh permutation; with ``drop_last`` (PFLlib's default) a trailing partial
         batch is skipped, so a client with fewer samples than the batch size takes no step."""
@@ -234,7 +235,7 @@ class Client:
         if self.dp is not None and self.dp.poisson:  # DP-SGD's accountant assumes Poisson batches
             return self.dp.poisson_plan(self, rnd, epochs)
         n, bs = self.num_train, self.batch_size
-        generator = torch_generator(self.args.seed, "batches", rnd, self.cid)
+        generator = torch_generator(self.args.seed, purpose, rnd, self.cid)
         full = n // bs if self.args.drop_last else -(-n // bs)
         plan = []
         for _ in range(epochs):

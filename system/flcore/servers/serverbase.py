@@ -193,7 +193,8 @@ class Server:
     def train(self, progress: bool = True, callbacks: Sequence[Callable] = (), start_round: int = 0,
               round_end: Callable[["Server", int], None] | None = None) -> RunHistory:
         """Every round of the run from ``start_round`` (a resumed run's); each callback gets
-        (server, result) and may return True to stop. ``round_end(server, next_round)`` runs once a
+        (server, result) and may return True to stop, and a callback object with a ``finish(server)``
+        method has it called once after the last round. ``round_end(server, next_round)`` runs once a
         training round is complete and the run goes on (checkpoints, interruption)."""
         rounds = int(self.args.global_rounds)
         bar = ProgressBar(rounds + 1, self.args.algorithm, progress, initial=start_round)
@@ -207,6 +208,9 @@ class Server:
                 break
             if round_end is not None and not is_last:
                 round_end(self, rnd + 1)
+        for step in steps:  # callbacks with work after the last round (new clients' evaluation)
+            if hasattr(step, "finish"):
+                step.finish(self)
         bar.close()
         return self.history
 

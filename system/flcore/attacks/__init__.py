@@ -1,0 +1,1 @@
+"""Privacy attacks run against what clients upload (``-dlg``: :mod:`flcore.attacks.dlg`)."""
