@@ -54,6 +54,7 @@ if str(SYSTEM) not in sys.path:  # also importable from the tests and from anoth
     sys.path.insert(0, str(SYSTEM))
 
 import main  # noqa: E402
+from utils.checkpoint import RESUMABLE_FLAGS  # noqa: E402
 from utils.cli import IGNORED_DEST  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 from utils.plot_utils import AlgorithmSummary, format_summary_table, load_run, summarize_runs  # noqa: E402
@@ -65,12 +66,10 @@ PROG = "sweep.py"
 LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir", "save_folder_name", "tensorboard"})
 # Settings that say how a run is executed or reported, not what it computes: a stored result made
 # with other values of these is still the same experiment (engines and layouts agree up to float
-# rounding, see docs/architecture.md).
-RUN_ONLY_DESTS = frozenset({
-    "quiet", "progress", "num_threads", "times", "prev", "results_dir", "data_root", "save_model",
+# rounding, see docs/architecture.md): the flags a --resume may change, and where and how it runs.
+RUN_ONLY_DESTS = RESUMABLE_FLAGS | frozenset({
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
     "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
-    "resume", "overwrite", "checkpoint_every", "tensorboard",
 })
 
 @dataclass
