@@ -27,7 +27,7 @@ CPU; its numbers only show that every method runs.
 
 Usage (from the repository root)::
 
-    .venv/bin/python experiments/fedacs_scarce.py                 # 100 rounds, writes out/fedacs_scarce.md
+    .venv/bin/python experiments/fedacs_scarce.py                 # 100 rounds, writes out/fedacs_scarce_CNN_100r.md
     .venv/bin/python experiments/fedacs_scarce.py --quick         # 20 clients, 3 rounds, DNN: a smoke run
     .venv/bin/python experiments/fedacs_scarce.py --only FedACS Local --rounds 50 --device cuda
 """
@@ -103,11 +103,17 @@ def run_numbers(path: Path) -> dict[str, float | None]:
 COLUMNS = ("client_last10", "client_best", "client_final", "weighted_last10", "global_last10")
 
 
+def setting_name(args: argparse.Namespace, model: str, rounds: int) -> str:
+    """``fedacs_scarce_<model>_<rounds>r`` (``_quick`` added): the results folder and table name of a setting."""
+    return f"fedacs_scarce_{model}_{rounds}r" + ("_quick" if args.quick else "")
+
+
 def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
                       rounds: int, model: str) -> dict[str, str] | str:
     """The ``--times`` runs through ``main.main``; each column as mean ± std, or a note on why there are none."""
     extra = ["-jr", "1", "--engine", args.engine, "--num_threads", str(args.threads), "-eg", str(args.eval_gap)]
-    run = run_variant("fedacs_scarce", label, algo, flags, data, args, model, rounds, extra)
+    # One folder per setting, so that runs of other models or lengths can go on beside this one.
+    run = run_variant(setting_name(args, model, rounds), label, algo, flags, data, args, model, rounds, extra)
     if isinstance(run, str):
         return run
     numbers = [run_numbers(path) for path in run.paths]
@@ -151,7 +157,7 @@ def main_script() -> None:
         print(row, flush=True)
     lines += ["", "Paper (FMNIST, Dir 0.5, 50 samples/client): Local 75.98, Ditto-P 78.79, Ditto-G 76.34, "
               "PerAvg-P 74.07, PerAvg-G 69.14 (Table 1); FedACS 84.33 ± 0.35 (Table 2)."]
-    write_table("fedacs_scarce", lines)
+    write_table(setting_name(args, model, rounds), lines)
 
 
 if __name__ == "__main__":

@@ -116,3 +116,20 @@ def test_two_round_run_through_main(tmp_path):
         acc = f["rs_test_acc"][:]
         assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
         assert "rs_test_acc_global" not in f
+
+
+@pytest.mark.parametrize("block_elements", [1 << 24, 7])
+def test_squared_distances_match_the_direct_difference(monkeypatch, block_elements):
+    # The Gram form ‖r‖² + ‖p‖² − 2 r·p, over one block and over many ragged column blocks, equals
+    # the direct ‖r_i − p_j‖² (rows and pool of different sizes, a row repeated in the pool gives 0).
+    from flcore.servers import serverfedamp
+
+    monkeypatch.setattr(serverfedamp, "BLOCK_ELEMENTS", block_elements)
+    g = torch.Generator().manual_seed(3)
+    pool = 5.0 + 0.01 * torch.randn(4, 23, generator=g)  # large norms, small distances
+    rows = torch.cat([pool[2:3], torch.randn(2, 23, generator=g)])
+    direct = (rows.double()[:, None, :] - pool.double()[None, :, :]).pow(2).sum(-1)
+    got = serverfedamp.squared_distances(rows, pool)
+    assert got.dtype == torch.float64 and got.shape == (3, 4)
+    torch.testing.assert_close(got, direct, rtol=1e-9, atol=1e-12)
+    assert got[0, 2] == 0.0

