@@ -129,7 +129,12 @@ def claim(result: Path, overwrite: bool, resume: bool) -> Claim:
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
             raise FLError(f"cannot write in {result.parent}: {exc.strerror}; free space or pass another --results_dir") from None
-        raise
+        if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+            blocker = next((p for p in (result.parent, *result.parent.parents) if p.exists()), result.parent)
+            raise FLError(f"cannot write in {result.parent}: {blocker} is a file, not a folder; "
+                          "pass a folder as --results_dir") from None
+        # anything else the OS refuses (a name too long, locks unsupported on a network share, ...)
+        raise FLError(f"cannot write in {result.parent}: {exc.strerror or exc}; pass another --results_dir") from None
     checkpoint = checkpoint_path(result)
     found = Claim(result, "run", lock)
     name = result.name

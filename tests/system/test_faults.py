@@ -387,6 +387,26 @@ def test_a_really_full_or_read_only_results_folder(capsys, toy, tiny_tmpfs):
     assert_refused(code, out, err, f"cannot write in {tiny_tmpfs / 'sub'}", "--results_dir")
 
 
+def test_a_results_dir_that_is_a_file_or_too_long_a_name_is_one_line(capsys, toy, tmp_path, monkeypatch):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("kept")
+    for results in (a_file, a_file / "runs" / "x"):
+        code, out, err = run_main(capsys, "-data", str(toy), "--results_dir", str(results))
+        assert_refused(code, out, err, f"cannot write in {results}", f"{a_file} is a file, not a folder", "--results_dir")
+    assert a_file.read_text() == "kept"
+    too_long = tmp_path / ("r" * 300)
+    code, out, err = run_main(capsys, "-data", str(toy), "--results_dir", str(too_long))
+    assert_refused(code, out, err, "File name too long", "--results_dir")
+    # an error the OS gives only on some file systems (flock on a network share): still one line
+
+    def no_locks(*_):
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr("utils.run_control.fcntl.flock", no_locks)
+    code, out, err = run_main(capsys, "-data", str(toy), "--results_dir", str(tmp_path / "res"))
+    assert_refused(code, out, err, os.strerror(errno.ENOLCK), "--results_dir")
+
+
 # -------------------------------------------------------------- missing-dataset hints
 def test_missing_dataset_hint_names_only_generators_that_exist(capsys, tmp_path):
     generators = sorted(p.stem.removeprefix("generate_") for p in (REPO / "dataset").glob("generate_*.py"))
