@@ -71,14 +71,17 @@ def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: 
                 model: str, rounds: int, extra: Sequence[str] = (), quiet: bool = False) -> Run | str:
     """One table row through ``main.main`` with the script's ``args`` (lr, batch size, epochs, device,
     seed, ``-t`` repeats), ``extra`` main flags and the row's own ``flags``; its results go to a freshly emptied
-    ``out/results/<experiment>/<tag>``. Returns the run, or a note on why there are no results.
+    ``out/results/<experiment>/<tag>`` (an interrupted run's checkpoint goes too, so a rerun starts afresh).
+    Returns the run, or a note on why there are no results.
     ``quiet`` swallows what ``main`` prints, for scripts that print only their table."""
     if algo not in ALGORITHMS:
         return f"skipped: algorithm {algo!r} is not registered"
     results = results_folder(experiment, label)
     tag = results.name
-    for old in results.glob("*.h5"):
-        old.unlink()
+    # results, checkpoints and models of an earlier (or interrupted) run; a live run's lock file stays
+    for old in results.glob("*"):
+        if old.is_file() and not old.name.startswith("."):
+            old.unlink()
     argv = ["-data", str(data), "-algo", algo, "-m", model, "-dev", args.device, "-gr", str(rounds),
             "-lr", str(args.lr), "-lbs", str(args.batch_size), "-ls", str(args.local_epochs),
             "--seed", str(args.seed), "-t", str(args.times), "-go", tag, "--results_dir", str(results), "--save_model", "False",

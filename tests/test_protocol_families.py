@@ -74,3 +74,22 @@ def test_rows_are_chosen_by_family_label_or_algorithm_less_the_skipped():
     assert [(row.family, row.label) for row in pf.choose_rows(["FedROD", "FedBN"], [])] == [
         ("personalised", "FedRoD"), ("batchnorm", "FedBN")]
     assert pf.choose_rows(None, ["global", "personalised"]) == [row for row in pf.ROWS if row.setup == "bn"]
+
+
+def test_run_variant_starts_afresh_over_an_interrupted_run(tmp_path, monkeypatch):
+    # A row's folder holding an interrupted run (its checkpoint, no finished result) must not make
+    # the rerun fail with "already holds an interrupted run": the folder is emptied, locks aside.
+    monkeypatch.setattr(common, "OUT", tmp_path / "out")
+    data = make_dataset(tmp_path, num_clients=3, eight_bit=True)
+    args = pf.parse_args(["--model", "MLR"])
+    args.times = 1
+    folder = common.results_folder("scarce", "Fed Avg")
+    folder.mkdir(parents=True)
+    stale = folder / f"{data.name}_FedAvg_Fed_Avg_0.ckpt"
+    stale.write_bytes(b"interrupted")
+    lock = folder / f".{data.name}_FedAvg_Fed_Avg_0.h5.lock"
+    lock.write_text("")
+    run = common.run_variant("scarce", "Fed Avg", "FedAvg", [], data, args, "MLR", 1, quiet=True)
+    assert not isinstance(run, str), run
+    assert [p.name for p in run.paths] == [f"{data.name}_FedAvg_Fed_Avg_0.h5"]
+    assert not stale.exists()
