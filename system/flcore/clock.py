@@ -6,8 +6,10 @@ the work and the bytes each client really had in it::
 
     client time t_i = package.nbytes(i) / down_i + samples_i / compute_i + update.nbytes() / up_i
 
-where ``samples_i`` is the number of samples in the minibatches the client ran this round (steps
-× batch size, so a slow trainer's fewer epochs count; ``Client.samples_processed``). The server
+where ``samples_i`` is the number of samples the client computed gradients on this round
+(``Client.samples_processed``): steps × batch size, so a slow trainer's fewer epochs count, and
+every extra pass an algorithm makes (Ditto's personal model, APFL's second gradient, pFedMe's K
+inner steps, FedALA's weight learning, Per-FedAvg's meta-steps). The server
 is synchronous, as PFLlib's: the round lasts until the last upload it waits for arrives::
 
     duration = wait + max( t_i over the uploads that arrived (kept or dropped by -tth),
@@ -27,7 +29,8 @@ is synchronous, as PFLlib's: the round lasts until the last upload it waits for 
   ``-tth``. The prediction is what the server knows before the round: the model's shared part
   down and up (``shared_numel × element size`` each way; extras and per-client payloads are not
   predicted) and the full local work ``E × steps per epoch × B`` at the client's speed (a slow
-  trainer's random epoch cut is not known in advance). It is computed once: speeds are fixed.
+  trainer's random epoch cut is not known in advance, nor are an algorithm's extra passes). It
+  is computed once: speeds are fixed.
 * Availability: a client can be selected only while it is available at the round's virtual start
   time (the end of the previous round, plus any wait). It need not stay available during the round.
 

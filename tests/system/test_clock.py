@@ -71,6 +71,35 @@ def test_the_clock_counts_the_samples_really_processed(tmp_path):
     assert server.clients[0].virtual_seconds == pytest.approx(1 + 5 / 2 + 1)
 
 
+@pytest.mark.parametrize("algorithm, flags, passes", [
+    ("FedAvg", ("--engine", "batched"), 1),  # trained vectorised: charged its plan
+    ("FedAvg", ("--engine", "threaded"), 1),
+    ("Ditto", ("-pls", "2", "-mu", "0.1"), 3),  # 2 personal epochs + 1 global epoch
+    ("APFL", (), 2),  # the local model's gradient and the mixed model's, every step
+    ("pFedMe", ("-K", "3"), 3),  # K inner steps per minibatch
+])
+def test_extra_passes_of_an_algorithm_are_charged_as_work(algorithm, flags, passes):
+    data = random_dataset(num_clients=3, dim=2, num_classes=2, sizes=SIZES, seed=3)
+    args = make_args(algorithm, *flags, batch_size=2, local_epochs=1, global_rounds=1, eval_auc=False,
+                     eval_train_loss=False, clock_compute_speed=10)
+    server = build_server(args, data)
+    result = server.run_round(0, evaluate=False)
+    assert [u.samples_processed for u in result.updates] == [passes * n for n in SIZES]
+    # the count restarts every round
+    assert [u.samples_processed for u in server.run_round(1, evaluate=False).updates] == [passes * n for n in SIZES]
+
+
+def test_fedala_weight_learning_is_charged_on_top_of_its_plan():
+    data = random_dataset(num_clients=3, dim=2, num_classes=2, sizes=SIZES, seed=3)
+    args = make_args("FedALA", "-et", "1", "-s", "50", batch_size=2, local_epochs=1, global_rounds=2,
+                     eval_auc=False, eval_train_loss=False)
+    server = build_server(args, data)
+    first = [u.samples_processed for u in server.run_round(0, evaluate=False).updates]
+    assert first == SIZES  # no local model yet: no weights to learn
+    later = [u.samples_processed for u in server.run_round(1, evaluate=False).updates]
+    assert all(n > plan for n, plan in zip(later, SIZES)), later
+
+
 def test_slow_trainers_compute_slower_and_for_fewer_epochs(tmp_path):
     factor, epochs = 4.0, 4
     server = clock_server(write(tmp_path, TRACE), train_slow_rate=1, local_epochs=epochs,

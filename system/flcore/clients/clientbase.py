@@ -182,6 +182,7 @@ class Client:
         self.virtual_rounds = 0
         self.dp = dp_sgd_config(args)  # DP-SGD's settings with -dp (flcore/privacy), else None
         self.dp_steps = 0  # DP-SGD steps taken so far: what the accountant charges this client for
+        self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -244,15 +245,24 @@ class Client:
         return plan
 
     def samples_processed(self, job: "LocalJob") -> int:
-        """Training samples in the round's minibatch plan (steps × batch size, partial batches as
-        they are): the client's work on the virtual clock. A plan entry may be a tuple of index
-        tensors (PerAvg's meta-steps). Algorithms whose local procedure does more passes than the
-        plan (e.g. Ditto's personal model) are charged the plan only."""
+        """Training samples the client computed gradients on this round: its work on the virtual
+        clock. Every pass counts (``count_gradient_samples``), so Ditto's personal model, APFL's two
+        gradients a step, pFedMe's K inner steps and FedALA's weight learning are charged as work.
+        A client whose plan an engine trained vectorised (no per-client gradient call) ran exactly
+        its plan, and is charged the plan (steps × batch size, partial batches as they are; an
+        entry may be a tuple of index tensors, PerAvg's meta-steps)."""
+        if self.gradient_samples:
+            return self.gradient_samples
+
         def count(entry) -> int:
             if isinstance(entry, (tuple, list)):
                 return sum(count(part) for part in entry)
             return int(entry.numel())
         return sum(count(entry) for entry in job.plan)
+
+    def count_gradient_samples(self, idx: torch.Tensor) -> None:
+        """Add a minibatch to the samples computed on this round (reset when a round's job opens)."""
+        self.gradient_samples += int(idx.numel())
 
     def seed_round(self, rnd: int) -> None:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
@@ -260,6 +270,7 @@ class Client:
 
     def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
         """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
+        self.count_gradient_samples(idx)
         model.zero_grad()
         loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx or {})
         loss.backward()
@@ -271,6 +282,7 @@ class Client:
         (seed, round, client, step) (``flcore/privacy/dpsgd.py``); whoever replays a step (an
         attack on the uploads) gets what the client used."""
         if self.dp is not None:
+            self.count_gradient_samples(idx)
             return self.dp.gradient(self, model, idx, ctx, (rnd, step))
         return self.compute_gradient(model, idx, ctx)
 
@@ -314,6 +326,7 @@ class Client:
         """Step 2: the round's context, start point (with this client's private part) and lr.
         Resumes the RNG where step 1 left it, so an engine may run it later."""
         set_rng_state(job.rng)
+        self.gradient_samples = 0
         job.ctx = self.begin_round(job.package, job.steps)
         job.start = self.with_private(self.start_point(job.package), job.package)
         job.lr = self.learning_rate()

@@ -81,6 +81,8 @@ class PerAvgClient(Client):
             return (plus - model.grad) / (2 * delta)
         params = list(model.module.parameters())
         live = [p for p in params if p.requires_grad]
+        for _ in range(2):  # a gradient and its double backward: charged as the two passes hessian_free takes
+            self.count_gradient_samples(idx)
         loss = F.cross_entropy(model.module(self.data.inputs("train", idx)), self.data.train_y[idx])
         grads = torch.autograd.grad(loss, live, create_graph=True, allow_unused=True)
         products = torch.autograd.grad(_flatten(params, live, grads) @ vector, live, allow_unused=True)
