@@ -17,7 +17,8 @@ Settings the paper does not report, chosen here (all overridable): model (CNN by
 defaults):
 
 * FedACS: p = 0.5 (``--fedacs_p``), pool = selected (= all clients here);
-* Ditto: λ = 0.1 (``-mu``; PFLlib's default 0 would make its personal models Local);
+* Ditto: λ = 0.1 (``-mu``; PFLlib's default 0 would make its personal models Local) and as many
+  personal epochs as local epochs (``-pls`` = E; PFLlib's default is 1);
 * FedAMP: α_K = 0.01, σ = 1 (so Σ_{j≠i} ξ_ij ≤ 0.99 with 99 other clients and u_i stays a convex
   combination) and λ = 0.01 (proximal coefficient λ/α_K = 1; PFLlib's α_K = λ = σ = 1 extrapolates
   with 100 clients).
@@ -27,7 +28,7 @@ CPU; its numbers only show that every method runs.
 
 Usage (from the repository root)::
 
-    .venv/bin/python experiments/fedacs_scarce.py                 # 100 rounds, writes out/fedacs_scarce_CNN_100r.md
+    .venv/bin/python experiments/fedacs_scarce.py                 # 100 rounds, writes out/fedacs_scarce_CNN_100r_E1.md
     .venv/bin/python experiments/fedacs_scarce.py --quick         # 20 clients, 3 rounds, DNN: a smoke run
     .venv/bin/python experiments/fedacs_scarce.py --only FedACS Local --rounds 50 --device cuda
 """
@@ -44,12 +45,12 @@ from flcore.registry import load_all  # importable once common has put system/ o
 
 RAW = Path("/usr/share/datasets/fashion-mnist")
 
-# (label, -algo, extra flags)
+# (label, -algo, extra flags); "{E}" stands for --local_epochs
 VARIANTS: list[tuple[str, str, list[str]]] = [
     ("FedACS", "FedACS", ["--fedacs_p", "0.5"]),
     ("Local", "Local", []),
     ("FedAvg", "FedAvg", []),
-    ("Ditto", "Ditto", ["-mu", "0.1"]),
+    ("Ditto", "Ditto", ["-mu", "0.1", "-pls", "{E}"]),  # the personal model trains as many epochs as the global
     ("Per-FedAvg", "PerAvg", []),
     ("pFedMe", "pFedMe", []),
     ("APFL", "APFL", []),
@@ -104,8 +105,9 @@ COLUMNS = ("client_last10", "client_best", "client_final", "weighted_last10", "g
 
 
 def setting_name(args: argparse.Namespace, model: str, rounds: int) -> str:
-    """``fedacs_scarce_<model>_<rounds>r`` (``_quick`` added): the results folder and table name of a setting."""
-    return f"fedacs_scarce_{model}_{rounds}r" + ("_quick" if args.quick else "")
+    """``fedacs_scarce_<model>_<rounds>r_E<epochs>`` (``_quick`` added): the results folder and table name of a
+    setting."""
+    return f"fedacs_scarce_{model}_{rounds}r_E{args.local_epochs}" + ("_quick" if args.quick else "")
 
 
 def run_and_summarise(label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
@@ -148,6 +150,7 @@ def main_script() -> None:
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, algo, flags in chosen:
+        flags = [flag.replace("{E}", str(args.local_epochs)) for flag in flags]
         outcome = run_and_summarise(label, algo, flags, data, args, rounds, model)
         if isinstance(outcome, str):
             row = f"| {label} | {' '.join(flags)} | {outcome} | | | | | |"
