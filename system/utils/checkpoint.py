@@ -205,6 +205,7 @@ def server_state(server: Any, next_round: int) -> dict[str, Any]:
         "version": VERSION,
         "next_round": int(next_round),
         "config": comparable_config(server.args),
+        "data": server.dataset.fingerprint(),
         "server": capture(server, "server", type(server).__name__),
         "clients": [capture(c, "client", f"client {c.index}") for c in server.clients],
         "selector": capture(server.selector, "selector", type(server.selector).__name__),
@@ -218,9 +219,14 @@ def server_state(server: Any, next_round: int) -> dict[str, Any]:
 def load_server_state(server: Any, saved: dict[str, Any]) -> int:
     """Put ``saved`` into a freshly built ``server``; returns the round to continue with."""
     device = server.device
-    restore(server, saved["server"], device)
     if len(saved["clients"]) != len(server.clients):
         raise CheckpointError(f"the checkpoint has {len(saved['clients'])} clients, the dataset {len(server.clients)}")
+    if saved.get("data", server.dataset.fingerprint()) != server.dataset.fingerprint():
+        raise CheckpointError(
+            f"the dataset {server.dataset.path} is not the one the checkpoint was trained on (it was regenerated "
+            "or edited since); restore it, or rerun with --overwrite to start again"
+        )
+    restore(server, saved["server"], device)
     for client, state in zip(server.clients, saved["clients"]):
         restore(client, state, device)
     restore(server.selector, saved["selector"], device)

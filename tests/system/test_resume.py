@@ -135,6 +135,27 @@ def test_resume_refuses_other_flags(data, tmp_path, monkeypatch, capsys):
     assert run_main(data, tmp_path, "FedAvg", "--resume", "--checkpoint_every", "1", "--num_threads", "1") == 0
 
 
+def test_resume_refuses_a_dataset_changed_since_the_checkpoint(tmp_path, monkeypatch, capsys):
+    # Same name, same client count and sizes, rows of one client's file reordered: the flags cannot
+    # tell, the data fingerprint does; with the original file back the run resumes.
+    folder = make_dataset(tmp_path / "data", num_clients=4, input_shape=(1, 8, 8), train_sizes=[24, 31, 18, 40])
+    results = tmp_path / "results"
+    with monkeypatch.context() as patch:
+        stop_after_round(patch, 1, "signal")
+        assert run_main(folder, results, "FedAvg") == 130
+    capsys.readouterr()
+    client_file = folder / "train" / "2.npz"
+    original = client_file.read_bytes()
+    with np.load(client_file) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    np.savez(client_file, **{name: value[::-1] for name, value in arrays.items()})
+    assert run_main(folder, results, "FedAvg", "--resume") == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not the one the checkpoint was trained on" in err and "--overwrite" in err
+    client_file.write_bytes(original)
+    assert run_main(folder, results, "FedAvg", "--resume") == 0
+
+
 def test_state_store_round_trip_keeps_storage_dtype():
     from flcore.state import ClientStateStore
 
