@@ -40,7 +40,8 @@ pFedMe and APFL (DNN, 100 rounds: 84.11 against 81.58, 80.27, 79.90) and level w
 (84.25; CNN 82.69 against 82.60), but its claim to beat every pFL baseline is not reproduced:
 Ditto with λ = 0.1 and as many personal as local epochs is level
 with it or ahead in every setting measured (CNN, 100 rounds: 82.53 vs 82.60; DNN, 100 rounds:
-84.93 vs 84.11; DNN, E = 5, 30 rounds: 85.59 vs 85.24), and FedACS leads only where Ditto is
+84.93 vs 84.11; DNN, E = 5, 30 rounds: 85.59 vs 85.24; CNN, E = 5, 30 rounds, 2 seeds: 83.75
+vs 83.95), and FedACS leads only where Ditto is
 handicapped (one personal epoch against FedACS's five, or lr 0.01); the paper's Ditto-P is 78.79. p = 0.5 stays the default: higher p helps at 30 rounds and hurts at 100.
 """
 from __future__ import annotations
