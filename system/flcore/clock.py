@@ -29,8 +29,9 @@ is synchronous, as PFLlib's: the round lasts until the last upload it waits for 
   ``-tth``. The prediction is what the server knows before the round: the model's shared part
   down and up (``shared_numel × element size`` each way; extras and per-client payloads are not
   predicted) and the full local work ``E × steps per epoch × B`` at the client's speed (a slow
-  trainer's random epoch cut is not known in advance, nor are an algorithm's extra passes). It
-  is computed once: speeds are fixed.
+  trainer's random epoch cut is not known in advance); algorithms with a fixed number of extra
+  passes scale it (``Client.expected_gradient_samples``: Ditto, APFL, pFedMe). It is computed
+  once: speeds are fixed.
 * Availability: a client can be selected only while it is available at the round's virtual start
   time (the end of the previous round, plus any wait). It need not stay available during the round.
 
@@ -314,10 +315,7 @@ class VirtualClock:
         params = server.global_params
         shared = params.numel() if server.shared_mask is None else int(server.shared_mask.sum())
         model_bytes = shared * params.element_size()
-        samples = []
-        for client in server.clients:
-            steps = client.num_train // client.batch_size if client.args.drop_last else -(-client.num_train // client.batch_size)
-            samples.append(client.local_epochs * steps * client.batch_size)
+        samples = [client.expected_gradient_samples() for client in server.clients]
         return model_bytes / self.down + np.asarray(samples, dtype=np.float64) / self.compute + model_bytes / self.up
 
     # ------------------------------------------------------------------- selection

@@ -87,6 +87,8 @@ def test_extra_passes_of_an_algorithm_are_charged_as_work(algorithm, flags, pass
     assert [u.samples_processed for u in result.updates] == [passes * n for n in SIZES]
     # the count restarts every round
     assert [u.samples_processed for u in server.run_round(1, evaluate=False).updates] == [passes * n for n in SIZES]
+    # -ts predicts the same work before the round
+    assert [c.expected_gradient_samples() for c in server.clients] == [passes * n for n in SIZES]
 
 
 def test_fedala_weight_learning_is_charged_on_top_of_its_plan():

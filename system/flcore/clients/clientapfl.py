@@ -41,6 +41,10 @@ class APFLClient(Client):
         add_flag(parser, "--apfl_adaptive_alpha", type=bool, default=True,
                  help="learn α per client by gradient descent (paper); False keeps α fixed at -al")
 
+    def expected_gradient_samples(self) -> float:
+        """Two gradients a step: the local model's and the mixed model's."""
+        return 2.0 * super().expected_gradient_samples()
+
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         rnd, lr, plan = job.package.round, job.lr, job.plan
         p = model.num_params

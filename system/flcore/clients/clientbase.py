@@ -260,6 +260,12 @@ class Client:
             return int(entry.numel())
         return sum(count(entry) for entry in job.plan)
 
+    def expected_gradient_samples(self) -> float:
+        """What ``samples_processed`` will be in a round, known before it (``-ts`` predicts round
+        times from it): E epochs of full batches. Algorithms with extra passes scale it."""
+        steps = self.num_train // self.batch_size if self.args.drop_last else -(-self.num_train // self.batch_size)
+        return float(self.local_epochs * steps * self.batch_size)
+
     def count_gradient_samples(self, idx: torch.Tensor) -> None:
         """Add a minibatch to the samples computed on this round (reset when a round's job opens)."""
         self.gradient_samples += int(idx.numel())

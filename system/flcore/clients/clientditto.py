@@ -40,6 +40,10 @@ class DittoClient(Client):
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         return g + ctx["mu"] * (w - ctx["anchor"][..., : w.shape[-1]])
 
+    def expected_gradient_samples(self) -> float:
+        """The personal epochs come on top of the global ones."""
+        return super().expected_gradient_samples() * (self.local_epochs + self.hp.plocal_epochs) / self.local_epochs
+
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         package, rnd, lr = job.package, job.package.round, job.lr
         anchor = package.global_params

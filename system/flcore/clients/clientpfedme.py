@@ -49,6 +49,10 @@ class PFedMeClient(Client):
         add_flag(parser, "--pfedme_mu", type=float, default=0.001,
                  help="pFedMe: weight decay μ·θ in the inner step (PFLlib/authors' optimizer 0.001; paper 0)")
 
+    def expected_gradient_samples(self) -> float:
+        """K inner steps per minibatch."""
+        return self.hp.K * super().expected_gradient_samples()
+
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         package, rnd, plan = job.package, job.package.round, job.plan
         lam, mu, inner = self.hp.lamda, self.hp.pfedme_mu, self.hp.K
