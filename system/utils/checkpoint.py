@@ -221,7 +221,7 @@ def load_server_state(server: Any, saved: dict[str, Any]) -> int:
     device = server.device
     if len(saved["clients"]) != len(server.clients):
         raise CheckpointError(f"the checkpoint has {len(saved['clients'])} clients, the dataset {len(server.clients)}")
-    if saved.get("data", server.dataset.fingerprint()) != server.dataset.fingerprint():
+    if "data" in saved and saved["data"] != server.dataset.fingerprint():  # older checkpoints hold no digest
         raise CheckpointError(
             f"the dataset {server.dataset.path} is not the one the checkpoint was trained on (it was regenerated "
             "or edited since); restore it, or rerun with --overwrite to start again"

@@ -219,6 +219,12 @@ class Client:
             lr *= float(self.args.learning_rate_decay_gamma) ** self.participations
         return lr
 
+    @property
+    def steps_per_epoch(self) -> int:
+        """Minibatch steps in one epoch: full batches only with ``drop_last`` (PFLlib's default)."""
+        n, bs = self.num_train, self.batch_size
+        return n // bs if self.args.drop_last else -(-n // bs)
+
     def epochs_this_round(self, rnd: int) -> int:
         """Slow trainers (``-tsr``) run a random 1..max(1, E//2) epochs, drawn per (round, client)."""
         if not self.slow:
@@ -237,11 +243,10 @@ class Client:
             return self.dp.poisson_plan(self, rnd, epochs)
         n, bs = self.num_train, self.batch_size
         generator = torch_generator(self.args.seed, purpose, rnd, self.cid)
-        full = n // bs if self.args.drop_last else -(-n // bs)
-        plan = []
+        steps, plan = self.steps_per_epoch, []
         for _ in range(epochs):
             order = torch.randperm(n, generator=generator).to(self.data.train_x.device)
-            plan.extend(order[i * bs : (i + 1) * bs] for i in range(full))
+            plan.extend(order[i * bs : (i + 1) * bs] for i in range(steps))
         return plan
 
     def samples_processed(self, job: "LocalJob") -> int:
@@ -263,8 +268,7 @@ class Client:
     def expected_gradient_samples(self) -> float:
         """What ``samples_processed`` will be in a round, known before it (``-ts`` predicts round
         times from it): E epochs of full batches. Algorithms with extra passes scale it."""
-        steps = self.num_train // self.batch_size if self.args.drop_last else -(-self.num_train // self.batch_size)
-        return float(self.local_epochs * steps * self.batch_size)
+        return float(self.local_epochs * self.steps_per_epoch * self.batch_size)
 
     def count_gradient_samples(self, idx: torch.Tensor) -> None:
         """Add a minibatch to the samples computed on this round (reset when a round's job opens)."""

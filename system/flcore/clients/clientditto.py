@@ -42,7 +42,7 @@ class DittoClient(Client):
 
     def expected_gradient_samples(self) -> float:
         """The personal epochs come on top of the global ones."""
-        return super().expected_gradient_samples() * (self.local_epochs + self.hp.plocal_epochs) / self.local_epochs
+        return float((self.local_epochs + self.hp.plocal_epochs) * self.steps_per_epoch * self.batch_size)
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         package, rnd, lr = job.package, job.package.round, job.lr

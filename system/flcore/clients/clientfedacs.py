@@ -31,7 +31,7 @@ class FedACSClient(Client):
         steps = self.hp.fedacs_local_steps
         if steps <= 0 or epochs is not None:
             return super().batch_plan(rnd, epochs)
-        per_epoch = self.num_train // self.batch_size if self.args.drop_last else -(-self.num_train // self.batch_size)
+        per_epoch = self.steps_per_epoch
         if per_epoch == 0:
             return []
         return super().batch_plan(rnd, epochs=-(-steps // per_epoch))[:steps]

@@ -84,12 +84,11 @@ class DPSGD:
         """The round's batches under Poisson sampling: as many steps as ``Client.batch_plan`` takes,
         each including every sample with probability q, drawn from (seed, round, client)."""
         n, batch = client.num_train, client.batch_size
-        per_epoch = n // batch if client.args.drop_last else -(-n // batch)
         q = self.sample_rate(n, batch)
         generator = torch_generator(client.args.seed, "dp-poisson", rnd, client.cid)
         device = client.data.train_y.device
         plan = []
-        for _ in range(epochs * per_epoch):
+        for _ in range(epochs * client.steps_per_epoch):
             chosen = torch.rand(n, generator=generator) < q
             plan.append(chosen.nonzero().flatten().to(device))
         return plan
