@@ -165,7 +165,7 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
     ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
     ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    # the virtual clock (flcore/clock.py)
+    # the virtual clock (flcore/plugins/clock.py)
     ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
     ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
     ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),

@@ -58,7 +58,7 @@ from utils.mem_utils import OUT_OF_MEMORY, device_room
 from utils.metrics import EvalResult, combine, micro_auc
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 log = logging.getLogger("fl")
 
@@ -101,9 +101,11 @@ class _Rows:
 class Evaluator:
     """Evaluates ``params_for(i)`` on client ``i``'s data for every client (one per server)."""
 
-    def __init__(self, server: "Server"):
+    def __init__(self, runtime: "Runtime"):
+        """``runtime``: the model, data, device, flags and clients it evaluates (flcore/protocol.py)."""
+        server = runtime
         args = server.args
-        self.server = server
+        self.server = runtime
         self.batch_size = int(args.eval_batch_size)
         if self.batch_size < 1:
             raise FLError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")

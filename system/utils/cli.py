@@ -338,13 +338,13 @@ def generic_parser() -> argparse.ArgumentParser:
              help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
     add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0,
              help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
-                  "virtual clock (flcore/clock.py)")
+                  "virtual clock (flcore/plugins/clock.py)")
     add_flag(p, "-ts", "--time_select", type=bool, default=False,
              help="select only clients whose predicted round time on the virtual clock is at most -tth")
     add_flag(p, "-tth", "--time_threthold", type=float, default=10000,
              help="virtual seconds: drop uploads of clients whose mean round time exceeds it (PFLlib's rule); "
                   "with -ts also the selection limit. The default alone drops nothing")
-    # the virtual clock (flcore/clock.py documents the model and the trace format)
+    # the virtual clock (flcore/plugins/clock.py documents the model and the trace format)
     add_flag(p, "--client_trace", type=str, default=None,
              help="CSV of client,samples_per_s,bytes_per_s[,available|period,duty,offset] giving every client's "
                   "speeds and availability (default: speeds drawn from the seed)")

@@ -36,12 +36,12 @@ from flcore.engines.threaded import ThreadedEngine, available_cores
 from flcore.registry import register_engine
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 log = logging.getLogger("fl")
 
 
-def choose_engine(server: "Server") -> type:
+def choose_engine(server: "Runtime") -> type:
     """The engine class ``auto`` delegates to for this server's device and this machine."""
     if server.model.device.type == "cuda":
         return BatchedEngine
@@ -59,7 +59,7 @@ class AutoEngine:
         BatchedEngine.add_args(parser)
         ThreadedEngine.add_args(parser)
 
-    def __new__(cls, server: "Server"):
+    def __new__(cls, server: "Runtime"):
         chosen = choose_engine(server)
         engine = chosen(server)
         engine.notice_level = logging.INFO

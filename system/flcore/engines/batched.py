@@ -106,7 +106,7 @@ from utils.errors import FLError
 from utils.mem_utils import OUT_OF_MEMORY
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 log = logging.getLogger("fl")
 
@@ -167,7 +167,7 @@ class BatchedEngine(Engine):
                  help="batched engine: train at most this many clients at once (0 = the whole cohort); "
                       "bounds memory to chunk x (model + context + activations)")
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Runtime"):
         super().__init__(server)
         self.chunk = int(getattr(server.args, "cohort_chunk", 0) or 0)
         if self.chunk < 0:
@@ -181,11 +181,11 @@ class BatchedEngine(Engine):
     def client_fallback_reason(self, client: Client) -> str | None:
         if not keeps_base_training(client):
             return "is not vectorisable"
-        if client.dp is not None:
-            return "trains with DP-SGD (per-sample gradients, Poisson batches), which the batched step does not compute"
-        cls = type(client)
-        if cls.local_loss is not Client.local_loss:
-            if not cls.vmappable_loss:
+        if not client.local_step.plain:
+            return f"trains with {client.local_step.name}, which the batched step does not compute"
+        caps = type(client).capabilities
+        if caps.own_loss:
+            if not caps.vmappable_loss:
                 return "has a loss hook that is not declared vmappable"
             if not self.server.args.drop_last:
                 return "has its own loss, which the batched engine runs on full batches only (--drop_last)"

@@ -59,7 +59,7 @@ from utils.cli import add_flag
 from utils.errors import FLError
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 
 def available_cores() -> int:
@@ -79,7 +79,7 @@ class ThreadedEngine(Engine):
                  help="threaded engine: worker threads, each training whole clients on one intra-op "
                       "thread (0 = one per CPU core)")
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Runtime"):
         super().__init__(server)
         requested = int(getattr(server.args, "workers", 0) or 0)
         if requested < 0:
