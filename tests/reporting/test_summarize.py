@@ -17,7 +17,8 @@ import main
 import summarize
 from resultfiles import DITTO, DITTO_GLOBAL, FEDAVG, FEDPROX, write_folder, write_ours, write_pfllib
 from toydata import make_dataset
-from utils.plot_utils import find_all_runs, load_algorithm_runs, summarize_runs
+from reporting.loading import find_all_runs, load_algorithm_runs
+from reporting.stats import summarize_runs
 from utils.result_utils import RunHistory, tail_means
 from utils.result_utils import summarize as summarize_history
 
