@@ -74,7 +74,7 @@ def algorithms_with_results(results_dir: Path | str, dataset: str, goal: str) ->
 def known_algorithms() -> list[str]:
     """The names registered with ``@register_algorithm("...")`` in ``flcore/servers/``, read as
     text: importing the registry would import torch, which reporting never does
-    (``tests/reporting/test_names.py`` checks both agree)."""
+    (``tests/reporting/test_no_torch.py`` checks both agree)."""
     decorator = re.compile(r"""^@register_algorithm\(\s*["']([^"']+)["']""", re.MULTILINE)
     return sorted({name for path in SERVERS.glob("*.py")
                    for name in decorator.findall(path.read_text(encoding="utf-8"))})

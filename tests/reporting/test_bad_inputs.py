@@ -80,7 +80,8 @@ def test_plot_and_report_split_them_too(mixed: Path, tmp_path: Path, capsys) -> 
 def test_run_only_flags_are_sweeps() -> None:
     import sweep  # imports main.py, hence torch: only this check needs it
 
-    assert RUN_ONLY_KEYS == sweep.RUN_ONLY_DESTS | {"ignored_flags"}
+    assert RUN_ONLY_KEYS == sweep.RUN_ONLY_DESTS | {"ignored_flags"}, (
+        "sweep.py and reporting/settings.py must agree on which flags do not change a result")
 
 
 # ------------------------------------------------------------- 4: nothing is left out without a word
