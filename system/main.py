@@ -438,7 +438,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
             "algorithm": run_args.algorithm, "dataset": Path(run_args.dataset).name, "goal": run_args.goal,
             "run": run_index, "seed": run_args.seed, "model": run_args.model, "device": str(device),
             "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
-            "finished": finished, **extra,
+            "finished": finished, "personalized": bool(server.personalized), **extra,  # read by reporting/
         }
         return summary, save_results(claimed.result, history, attrs, summary)
 
