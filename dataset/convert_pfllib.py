@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.convert import convert_pfllib_folder  # noqa: E402
-from utils.errors import DatasetError  # noqa: E402
+from datagen.convert import convert_pfllib_folder  # noqa: E402
+from datagen.errors import DatasetError  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,9 +11,9 @@ import pytest
 from conftest import PFLLIB_SAMPLE, REPO
 from datagen_helpers import load_client, read_config
 
-from dataset.utils.convert import convert_pfllib_folder
-from dataset.utils.errors import DatasetError, ReadError
-from dataset.utils.legacy import load_pfllib_npz
+from datagen.convert import convert_pfllib_folder
+from datagen.errors import DatasetError, ReadError
+from datagen.legacy import load_pfllib_npz
 
 SAMPLE_IDS = [1, 2, 6, 7]
 STATS_KEY = "Size of samples for labels in clients"

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from conftest import MNIST_RAW
 
-from dataset.utils import partition as P
-from dataset.utils import readers
+from datagen import partition as P
+from datagen import readers
 
 
 def assert_exact_cover(parts, n):
