@@ -18,16 +18,19 @@ from .errors import DatasetError
 from .lock import LOCK_NAME
 
 #: what a generator (or the converter) writes at the top of its folder: ``rawdata/`` is the download
-#: cache, ``tokenizer.json`` the text datasets' tokenizer (text.py)
-GENERATED_FILES = frozenset({"config.json", "partition.png", "tokenizer.json", LOCK_NAME})
+#: cache, ``tokenizer.json`` the text datasets' tokenizer (text.py); the writer marker is hidden
+GENERATED_FILES = frozenset({"config.json", "partition.png", "tokenizer.json"})
 GENERATED_FOLDERS = frozenset({"train", "test", "rawdata"})
 #: client files, and their temporary names while written
 _CLIENT_FILE = re.compile(r"\d+\.npz(\.tmp)?")
 
 
 def _is_generated_entry(entry: Path) -> bool:
-    """Whether a generator writes ``entry`` (one name inside the output folder)."""
+    """Whether a generator writes ``entry`` (one name inside the output folder), or a file
+    manager's hidden litter (``.DS_Store``), which no generator touches."""
     name = entry.name
+    if name.startswith("."):  # the writer marker among them
+        return True
     if name in GENERATED_FOLDERS:
         if not entry.is_dir():
             return False

@@ -117,6 +117,7 @@ def test_a_generators_folder_is_regenerated_and_a_stopped_run_resumed(capsys, pr
     """Accepted: a finished generation (other options replace it), and the folder that an
     interrupted generator leaves (its marker kept, config.json gone)."""
     (previous / "rawdata").mkdir()  # the download cache
+    (previous / ".DS_Store").write_bytes(b"\0")  # a file manager's litter, left alone
     save = dataset_utils._save_npz
 
     def interrupt_at_client_1(path, x, y):
