@@ -296,6 +296,10 @@ class BatchedEngine(Engine):
         return x, y, [offsets[c.index] for c in clients]
 
     # ------------------------------------------------------------ training
+    def train_sequentially(self, client: Client, package: RoundPackage) -> ClientUpdate:
+        with precision_context(self.precision, self.flat.device):  # the batched step applies it itself
+            return super().train_sequentially(client, package)
+
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         updates: list[ClientUpdate | None] = [None] * len(clients)
         groups: dict[type, list[int]] = {}
