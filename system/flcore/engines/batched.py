@@ -23,6 +23,13 @@ Design (what a reader should know before changing it):
   clients' minibatches with one indexing op (rows and client offsets come from the dataset). Partial batches (``--drop_last False``) are padded
   and masked out of the loss (sum of per-sample losses / valid count = the mean the sequential
   engine takes).
+* **Step runners.** Each step is one call of the cohort step function (``_cohort_step``: gather,
+  forward, loss hook, gradient, ``adjust_grad``, update, retirement mask), run by the runner
+  ``--step_runner`` picks (``capture.py``): eagerly on the prefix of active clients (a CPU), or
+  on static buffers replayed from a CUDA graph (``auto`` on a GPU), where the prefix is rounded up
+  to a power of two and the retired rows in it are kept exactly by an ``active`` mask. The host
+  only slices precomputed device tensors per step; which steps have partial batches is known
+  from the plans, so nothing is read back from the device within a chunk.
 * **Chunks.** ``--cohort_chunk N`` trains at most N clients at once (0 = the whole cohort); the
   chunks are consecutive in the sorted order, so each chunk holds clients of similar length.
   ``begin_round``/``end_round`` are called chunk by chunk, so per-client context tensors of only
