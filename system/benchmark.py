@@ -525,11 +525,14 @@ def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: 
         return result | {"error": f"--pfllib {pfllib}: no system/main.py there (give a PFLlib checkout)"}
     if data_folder is None:
         return result | {"error": "P1 has no real MNIST partition here (see --mnist-raw), so PFLlib cannot run it"}
-    try:
-        result["pfllib_commit"] = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--short", "HEAD"],
-                                                 capture_output=True, text=True).stdout.strip() or None
+    result["pfllib_commit"] = None
+    try:  # only when DIR is itself a git checkout (not a copy inside another repository)
+        top = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode == 0 and Path(top.stdout.strip()).resolve() == pfllib.resolve():
+            result["pfllib_commit"] = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--short", "HEAD"],
+                                                     capture_output=True, text=True).stdout.strip() or None
     except OSError:
-        result["pfllib_commit"] = None
+        pass
     with tempfile.TemporaryDirectory(prefix="pfllib-run-") as tmp:
         root = Path(tmp)
         shutil.copytree(source, root / "system", ignore=shutil.ignore_patterns("__pycache__"))
@@ -554,7 +557,9 @@ def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: 
         except subprocess.TimeoutExpired:
             return result | {"error": f"PFLlib's main.py timed out after {timeout} s"}
         result["wall_s"] = time.perf_counter() - started
-    times = [float(line.split()[-1]) for line in done.stdout.splitlines() if "time cost" in line and line.split()]
+    # its per-round line is '-' * 25, 'time cost', '-' * 25, seconds (the summary's "Average time cost" is not)
+    times = [float(line.split()[-1]) for line in done.stdout.splitlines()
+             if line.startswith("-" * 25) and "time cost" in line]
     accs = [float(line.split(":")[-1]) for line in done.stdout.splitlines() if line.startswith("Averaged Test Accuracy")]
     if done.returncode != 0 or len(times) <= warmup:
         tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]

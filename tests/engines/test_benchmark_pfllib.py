@@ -30,6 +30,7 @@ print("rows", len(data["y"]), data["x"].dtype, tuple(data["x"].shape[1:]))
 for i in range(rounds):
     print("Averaged Test Accuracy: 0.{:04d}".format(5000 + i))
     print("-" * 25, "time cost", "-" * 25, 2.0 + i)
+print("Average time cost per round.")
 '''
 
 
