@@ -28,6 +28,12 @@ it runs:
   (Poisson batches, per-sample clipping) never reach the batched step: the engine trains them
   sequentially.
 
+Measured on one NVIDIA H200 (torch 2.11 + CUDA 13, 2026-11-26), one step of the MNIST CNN over
+20 clients at B=10: eager 5.9 ms, CUDA graph 1.44 ms, ``compiled`` (Inductor, then captured)
+1.15 ms after a 16 s compile per shape. P1's round (20 clients, up to 641 steps, 6 buckets):
+2.54 s eager, 0.60 s with graphs (PFLlib's own main.py: 15.35 s). ``auto`` takes the graph: the
+compile would cost about 100 s over P1's bucket shapes for 0.3 ms a step.
+
 Graphs share one memory pool (they are replayed one after another on one stream), and capture
 happens inside the engine's ``no_grad`` and layout contexts, so replays see the same settings.
 """
