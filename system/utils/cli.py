@@ -421,6 +421,9 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--conv_layout", type=str, default="auto", choices=["auto", "nchw", "channels_last"],
              help="memory layout of 2-d convolutions: auto (channels_last on the CPU, where oneDNN is 1.3-3x "
                   "faster with it, nchw on GPUs); results differ only by float rounding")
+    add_flag(o, "--precision", type=str, default="fp32", choices=["fp32", "tf32", "bf16"],
+             help="arithmetic of local training: fp32, tf32 (TF32 tensor cores, GPU) or bf16 (autocast); weights, "
+                  "state and aggregation stay fp32 (flcore/engines/precision.py); not with -dp")
     add_flag(o, "--eval_auc", type=bool, default=True, help="compute the micro-AUC at every evaluation")
     add_flag(o, "--eval_train_loss", type=bool, default=True, help="evaluate the train loss over all clients' train data")
     add_flag(o, "--drop_last", type=bool, default=True, help="skip a trailing partial local batch (PFLlib)")

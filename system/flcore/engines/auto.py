@@ -1,7 +1,7 @@
 """``--engine auto`` (the default): the fastest engine that gives the sequential engine's results.
 
 * On a GPU: the batched engine (``torch.func.vmap`` over the cohort), which turns K launch-bound
-  batch-10 steps into one step of K times the work.
+  batch-10 steps into one step of K times the work, replayed from a CUDA graph (``capture.py``).
 * On a CPU with more than one core: the threaded engine (one client per core, one working model
   per worker). vmap is not used there: on a CPU the per-client convolutions are compute-bound
   already at batch 10 and functorch's grouped convolution was slower than K plain ones (see

@@ -53,6 +53,7 @@ import torch
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
 from flcore.engines.base import Engine, has_dropout
+from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import FlatModel
 from flcore.registry import register_engine
 from utils.cli import add_flag
@@ -85,6 +86,7 @@ class ThreadedEngine(Engine):
         if requested < 0:
             raise FLError(f"--workers must be >= 0, got {requested}")
         self.num_workers = requested or available_cores()
+        self.precision = check_precision(server.args, self.flat.device)
         self._models: list[FlatModel] = []
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
@@ -109,7 +111,12 @@ class ThreadedEngine(Engine):
         return model
 
     def _train_one(self, job: LocalJob) -> tuple[torch.Tensor, float]:
-        return job.client.train_job(job, self._worker_model())
+        with precision_context(self.precision, self.flat.device):  # autocast is per thread: entered here
+            return job.client.train_job(job, self._worker_model())
+
+    def train_sequentially(self, client: Client, package: RoundPackage) -> ClientUpdate:
+        with precision_context(self.precision, self.flat.device):
+            return super().train_sequentially(client, package)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
