@@ -126,9 +126,8 @@ class Evaluator:
 
     def __init__(self, runtime: "Runtime"):
         """``runtime``: the model, data, device, flags and clients it evaluates (flcore/protocol.py)."""
-        server = runtime
-        args = server.args
-        self.server = runtime
+        args = runtime.args
+        self.runtime = runtime
         self.batch_size = int(args.eval_batch_size)
         if self.batch_size < 1:
             raise FLError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
@@ -142,9 +141,9 @@ class Evaluator:
     # ------------------------------------------------------------ public
     def evaluate(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
         """Test accuracy/AUC on every client's test split and train loss on every train split."""
-        server = self.server
-        n = len(server.clients)
-        splits = ("test", "train") if train_loss and server.args.eval_train_loss else ("test",)
+        runtime = self.runtime
+        n = len(runtime.clients)
+        splits = ("test", "train") if train_loss and runtime.args.eval_train_loss else ("test",)
         totals = _Totals.empty(n)
         group = self.group_size(n)
         shared: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (tensor, clients)
@@ -179,7 +178,7 @@ class Evaluator:
         """Personal models evaluated at once: ``--eval_group``, or auto (see the module docstring)."""
         if self.requested_group > 0:
             return max(1, min(self.requested_group, n))
-        if self.server.device.type != "cuda":
+        if self.runtime.device.type != "cuda":
             return 1
         if self._auto_group is None:
             self._auto_group = self._group_for_memory()
@@ -203,7 +202,7 @@ class Evaluator:
     def _evaluate_shared(self, params: torch.Tensor, clients: list[int], splits: tuple[str, ...], totals: _Totals) -> None:
         """One model on the concatenated rows of ``clients`` (ascending), in the working module."""
         for split in splits:
-            x, y, _ = self.server.dataset.split(split)
+            x, y, _ = self.runtime.dataset.split(split)
             rows = self._rows(split, clients)
             if rows.total == len(y):  # every row: the merged tensors themselves, no copy
                 xs, ys = x, y
@@ -220,7 +219,7 @@ class Evaluator:
         loaded once and its few rows make fewer, fuller batches than split by split."""
         parts = []
         for split in splits:
-            x, y, _ = self.server.dataset.split(split)
+            x, y, _ = self.runtime.dataset.split(split)
             rows = self._rows(split, [client])
             start, stop = rows.starts[0], rows.starts[0] + rows.total
             parts.append((split, rows, x[start:stop], y[start:stop]))
@@ -236,7 +235,7 @@ class Evaluator:
 
         All logits are computed before any metric is added, so a retry never counts a client twice."""
         try:
-            stacked = torch.stack([v.to(self.server.device, self._dtype) for v in vectors])
+            stacked = torch.stack([v.to(self.runtime.device, self._dtype) for v in vectors])
             passes = [(split, self._rows(split, clients)) for split in splits]
             logits = [self._forward_stacked(stacked, split, rows) for split, rows in passes]
         except OUT_OF_MEMORY:
@@ -254,28 +253,28 @@ class Evaluator:
                 self._evaluate_one(params, client, splits, totals)
             return
         for (split, rows), split_logits in zip(passes, logits):
-            y = self.server.dataset.split(split)[1]
+            y = self.runtime.dataset.split(split)[1]
             self._accumulate(split, split_logits, y[self._row_index(rows, y.device)], rows, totals)
 
     # ------------------------------------------------------------ forward passes
     @property
     def _dtype(self) -> torch.dtype:
-        return self.server.model.vector.dtype
+        return self.runtime.model.vector.dtype
 
     @torch.no_grad()  # only the passes: ``params_for`` may train (PerAvg adapts with a gradient step)
     def _forward(self, params: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Logits of the model ``params`` on ``x`` in batches (eval mode), in the working module."""
-        server = self.server
-        server.model.load(params)
-        server.model.module.eval()
+        runtime = self.runtime
+        runtime.model.load(params)
+        runtime.model.module.eval()
         bs = self.balanced_batch(len(x))
-        table = server.dataset.input_table  # uint8 input codes are decoded batch by batch
-        logits = torch.zeros(len(x), server.num_classes, dtype=self._dtype, device=server.device)
+        table = runtime.dataset.input_table  # uint8 input codes are decoded batch by batch
+        logits = torch.zeros(len(x), runtime.num_classes, dtype=self._dtype, device=runtime.device)
         # Written into one tensor allocated up front: keeping a small output per batch alive between
         # the batches' large activations fragmented glibc's heap, which then grew by up to 1.5 GB
         # over one P1 evaluation (freed but never reused; measured with mallinfo2).
         for i in range(0, len(x), bs):
-            logits[i : i + bs] = server.model.module(decode_inputs(x[i : i + bs], table))
+            logits[i : i + bs] = runtime.model.module(decode_inputs(x[i : i + bs], table))
         return logits
 
     def balanced_batch(self, rows: int) -> int:
@@ -290,17 +289,17 @@ class Evaluator:
     def _forward_stacked(self, stacked: torch.Tensor, split: str, rows: _Rows) -> torch.Tensor:
         """Logits of model ``stacked[k]`` on client ``rows.clients[k]``'s rows, concatenated in
         client order. Step ``s`` runs rows ``s*B .. s*B+B-1`` of every client that still has some."""
-        server = self.server
-        device = server.device
-        x, _, _ = server.dataset.split(split)
-        table = server.dataset.input_table
+        runtime = self.runtime
+        device = runtime.device
+        x, _, _ = runtime.dataset.split(split)
+        table = runtime.dataset.input_table
         lens = torch.tensor(rows.lens, dtype=torch.long, device=device)
         starts = torch.tensor(rows.starts, dtype=torch.long, device=device)
         order = torch.argsort(lens, descending=True, stable=True)  # active clients form a prefix
         lens, starts, stacked = lens[order], starts[order], stacked[order.to(stacked.device)]
         out_start = torch.tensor([0, *np.cumsum(rows.lens)[:-1].tolist()], dtype=torch.long, device=device)[order]
-        logits = torch.zeros(rows.total, server.num_classes, dtype=self._dtype, device=device)
-        module = server.model.module
+        logits = torch.zeros(rows.total, runtime.num_classes, dtype=self._dtype, device=device)
+        module = runtime.model.module
         module.eval()
         bs = self.batch_size
         longest = int(lens[0]) if len(rows.lens) else 0
@@ -316,7 +315,7 @@ class Evaluator:
             # rows past a client's end repeat its last row (computed, then dropped)
             src = starts[:active].unsqueeze(1) + torch.minimum(pos.unsqueeze(0), (lens[:active] - 1).unsqueeze(1))
             xb = decode_inputs(x[src], table)
-            named = server.model.unflatten(stacked[:active], params_only=False)
+            named = runtime.model.unflatten(stacked[:active], params_only=False)
             try:
                 with plain_convolutions():
                     out = vmap(one_model)(named, xb)
@@ -335,8 +334,8 @@ class Evaluator:
     # ------------------------------------------------------------ bookkeeping
     def _rows(self, split: str, clients: list[int]) -> _Rows:
         if split not in self._bounds:  # (start, stop) row of every client, from the dataset's offsets
-            offsets = self.server.dataset.offsets(split)
-            stops = [*offsets[1:], len(self.server.dataset.split(split)[1])]
+            offsets = self.runtime.dataset.offsets(split)
+            stops = [*offsets[1:], len(self.runtime.dataset.split(split)[1])]
             self._bounds[split] = list(zip(offsets, stops))
         bounds = self._bounds[split]
         return _Rows(clients, [bounds[c][0] for c in clients], [bounds[c][1] - bounds[c][0] for c in clients])
@@ -362,38 +361,38 @@ class Evaluator:
         per_client = torch.zeros(len(rows.clients), dtype=torch.float64, device=y.device).index_add_(0, block, hits)
         totals.pending.append(("correct", rows.clients, per_client))
         totals.test_n[rows.clients] += np.asarray(rows.lens, dtype=np.float64)
-        if self.server.args.eval_auc:  # every client's micro-AUC at once, on the device (utils/auc.py)
+        if self.runtime.args.eval_auc:  # every client's micro-AUC at once, on the device (utils/auc.py)
             totals.pending.append(("auc", rows.clients, segment_micro_auc(logits.float().softmax(1), y, lens)))
 
     # ------------------------------------------------------------ memory
     def _group_for_memory(self) -> int:
         """Clients whose stacked vectors and activations at one step fit the memory share."""
-        server = self.server
-        room = device_room(server.device)
+        runtime = self.runtime
+        room = device_room(runtime.device)
         if room is None:
             return 1
-        per_client = server.model.vector.numel() * server.model.vector.element_size()
+        per_client = runtime.model.vector.numel() * runtime.model.vector.element_size()
         per_client += self.batch_size * self._activation_bytes_per_sample()
         return max(1, int(room[0] * GPU_MEMORY_SHARE // max(per_client, 1)))
 
     @torch.no_grad()
     def _activation_bytes_per_sample(self) -> int:
         """Bytes of every leaf module's output for one sample (eval mode), with a margin."""
-        server = self.server
+        runtime = self.runtime
         for split in ("test", "train"):
-            x, _, _ = server.dataset.split(split)
+            x, _, _ = runtime.dataset.split(split)
             if len(x):
                 break
         else:
             return 0
-        sample = decode_inputs(x[:1], server.dataset.input_table)
+        sample = decode_inputs(x[:1], runtime.dataset.input_table)
         total = [sample.numel() * sample.element_size()]
 
         def count(_module, _inputs, output) -> None:
             if isinstance(output, torch.Tensor):
                 total[0] += output.numel() * output.element_size()
 
-        module = server.model.module
+        module = runtime.model.module
         module.eval()
         leaves = [m for m in module.modules() if not list(m.children())]
         handles = [m.register_forward_hook(count) for m in leaves]

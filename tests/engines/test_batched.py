@@ -216,7 +216,7 @@ def test_unqualified_models_fall_back_exactly_with_one_notice(kind, notices):
     assert_same_training(ref, out, exact=True)
     mine = [r for r in notices if "training sequentially" in r.getMessage()]
     assert len(mine) == 1 and mine[0].levelno == logging.WARNING
-    assert out.engine.flat.vector.shape == ref.engine.server.model.vector.shape
+    assert out.engine.flat.vector.shape == ref.engine.runtime.model.vector.shape
 
 
 def test_own_loop_clients_are_trained_sequentially_with_one_notice(notices):

@@ -41,11 +41,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("fl")
 
 
-def choose_engine(server: "Runtime") -> type:
+def choose_engine(runtime: "Runtime") -> type:
     """The engine class ``auto`` delegates to for this server's device and this machine."""
-    if server.model.device.type == "cuda":
+    if runtime.model.device.type == "cuda":
         return BatchedEngine
-    workers = int(getattr(server.args, "workers", 0) or 0) or available_cores()
+    workers = int(getattr(runtime.args, "workers", 0) or 0) or available_cores()
     return ThreadedEngine if workers > 1 else SequentialEngine
 
 
@@ -59,9 +59,9 @@ class AutoEngine:
         BatchedEngine.add_args(parser)
         ThreadedEngine.add_args(parser)
 
-    def __new__(cls, server: "Runtime"):
-        chosen = choose_engine(server)
-        engine = chosen(server)
+    def __new__(cls, runtime: "Runtime"):
+        chosen = choose_engine(runtime)
+        engine = chosen(runtime)
         engine.notice_level = logging.INFO
-        log.info("engine auto: %s on %s", chosen.registered_name, server.model.device)
+        log.info("engine auto: %s on %s", chosen.registered_name, runtime.model.device)
         return engine

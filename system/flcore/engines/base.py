@@ -37,7 +37,7 @@ class Engine:
 
     def __init__(self, runtime: Runtime):
         #: what the engine needs of the run (model, data, settings, clients, state): flcore/protocol.py
-        self.server = runtime
+        self.runtime = runtime
         self.flat = runtime.model
         self.stats: dict[str, int] = {}
         self._noticed: set[str] = set()

@@ -121,8 +121,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("fl")
 
 
-def flat_device(server: "Server") -> torch.device:
-    return server.model.device
+def flat_device(runtime: "Server") -> torch.device:
+    return runtime.model.device
 
 
 def _same_for_all(values: list[Any]) -> bool:
@@ -184,13 +184,13 @@ class BatchedEngine(Engine):
                  help="batched engine: how the cohort step runs: auto (graph on a GPU, eager elsewhere), eager, "
                       "graph (replayed from a CUDA graph per cohort and batch shape), compiled (torch.compile)")
 
-    def __init__(self, server: "Runtime"):
-        super().__init__(server)
-        self.chunk = int(getattr(server.args, "cohort_chunk", 0) or 0)
+    def __init__(self, runtime: "Runtime"):
+        super().__init__(runtime)
+        self.chunk = int(getattr(runtime.args, "cohort_chunk", 0) or 0)
         if self.chunk < 0:
             raise FLError(f"--cohort_chunk must be >= 0, got {self.chunk}")
-        self.precision = check_precision(server.args, flat_device(server))
-        self.runner = make_step_runner(str(getattr(server.args, "step_runner", "auto") or "auto"), flat_device(server),
+        self.precision = check_precision(runtime.args, flat_device(runtime))
+        self.runner = make_step_runner(str(getattr(runtime.args, "step_runner", "auto") or "auto"), flat_device(runtime),
                                        lambda message: self.notice(message, message))
         self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
@@ -207,7 +207,7 @@ class BatchedEngine(Engine):
         if caps.own_loss:
             if not caps.vmappable_loss:
                 return "has a loss hook that is not declared vmappable"
-            if not self.server.args.drop_last:
+            if not self.runtime.args.drop_last:
                 return "has its own loss, which the batched engine runs on full batches only (--drop_last)"
         return None
 
@@ -223,7 +223,7 @@ class BatchedEngine(Engine):
             return "the model has dropout, whose per-client random masks only the sequential engine reproduces"
         if not flat.vector.is_floating_point():
             return "the model is not floating point"
-        x = self.server.dataset.sample_inputs(2).to(flat.device)
+        x = self.runtime.dataset.sample_inputs(2).to(flat.device)
         saved = flat.vector.detach().clone()
         was_training = module.training
         try:
@@ -259,7 +259,7 @@ class BatchedEngine(Engine):
         client axis second: functorch's batched convolution folds it into the channel axis
         (``groups=K``), which is then a free view instead of a transposing copy per layer."""
         cls = owner if isinstance(owner, type) else type(owner)
-        own_loss = cls.local_loss is not Client.local_loss
+        own_loss = cls.capabilities.own_loss
         dims_key = tuple(sorted((ctx_dims or {}).items())) if own_loss else ()
         key = (cls if own_loss else Client, masked, batched, dims_key)
         fn = self._step_fns.get(key)
@@ -298,7 +298,7 @@ class BatchedEngine(Engine):
     def _data_for(self, clients: list[Client]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """(x, y, row offset of each client) covering ``clients``' training data: the dataset's
         merged training split, which the clients' tensors are views of."""
-        dataset = self.server.dataset
+        dataset = self.runtime.dataset
         x, y, _ = dataset.split("train")
         offsets = dataset.offsets("train")
         return x, y, [offsets[c.index] for c in clients]
@@ -473,10 +473,10 @@ class BatchedEngine(Engine):
         and loss exactly), ``ctx`` the per-step context entries. ``consts``: ``lr`` [n, 1] and the
         rest of the context."""
         cls = type(owner)
-        own_loss = cls.local_loss is not Client.local_loss
-        adjust = None if cls.adjust_grad is Client.adjust_grad else owner.adjust_grad
+        own_loss = cls.capabilities.own_loss
+        adjust = owner.adjust_grad if "adjust_grad" in cls.capabilities.overrides else None
         dims_key = tuple(sorted(ctx_dims.items()))
-        x_all, y_all, _ = self.server.dataset.split("train")
+        x_all, y_all, _ = self.runtime.dataset.split("train")
         key = ("cohort", cls if (own_loss or adjust) else Client, masked, batched, dims_key, retire, self.precision,
                x_all.data_ptr(), y_all.data_ptr())
         fn = self._step_fns.get(key)
@@ -487,7 +487,7 @@ class BatchedEngine(Engine):
         if adjust is not None:
             vadjust = vmap(adjust, in_dims=(0, 0, ctx_dims)) if batched else adjust
         flat, precision = self.flat, self.precision
-        table = self.server.dataset.input_table
+        table = self.runtime.dataset.input_table
         device = flat.device
         num_params = flat.num_params
         segments = flat.param_segments()

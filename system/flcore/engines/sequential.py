@@ -13,16 +13,16 @@ from flcore.engines.precision import check_precision, precision_context
 from flcore.registry import register_engine
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 
 @register_engine("sequential")
 class SequentialEngine(Engine):
     """Train each client of the cohort in turn on the server's working model."""
 
-    def __init__(self, server: "Server"):
-        super().__init__(server)
-        self.precision = check_precision(server.args, self.flat.device)
+    def __init__(self, runtime: "Runtime"):
+        super().__init__(runtime)
+        self.precision = check_precision(runtime.args, self.flat.device)
 
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         with precision_context(self.precision, self.flat.device):  # --precision (fp32: no change)

@@ -80,13 +80,13 @@ class ThreadedEngine(Engine):
                  help="threaded engine: worker threads, each training whole clients on one intra-op "
                       "thread (0 = one per CPU core)")
 
-    def __init__(self, server: "Runtime"):
-        super().__init__(server)
-        requested = int(getattr(server.args, "workers", 0) or 0)
+    def __init__(self, runtime: "Runtime"):
+        super().__init__(runtime)
+        requested = int(getattr(runtime.args, "workers", 0) or 0)
         if requested < 0:
             raise FLError(f"--workers must be >= 0, got {requested}")
         self.num_workers = requested or available_cores()
-        self.precision = check_precision(server.args, self.flat.device)
+        self.precision = check_precision(runtime.args, self.flat.device)
         self._models: list[FlatModel] = []
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None

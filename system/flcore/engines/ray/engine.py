@@ -67,7 +67,7 @@ class RayEngine(Engine):
 
     def __init__(self, runtime: Runtime):
         super().__init__(runtime)
-        server, args = runtime, runtime.args
+        args = runtime.args
         self.address = str(getattr(args, "ray_address", "local") or "local")
         self.requested_workers = int(getattr(args, "ray_workers", 0) or 0)
         self.cpus = float(getattr(args, "ray_cpus_per_worker", 1.0))
@@ -81,10 +81,10 @@ class RayEngine(Engine):
             raise FLError(f"--ray_cpus_per_worker must be > 0, got {self.cpus}")
         check_ray_installed()
         # server.state becomes the driver's file-backed copy; the actors hold the working state
-        server.state.close()
-        self.store = DriverStateStore(server.device, STATE_DTYPES[args.state_dtype], getattr(args, "state_dir", None))
-        server.state = self.store
-        for client in server.clients:
+        runtime.state.close()
+        self.store = DriverStateStore(runtime.device, STATE_DTYPES[args.state_dtype], getattr(args, "state_dir", None))
+        runtime.state = self.store
+        for client in runtime.clients:
             client.state = self.store
         self.actors: list | None = None
         self.members: list[list[int]] = []
@@ -103,7 +103,7 @@ class RayEngine(Engine):
         if ray.is_initialized():
             return  # a Ray instance this process (a test, a notebook) already runs
         if self.address == "local":
-            data_bytes = sum(t.numel() * t.element_size() for c in self.server.clients
+            data_bytes = sum(t.numel() * t.element_size() for c in self.runtime.clients
                              for t in (c.data.train_x, c.data.train_y, c.data.test_x, c.data.test_y))
             start_local_ray(available_cores(), data_bytes + 64 * 1024**2,
                             num_gpus=torch.cuda.device_count() if self.gpus > 0 else None)
@@ -120,7 +120,7 @@ class RayEngine(Engine):
         count = self.requested_workers or int(cpus // self.cpus)
         if self.gpus > 0 and not self.requested_workers:
             count = min(count, int(gpus // self.gpus))
-        count = max(1, min(count, len(self.server.clients)))
+        count = max(1, min(count, len(self.runtime.clients)))
         # actors that do not fit would wait for resources forever: a local instance never grows
         if self.address == "local" and (count * self.cpus > cpus + 1e-9 or count * self.gpus > gpus + 1e-9):
             raise FLError(f"engine ray: {count} actors x {self.cpus:g} CPUs, {self.gpus:g} GPUs do not fit the local "
@@ -132,7 +132,7 @@ class RayEngine(Engine):
         self._connect()
         ray = import_ray()
         workers = self._worker_count()
-        self.members = assign_by_samples([c.num_train for c in self.server.clients], workers)
+        self.members = assign_by_samples([c.num_train for c in self.runtime.clients], workers)
         self.owner = {i: slot for slot, members in enumerate(self.members) for i in members}
         module = copy.deepcopy(self.flat.module).to("cpu")
         self._module_ref = ray.put(module)
@@ -158,12 +158,12 @@ class RayEngine(Engine):
         the driver has them); returns the reference of its loading call."""
         actor = self._remote_cls.options(
             num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0, scheduling_strategy="SPREAD",
-        ).remote(self._module_ref, self.server.args, self.gpus > 0, max(1, int(self.cpus)))
+        ).remote(self._module_ref, self.runtime.args, self.gpus > 0, max(1, int(self.cpus)))
         self.actors[slot] = actor
         members = self.members[slot]
-        clients = self.server.clients
+        clients = self.runtime.clients
         contract = {i: (type(clients[i]), clients[i].settings(), clients[i].carried_state()) for i in members}
-        task = Task(self.server.num_classes, self.flat.num_params)
+        task = Task(self.runtime.num_classes, self.flat.num_params)
         # the data go through the object store once per actor; the reference is dropped once loaded
         # (a replacement puts them again from the driver's dataset, which holds them anyway)
         data = import_ray().put([(i, standalone_data(clients[i].data)) for i in members])
@@ -202,7 +202,7 @@ class RayEngine(Engine):
 
         def send(slot: int, fresh: bool):
             mine = jobs.get(slot, [])
-            carried = {i: self.server.clients[i].carried_state() for i in mine}
+            carried = {i: self.runtime.clients[i].carried_state() for i in mine}
             return self.actors[slot].train_round.remote(
                 base, {i: package.payloads[i] for i in mine if i in package.payloads}, mine, carried,
                 {} if fresh else pushes.get(slot, {}), slot == last_slot)
@@ -258,7 +258,7 @@ class RayEngine(Engine):
         """An actor's answer: its clients' carried state onto the driver's clients, their changed
         state into the driver's copy."""
         for index, values in answer["carried"].items():
-            self.server.clients[index].restore_carried_state(values)
+            self.runtime.clients[index].restore_carried_state(values)
         for name, table in answer["states"].items():
             for index, value in table.items():
                 self.store.record(name, index, value)
