@@ -13,7 +13,9 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
+import signal
 import sys
 import time
 import warnings
@@ -26,15 +28,15 @@ from flcore.attacks.dlg import DLGAttack
 from flcore.newclients import NewClientEvaluation, hold_out
 from flcore.privacy.server import privacy_lines, privacy_summary
 from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
-                       declared_actions, generic_parser, pfllib_algorithm_actions)
+from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, check_ranges,
+                       declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
 from utils.data_utils import FederatedDataset, load_federated_dataset
 from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
 from utils.errors import Diverged, FLError
 from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from utils.result_utils import result_path, save_results, summarize, write_atomically
-from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
+from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
 from utils.seeding import derive_seed, seed_everything
 
 log = logging.getLogger("fl")
@@ -123,6 +125,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.algorithm = server_cls.registered_name
     args.select = server_cls.selector_name or args.select
     validate(args)
+    check_ranges(parser, args)  # the ranges the algorithm, policy and engine flags declare
     return args
 
 
@@ -195,11 +198,30 @@ def validate(args: argparse.Namespace) -> None:
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    validate_names(args)
     validate_privacy(args)
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     if args.client_trace is not None and not Path(args.client_trace).is_file():
         raise FLError(f"--client_trace {args.client_trace}: no such file")
+
+
+#: what a goal (-go) may hold: it becomes part of file names (sweep.py applies the same rule)
+PLAIN_NAME = re.compile(r"[A-Za-z0-9._+=-]+")
+
+
+def validate_names(args: argparse.Namespace) -> None:
+    """The parts of the result file's name that come from the user: the goal and the dataset folder's
+    name (``results/<data>_<algo>_<goal>_<run>.h5``) must be plain names, so that a result stays in
+    --results_dir, is not hidden, and is found again by summarize.py, plot.py and sweep.py."""
+    if not PLAIN_NAME.fullmatch(args.goal):
+        raise FLError(f"-go {args.goal!r}: use letters, digits and . _ + = - only, at least one "
+                      "(it is part of the result file names)")
+    name = Path(args.dataset).name
+    if not name or name in (".", "..") or name.startswith(".") or any(ord(c) < 32 for c in name):
+        raise FLError(f"-data {args.dataset!r}: the result file names start with the dataset folder's name, and "
+                      f"{name!r} is not a plain one; pass the folder by a path that ends in its name "
+                      "(e.g. -data ../MNIST)")
 
 
 def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:
@@ -424,7 +446,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     def run_time() -> float:
         return elapsed + time.perf_counter() - started
 
-    def save(finished: bool, **extra) -> tuple[dict, Path]:
+    def save(finished: bool, to: Path | None = None, **extra) -> tuple[dict, Path]:
         history = server.history
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
@@ -440,7 +462,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
             "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
             "finished": finished, **extra,
         }
-        return summary, save_results(claimed.result, history, attrs, summary)
+        return summary, save_results(to or claimed.result, history, attrs, summary)
 
     every = int(run_args.checkpoint_every)
 
@@ -459,27 +481,68 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
                          round_end=round_end,
                          callbacks=[*evaluation_callbacks(server, new_clients, claimed.result), *live_callbacks(run_args, run_index)])
     except RunInterrupted as exc:
-        _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
-        print(f"stopped after round {exc.next_round - 1}: results so far in {path}, checkpoint {claimed.checkpoint}; "
+        if is_finished(claimed.result):  # an --overwrite stopped early: the finished results stay as they are
+            where = f"the finished results in {claimed.result} are kept until this run completes"
+        else:
+            _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
+            where = f"results so far in {path}"
+        print(f"stopped after round {exc.next_round - 1}: {where}, checkpoint {claimed.checkpoint}; "
               f"continue with: {resume} --resume", file=sys.stderr)
         raise
     except Diverged as exc:
+        if is_finished(claimed.result):  # a diverged --overwrite never replaces finished results
+            raise Diverged(f"{exc} (the finished results in {claimed.result} and their model are kept; "
+                           "nothing of this run was written)", exc.round) from None
         if not server.history.test_acc:
             raise
         _, path = save(False, stopped_at_round=exc.round, stop_reason=str(exc))
         raise Diverged(f"{exc} (results up to round {exc.round} kept in {path}, marked unfinished)", exc.round) from None
-    summary, path = save(True)
-    if run_args.save_model:
-        save_model(server, claimed.result)
+    summary = commit_results(server, run_args, claimed.result, save)
     claimed.checkpoint.unlink(missing_ok=True)  # the results are complete: nothing left to resume
-    return summary, path
+    return summary, claimed.result
 
 
-def save_model(server, result: Path) -> Path:
-    """The final global model as ``<result>.safetensors`` (a plain state_dict: load it with
+def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> dict:
+    """Write the model(s) and the finished results under temporary names, then rename them into
+    place, models first: an h5 marked finished always has its model beside it, and results that
+    ``--overwrite`` replaces stay untouched until every new file is complete. Returns the summary."""
+    staged: dict[Path, Path] = {}  # final name -> the complete file under a temporary name
+    try:
+        if run_args.save_model:
+            staged.update(stage_model(server, result))
+        summary, staged[result] = save(True, to=staging_name(result))
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair
+        try:
+            if not run_args.save_model:  # a replaced run's models would not match the new results
+                for stale in model_paths(result):
+                    stale.unlink(missing_ok=True)
+            for final, tmp in staged.items():
+                os.replace(tmp, final)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    return summary
+
+
+def staging_name(path: Path) -> Path:
+    """Where a file waits, complete, until :func:`commit_results` renames it to ``path``."""
+    return path.parent / f".{path.name}.new"
+
+
+def model_paths(result: Path) -> tuple[Path, Path]:
+    """The global model and the personal models of the run whose results are ``result``."""
+    return result.with_suffix(".safetensors"), result.with_suffix(".personal.safetensors")
+
+
+def stage_model(server, result: Path) -> dict[Path, Path]:
+    """The final global model for ``<result>.safetensors`` (a plain state_dict: load it with
     ``module.load_state_dict(safetensors.torch.load_file(path))``); personalised algorithms also
-    write each client's model into ``<result>.personal.safetensors`` under ``client<i>/``."""
+    each client's model for ``<result>.personal.safetensors`` under ``client<i>/``. Written under
+    temporary names (:func:`staging_name`); returns {final name: written file}."""
     try:
         from safetensors.torch import save_file
     except ImportError:
@@ -491,14 +554,22 @@ def save_model(server, result: Path) -> Path:
         # the module's tensors are views of one vector: safetensors wants separate, contiguous ones
         return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in server.model.module.state_dict().items()}
 
-    path = result.with_suffix(".safetensors")
-    write_atomically(path, lambda tmp: save_file(state_of(server.global_params), tmp))
-    if server.personalized or server.shared_mask is not None:
-        personal: dict[str, torch.Tensor] = {}
-        for client in server.clients:
-            personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
-        write_atomically(result.with_suffix(".personal.safetensors"), lambda tmp: save_file(personal, tmp))
-    return path
+    path, personal_path = model_paths(result)
+    staged: dict[Path, Path] = {}
+    try:
+        write_atomically(staging_name(path), lambda tmp: save_file(state_of(server.global_params), tmp))
+        staged[path] = staging_name(path)
+        if server.personalized or server.shared_mask is not None:
+            personal: dict[str, torch.Tensor] = {}
+            for client in server.clients:
+                personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
+            write_atomically(staging_name(personal_path), lambda tmp: save_file(personal, tmp))
+            staged[personal_path] = staging_name(personal_path)
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    return staged
 
 
 def print_summary(run_index: int, summary: dict, path: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import typing
 from typing import Any, Iterable
 
@@ -38,17 +39,75 @@ def str2bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (True/False/1/0), got {value!r}")
 
 
-def add_flag(parser: argparse.ArgumentParser | Any, *names: str, **kwargs: Any) -> None:
-    """``add_argument`` that also registers ``--dashed-name`` for each ``--underscored_name``."""
+@dataclasses.dataclass(frozen=True)
+class Allowed:
+    """The values a numeric flag accepts: ``low <= v`` / ``above < v`` and ``v <= high`` / ``v < below``
+    (None: unbounded on that side), finite unless ``finite=False``. NaN is never allowed."""
+
+    low: float | None = None
+    above: float | None = None
+    high: float | None = None
+    below: float | None = None
+    finite: bool = True
+
+    def admits(self, value: float) -> bool:
+        if isinstance(value, float) and (math.isnan(value) or (self.finite and math.isinf(value))):
+            return False
+        return ((self.low is None or value >= self.low) and (self.above is None or value > self.above)
+                and (self.high is None or value <= self.high) and (self.below is None or value < self.below))
+
+    def describe(self) -> str:
+        lower = (f"[{self.low:g}" if self.low is not None else f"({self.above:g}" if self.above is not None else None)
+        upper = (f"{self.high:g}]" if self.high is not None else f"{self.below:g})" if self.below is not None else None)
+        if lower and upper:
+            return f"in {lower}, {upper}"
+        if lower:
+            return (">= " if lower[0] == "[" else "> ") + lower[1:]
+        if upper:
+            return ("<= " if upper[-1] == "]" else "< ") + upper[:-1]
+        return "a finite number"
+
+
+#: the keywords of :func:`add_flag` that declare a flag's range (see :class:`Allowed`)
+RANGE_KEYWORDS = ("low", "above", "high", "below", "finite")
+
+
+def add_flag(parser: argparse.ArgumentParser | Any, *names: str, **kwargs: Any) -> argparse.Action:
+    """``add_argument`` that also registers ``--dashed-name`` for each ``--underscored_name``.
+
+    A numeric flag declares the values it accepts with ``low=`` (>=), ``above=`` (>), ``high=`` (<=),
+    ``below=`` (<) and ``finite=`` (default True: inf refused; NaN always is). ``main.py`` checks
+    every declared range once, before any work (:func:`check_ranges`)."""
     spellings = list(names)
     for name in names:
         if name.startswith("--") and "_" in name:
             dashed = name.replace("_", "-")
             if dashed not in spellings:
                 spellings.append(dashed)
+    bounds = {key: kwargs.pop(key) for key in RANGE_KEYWORDS if key in kwargs}
+    if bounds and kwargs.get("help"):
+        kwargs["help"] += f"; {Allowed(**bounds).describe()}"
     if kwargs.get("type") is bool:
         kwargs.update(type=str2bool, nargs="?", const=True, metavar="BOOL")
-    parser.add_argument(*spellings, **kwargs)
+    action = parser.add_argument(*spellings, **kwargs)
+    if bounds:
+        if kwargs.get("type") not in (int, float):
+            raise TypeError(f"{names[0]}: a range needs type=int or type=float")
+        action.allowed = Allowed(**bounds)
+    return action
+
+
+def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One line naming the flag, its value and its range for the first parsed value outside the
+    range its declaration gives (None: left unset, allowed)."""
+    for action in parser._actions:
+        allowed = getattr(action, "allowed", None)
+        value = getattr(args, action.dest, None)
+        if allowed is None or value is None:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if not allowed.admits(item):
+                raise FLError(f"{action.option_strings[0]} must be {allowed.describe()}, got {item}")
 
 
 class ExactParser(argparse.ArgumentParser):

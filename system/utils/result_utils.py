@@ -6,6 +6,7 @@ bytes, per-client accuracy) and the full configuration as attributes.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -70,12 +71,23 @@ def _os_errors_as_user_errors(write):
     def checked(path: Path, *args: Any, **kwargs: Any) -> Any:
         try:
             return write(path, *args, **kwargs)
-        except OSError as exc:
-            # h5py reports the C library's errno inside a multi-line message ("errno = 28")
-            code = exc.errno if isinstance(exc.errno, int) else re.search(r"errno = (\d+)", str(exc))
-            reason = os.strerror(code if isinstance(code, int) else int(code[1])) if code else " ".join(str(exc).split())
-            raise FLError(f"cannot write {path} ({reason}); free some space or pass "
-                          "--results_dir with a writable folder") from exc
+        except Exception as exc:
+            # h5py reports the C library's errno inside a multi-line message ("errno = 28"), safetensors
+            # as "os error 28"; torch.save's zip writer reports a short write as "unexpected pos"
+            found = re.search(r"(?:errno = |os error )(\d+)", str(exc))
+            code = exc.errno if isinstance(exc, OSError) and isinstance(exc.errno, int) else found and int(found[1])
+            if code:
+                reason = os.strerror(code)
+            elif isinstance(exc, OSError):
+                reason = " ".join(str(exc).split())
+            elif "unexpected pos" in str(exc):
+                reason, code = "the write stopped short: is the disk full?", errno.ENOSPC
+            else:
+                raise
+            advice = ("the folder is read-only: pass --results_dir with a writable folder"
+                      if code in (errno.EROFS, errno.EACCES, errno.EPERM)
+                      else "free some space or pass --results_dir with a writable folder")
+            raise FLError(f"cannot write {path} ({reason}); {advice}") from exc
 
     return checked
 

@@ -1,0 +1,190 @@
+"""The regression suite of issue 23 (a hostile new user's inputs): each case ends with ONE line on
+stderr and exit status 2 (or 130 for Ctrl-C), never a traceback, and every result and model that
+was on disk before is byte-identical afterwards."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+import torch
+
+import main
+from fltest import one_thread  # noqa: F401 - fixture
+from toydata import make_dataset
+
+SYSTEM = Path(main.__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    return make_dataset(tmp_path_factory.mktemp("hostile"), num_clients=4, input_shape=(1, 8, 8))
+
+
+def argv(toy, results, *extra) -> list[str]:
+    return ["-data", str(toy), "--results_dir", str(results), "-dev", "cpu", "-m", "DNN", "-gr", "2",
+            "--progress", "False", "-q", "True", *extra]
+
+
+def run_main(capsys, *args: str) -> tuple[int, str]:
+    """main.main's exit status (argparse's too) and its stderr."""
+    capsys.readouterr()
+    try:
+        code = main.main(list(args))
+    except SystemExit as exc:
+        code = exc.code
+    return code, capsys.readouterr().err
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones too) with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line(err: str, *words: str) -> None:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+@pytest.fixture
+def finished(toy, tmp_path, capsys):
+    """A results folder holding one finished run (h5 and model); returns (folder, its snapshot)."""
+    assert run_main(capsys, *argv(toy, tmp_path, "-go", "ow"))[0] == 0
+    before = snapshot(tmp_path)
+    assert {Path(name).suffix for name in before} == {".h5", ".safetensors"}
+    return tmp_path, before
+
+
+# ------------------------------------------------------------------ 1: --overwrite is atomic
+def test_an_interrupted_overwrite_keeps_the_old_results_and_model(toy, finished):
+    results, before = finished
+    command = [sys.executable, "main.py", *argv(toy, results, "-go", "ow", "--overwrite", "-gr", "400", "-q", "False",
+                                                 "--num_threads", "1", "--engine", "sequential")]
+    process = subprocess.Popen(command, cwd=SYSTEM, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in process.stdout:
+        if line.startswith("round") and int(line.split()[1]) >= 2:
+            break
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "kept until this run completes" in err and "--resume" in err
+    after = snapshot(results)
+    assert {name: after[name] for name in before} == before
+    assert set(after) - set(before) == {f"{toy.name}_FedAvg_ow_0.ckpt"}  # the overwrite, to --resume
+
+
+def test_a_diverged_overwrite_keeps_the_old_results_and_model(toy, finished, capsys):
+    results, before = finished
+    code, err = run_main(capsys, *argv(toy, results, "-go", "ow", "--overwrite", "-lr", "1e9", "-gr", "3"))
+    assert code == 2
+    one_line(err, "kept", "nothing of this run was written")
+    assert snapshot(results) == before
+
+
+def test_a_completed_overwrite_replaces_results_and_model_together(toy, finished, capsys):
+    results, before = finished
+    assert run_main(capsys, *argv(toy, results, "-go", "ow", "--overwrite", "-lr", "0.1"))[0] == 0
+    after = snapshot(results)
+    assert set(after) == set(before) and all(after[name] != before[name] for name in before)
+    assert run_main(capsys, *argv(toy, results, "-go", "ow", "--overwrite", "--save_model", "False"))[0] == 0
+    assert [Path(name).suffix for name in snapshot(results)] == [".h5"]  # no model of another run left beside it
+
+
+# ------------------------------------------------------------------ 6: a full disk
+def no_space_safetensors(tensors, path, *args, **kwargs):
+    from safetensors import SafetensorError
+
+    Path(path).write_bytes(b"\0" * 10)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def no_space_torch_save(obj, path, *args, **kwargs):
+    Path(path).write_bytes(b"PK\3\4")
+    raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+
+
+def test_a_full_disk_while_saving_the_model_writes_no_finished_results(toy, tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+
+    monkeypatch.setattr(safetensors.torch, "save_file", no_space_safetensors)
+    code, err = run_main(capsys, *argv(toy, tmp_path))
+    assert code == 2
+    one_line(err, "No space left on device", "free some space")
+    assert snapshot(tmp_path) == {}  # no h5 marked finished without its model, no temporary file
+    monkeypatch.undo()
+    assert run_main(capsys, *argv(toy, tmp_path))[0] == 0  # and a rerun is not refused as finished
+
+
+def test_a_full_disk_while_overwriting_keeps_the_old_results_and_model(toy, finished, capsys, monkeypatch):
+    results, before = finished
+    import h5py as h5
+
+    real = h5.File
+
+    def file(name, mode="r", *args, **kwargs):
+        if mode == "w":
+            raise OSError(28, "Unable to synchronously create file (file write failed: errno = 28)")
+        return real(name, mode, *args, **kwargs)
+
+    monkeypatch.setattr(h5, "File", file)
+    code, err = run_main(capsys, *argv(toy, results, "-go", "ow", "--overwrite"))
+    assert code == 2
+    one_line(err, "No space left on device")
+    assert snapshot(results) == before
+
+
+def test_a_full_disk_while_checkpointing_is_one_line(toy, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch, "save", no_space_torch_save)
+    code, err = run_main(capsys, *argv(toy, tmp_path, "--checkpoint_every", "1"))
+    assert code == 2
+    one_line(err, "disk full", "free some space")
+    assert snapshot(tmp_path) == {}
+
+
+def test_a_read_only_results_folder_says_read_only(toy, tmp_path, capsys, monkeypatch):
+    import os
+
+    def read_only(src, dst):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(os, "replace", read_only)
+    code, err = run_main(capsys, *argv(toy, tmp_path))
+    monkeypatch.undo()
+    assert code == 2
+    one_line(err, "read-only", "--results_dir")
+    assert "free some space" not in err
+
+
+# ------------------------------------------------------------------ 7: every algorithm flag has a range
+@pytest.mark.parametrize("flags,named", [
+    (["-algo", "FedAdam", "-slr", "0"], "-slr must be > 0, got 0.0"),
+    (["-algo", "FedAdam", "--beta1", "1.5"], "--beta1 must be in [0, 1), got 1.5"),
+    (["-algo", "SCAFFOLD", "-slr", "-1"], "-slr must be > 0, got -1.0"),
+    (["-algo", "FedProx", "-mu", "-1"], "-mu must be >= 0, got -1.0"),
+    (["-algo", "FedAvgM", "--server_momentum", "1"], "--server_momentum must be in [0, 1), got 1.0"),
+    (["-algo", "FedYogi", "--beta2", "-1"], "--beta2 must be in [0, 1), got -1.0"),
+    (["-algo", "FedProx", "-mu", "nan"], "-mu must be >= 0, got nan"),
+    (["-algo", "FedAdam", "-tau", "inf"], "-tau must be > 0, got inf"),
+    (["--workers", "-2"], "--workers must be >= 0, got -2"),
+])
+def test_out_of_range_algorithm_flags_are_refused_up_front(toy, tmp_path, capsys, flags, named):
+    code, err = run_main(capsys, *argv(toy, tmp_path, *flags))
+    assert code == 2
+    one_line(err, named)
+    assert not list(tmp_path.iterdir())  # refused before anything was claimed or written
+
+
+def test_every_numeric_algorithm_flag_declares_a_range():
+    from flcore.registry import ALGORITHMS, SELECTORS, load_all
+    from utils.cli import declared_actions
+
+    load_all()
+    classes = [main._algorithm_classes(ALGORITHMS.get(name)) for name in ALGORITHMS.names()]
+    classes += [(SELECTORS.get(name),) for name in SELECTORS.names()]
+    missing = sorted({action.option_strings[0] for group in classes for action in declared_actions(*group)
+                      if action.type in (int, float) and not action.choices and not hasattr(action, "allowed")})
+    assert missing == []
