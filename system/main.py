@@ -21,23 +21,27 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-import torch
+try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as one later does
+    import numpy as np
+    import torch
 
-from flcore.attacks.dlg import DLGAttack
-from flcore.newclients import NewClientEvaluation, hold_out
-from flcore.privacy.server import privacy_lines, privacy_summary
-from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, check_ranges,
-                       declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
-from utils.data_utils import FederatedDataset, load_federated_dataset
-from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
-from utils.errors import Diverged, FLError
-from utils.live import live_callbacks
-from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-from utils.result_utils import result_path, save_results, summarize, write_atomically
-from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
-from utils.seeding import derive_seed, seed_everything
+    from flcore.attacks.dlg import DLGAttack
+    from flcore.newclients import NewClientEvaluation, hold_out
+    from flcore.privacy.server import privacy_lines, privacy_summary
+    from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
+    from flcore.trainmodel.checks import dry_run
+    from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, check_ranges,
+                           declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
+    from utils.data_utils import FederatedDataset, load_federated_dataset
+    from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
+    from utils.errors import Diverged, FLError
+    from utils.live import live_callbacks
+    from utils.mem_utils import peak_gpu_mb, peak_rss_mb
+    from utils.result_utils import read_results, result_path, save_results, summarize, write_atomically
+    from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
+    from utils.seeding import derive_seed, seed_everything
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 log = logging.getLogger("fl")
 
@@ -277,11 +281,7 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     try:
         module = factory(dataset.input_shape, dataset.num_classes, model_args)
         check_token_ids(model_args, dataset, module)
-        probe = dataset.sample_inputs(2).to("cpu")
-        with torch.no_grad():
-            module.eval()
-            out = module(probe)
-            module.train()
+        out = dry_run(module, dataset.sample_inputs(2).to("cpu"))  # before training: a shape it cannot take
     except (ValueError, RuntimeError, IndexError) as exc:
         raise FLError(
             f"model {args.model} does not fit dataset {args.dataset} (inputs {list(dataset.input_shape)}): "
@@ -383,12 +383,17 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         if claimed.action == "skip":
             print(f"Run {run_index}: already finished ({claimed.result}); skipped (--resume)")
             paths.append(claimed.result)
+            earlier = np.asarray(read_results(claimed.result).get("rs_test_acc", []))
+            if earlier.size:  # it counts in the best accuracy over the runs
+                best.append(float(earlier.max()))
             continue
         run_args = copy.copy(args)
         run_args.seed = args.seed + run_index
         seed_everything(derive_seed(run_args.seed, "init"))
         module = build_model(run_args, dataset, device)
         server = server_cls(run_args, dataset, module, device)
+        if not paths:  # once, at the start of the first run trained
+            warn_degenerate(args, server)
         log.info(
             "run %d/%d: %s on %s, %d clients, model %s (%d parameters), device %s %s",
             run_index + 1, args.times, args.algorithm, args.dataset, len(server.clients), args.model,
@@ -404,6 +409,34 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
     if len(best) > 1:
         print(f"Best accuracy over {len(best)} runs: mean {np.mean(best):.4f}, std {np.std(best):.4f}")
     return paths
+
+
+#: each named split of the model (``Server.shared``): (the shared part, the private part), in words
+MODEL_SPLITS = {"body": ("the body", "the head"), "head": ("the head", "the body"),
+                "no_norm": ("all but the normalisation layers", "the normalisation layers"),
+                "no_batchnorm": ("all but the BatchNorm layers", "the BatchNorm layers")}
+
+
+def warn_degenerate(args: argparse.Namespace, server) -> None:
+    """One warning line for each setting under which the method asked for is another one: a split
+    of the model whose private or shared part is empty with this model (FedBN on a model without
+    normalisation layers is FedAvg, FedPer or FedRep on MLR, which has no body, is Local), and
+    differential privacy without noise (epsilon is infinite)."""
+    parts = server.shared_parts()
+    if isinstance(parts, str) and parts in MODEL_SPLITS:
+        shared, private = MODEL_SPLITS[parts]
+        if server.shared_mask is None:
+            log.warning("warning: %s keeps %s on the clients, and model %s has none: every parameter is shared, "
+                        "so this run is FedAvg", args.algorithm, private, args.model)
+        elif not bool(server.shared_mask.any()):
+            log.warning("warning: %s shares %s, and model %s has none: no parameter is shared, so this run is "
+                        "Local", args.algorithm, shared, args.model)
+    if args.privacy and args.dp_sigma == 0:
+        log.warning("warning: -dp with -dps 0 (PFLlib's default) clips but adds no noise: epsilon is infinite, "
+                    "no privacy; pass -dps > 0 (e.g. 1.0)")
+    if args.dp_update_clip > 0 and args.dp_server_sigma == 0:
+        log.warning("warning: --dp_update_clip without --dp_server_sigma clips the updates but adds no noise: "
+                    "epsilon is infinite, no user-level privacy; pass --dp_server_sigma > 0")
 
 
 def evaluation_callbacks(server, new_clients: FederatedDataset | None, path: Path) -> list:

@@ -370,7 +370,8 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-pv", "--prev", type=int, default=0, help="index of the first repeated run")
     add_flag(g, "-t", "--times", type=int, default=1, help="number of repeated runs (seeds seed+run)")
     add_flag(g, "-eg", "--eval_gap", type=int, default=1, help="evaluate every eg rounds")
-    add_flag(g, "-sfn", "--save_folder_name", type=str, default="items", help="accepted for PFLlib compatibility; the final global model goes to system/models/<data>/")
+    add_flag(g, "-sfn", "--save_folder_name", type=str, default="items", help="accepted for PFLlib compatibility and ignored; the final global model goes "
+                  "next to the results, as <results_dir>/<data>_<algo>_<goal>_<run>.safetensors (--save_model)")
     add_flag(g, "-ab", "--auto_break", type=bool, default=False, help="stop when the best accuracy is -tc evaluations old")
     add_flag(g, "-dlg", "--dlg_eval", type=bool, default=False,
              help="DLG/iDLG privacy attack on the uploads: records rs_dlg_psnr/ssim and saves "

@@ -188,3 +188,150 @@ def test_every_numeric_algorithm_flag_declares_a_range():
     missing = sorted({action.option_strings[0] for group in classes for action in declared_actions(*group)
                       if action.type in (int, float) and not action.choices and not hasattr(action, "allowed")})
     assert missing == []
+
+
+# ------------------------------------------------------------------ 2, 4: names that are not plain names
+@pytest.mark.parametrize("flags,named", [
+    (["-go", ""], "-go ''"),
+    (["-go", "x/../../outside"], "-go 'x/../../outside'"),
+    (["-data", "."], "-data '.'"),
+    (["-data", ".."], "-data '..'"),
+])
+def test_goals_and_dataset_names_must_be_plain_names(toy, tmp_path, capsys, flags, named):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "keep.h5").write_bytes(b"earlier")
+    args = argv(toy, results)
+    if flags[0] == "-data":
+        args[1] = flags[1]
+    else:
+        args += flags
+    code, err = run_main(capsys, *args)
+    assert code == 2
+    one_line(err, named)
+    assert snapshot(tmp_path) == {"results/keep.h5": b"earlier"}  # nothing written inside or outside
+
+
+# ------------------------------------------------------------------ 9: a method that degenerates says so
+@pytest.mark.parametrize("flags,warning", [
+    (["-algo", "FedBN", "-m", "DNN"], "so this run is FedAvg"),
+    (["-algo", "FedPer", "-m", "MLR"], "so this run is Local"),
+    (["-algo", "FedRep", "-m", "MLR"], "so this run is Local"),
+    (["-dp", "-dps", "0"], "epsilon is infinite"),
+])
+def test_a_degenerate_method_warns_at_the_start(toy, tmp_path, capsys, flags, warning):
+    code, err = run_main(capsys, *argv(toy, tmp_path, "-gr", "1", *flags))
+    assert code == 0
+    assert [line for line in err.splitlines() if warning in line][0].startswith("warning:")
+
+
+def test_a_method_that_keeps_its_private_part_does_not_warn(toy, tmp_path, capsys):
+    code, err = run_main(capsys, *argv(toy, tmp_path, "-gr", "1", "-algo", "FedPer"))
+    assert code == 0 and "this run is" not in err
+
+
+# ------------------------------------------------------------------ 12: a read-only --state_dir
+def test_a_state_dir_that_refuses_files_is_one_line(toy, tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    results = tmp_path / "results"
+    code, err = run_main(capsys, *argv(toy, results, "-algo", "SCAFFOLD", "--state_device", "disk",
+                                       "--state_dir", str(state_dir)))
+    assert code == 2
+    one_line(err, f"--state_dir {state_dir}", "Read-only file system", "writable")
+    assert snapshot(tmp_path) == {}
+
+
+# ------------------------------------------------------------------ 13: Ctrl-C while the libraries load
+def test_ctrl_c_during_start_up_exits_quietly_with_130(toy, tmp_path):
+    """A KeyboardInterrupt raised while main.py imports torch (what Ctrl-C does then)."""
+    script = ("import builtins, runpy, sys\n"
+              "real = builtins.__import__\n"
+              "def interrupted(name, *args, **kwargs):\n"
+              "    if name == 'torch':\n"
+              "        raise KeyboardInterrupt\n"
+              "    return real(name, *args, **kwargs)\n"
+              "builtins.__import__ = interrupted\n"
+              f"sys.argv = ['main.py', '-data', {str(toy)!r}, '--results_dir', {str(tmp_path)!r}]\n"
+              "runpy.run_path('main.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=SYSTEM, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130 and done.stderr == "" and done.stdout == ""
+    assert not list(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------ 14: -sfn's help says where models go
+def test_the_help_says_where_the_model_goes(capsys):
+    with pytest.raises(SystemExit):
+        main.parse_args(["-h"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "system/models" not in text
+    assert "<results_dir>/<data>_<algo>_<goal>_<run>.safetensors" in text
+
+
+# ------------------------------------------------------------------ 17: what is found is named as it is
+def test_a_killed_run_is_named_by_its_checkpoint(toy, tmp_path, capsys):
+    """kill -9 leaves a checkpoint and a stale lock, and no h5."""
+    name = f"{toy.name}_FedAvg_test_0"
+    (tmp_path / f"{name}.ckpt").write_bytes(b"checkpoint")
+    (tmp_path / f".{name}.h5.lock").write_text("999999")
+    before = snapshot(tmp_path)
+    code, err = run_main(capsys, *argv(toy, tmp_path))
+    assert code == 2
+    one_line(err, f"{name}.ckpt holds the checkpoint of an interrupted run", "--resume", "--overwrite")
+    assert f"{name}.h5 already" not in err
+    assert snapshot(tmp_path) == {k: v for k, v in before.items() if not k.endswith(".lock")}
+
+
+@pytest.mark.parametrize("kind", ["random bytes", "folder"])
+def test_a_corrupt_file_or_a_folder_at_the_result_path_is_named_so(toy, tmp_path, capsys, kind):
+    result = tmp_path / f"{toy.name}_FedAvg_test_0.h5"
+    if kind == "folder":
+        result.mkdir()
+        (result / "inside").write_bytes(b"kept")
+    else:
+        result.write_bytes(bytes(range(256)) * 4)
+    before = snapshot(tmp_path)
+    for extra in ([], ["--resume"], ["--overwrite"]) if kind == "folder" else ([], ["--resume"]):
+        code, err = run_main(capsys, *argv(toy, tmp_path, *extra))
+        assert code == 2
+        one_line(err, "is a folder" if kind == "folder" else "corrupt or truncated")
+        assert snapshot(tmp_path) == before
+
+
+# ------------------------------------------------------------------ 18: an npz holding pickled objects
+def test_an_npz_of_objects_is_called_pickled(toy, tmp_path, capsys):
+    import shutil
+
+    import numpy as np
+
+    data = tmp_path / "Toy"
+    shutil.copytree(toy, data)
+    np.savez(data / "train" / "0.npz", x=np.zeros((3, 1, 8, 8), np.float32), y=np.array([1, "a", None], dtype=object))
+    code, err = run_main(capsys, *argv(data, tmp_path / "results"))
+    assert code == 2
+    one_line(err, "0.npz holds pickled Python objects", "never unpickled")
+
+
+# ------------------------------------------------------------------ 19: --resume reports over every run
+def test_resume_with_a_finished_run_reports_the_best_over_all_runs(toy, tmp_path, capsys):
+    assert run_main(capsys, *argv(toy, tmp_path, "-t", "1"))[0] == 0
+    capsys.readouterr()
+    assert main.main(argv(toy, tmp_path, "-t", "2", "--resume")) == 0
+    out = capsys.readouterr().out
+    assert "Run 0: already finished" in out and "Best accuracy over 2 runs" in out
+
+
+# ------------------------------------------------------------------ issue 22: a model that cannot take the inputs
+def test_a_model_that_cannot_take_the_images_is_refused_before_training(tmp_path, capsys):
+    mnist = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[12, 12], test_size=4)
+    results = tmp_path / "results"
+    code, err = run_main(capsys, *argv(mnist, results, "-m", "GoogleNet-GN"))
+    assert code == 2
+    one_line(err, "GoogleNet-GN does not fit", "GroupNorm", "[1, 28, 28]")
+    assert not results.exists() or snapshot(results) == {}
