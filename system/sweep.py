@@ -478,7 +478,8 @@ def main_cli(argv: Sequence[str] | None = None) -> int:
         conflicts = [f"{job.name}: {job.state}" for job in jobs if job.state.startswith("conflict")]
         done = sum(job.state == "done" for job in jobs)
         todo = sum(job.state == "todo" for job in jobs)
-        failed = [f"{job.name}: {job.state} (rerun python main.py {' '.join(job.argv).replace('--resume', '--overwrite')})"
+        failed = [f"{job.name}: {job.path.name} {job.state}: python main.py "
+                  f"{' '.join(job.argv).replace('--resume', '--overwrite')}"
                   for job in jobs if job.state == FAILED]
         print(f"{len(jobs)} runs: {done} done earlier, {todo} to run, {len(failed)} failed earlier, "
               f"{len(conflicts)} in conflict; {own.jobs} at a time", flush=True)
