@@ -15,7 +15,12 @@ another process holds the lock              refuse, naming its pid (every mode)
 ==========================================  ===========================================
 
 so two runs started at once with the same ``-go`` cannot both write the same file, and no
-result is ever replaced without ``--overwrite``.
+result is ever replaced without ``--overwrite``. Even then finished results are replaced only by
+finished ones: ``main.py`` writes the new model and results under temporary names and renames them
+into place (models first) when the run completes, so an interrupted or diverged ``--overwrite``
+leaves the old results and model byte for byte (its checkpoint continues it with ``--resume``).
+A file at the result's path that is not a readable result file is called corrupt, a folder there
+is refused in every mode.
 
 **Stopping.** :class:`StopOnSignal` turns the first Ctrl-C (SIGINT) or SIGTERM into a request
 that the round loop honours at the end of the current round (checkpoint and results so far are
@@ -158,8 +163,8 @@ def claim(result: Path, overwrite: bool, resume: bool) -> Claim:
             what = {"finished": "already holds results of a finished run",
                     "unfinished": "already holds an unfinished run",
                     "corrupt": "is not a readable result file (corrupt or truncated)"}[state]
-            raise FLError(f"{result} {what}; pass --overwrite to replace it, or another -go to keep both"
-                          + (", or --resume to continue it" if state == "unfinished" and checkpoint.exists() else ""))
+            resumable = f", or --resume to continue the interrupted run in {checkpoint.name}" if checkpoint.exists() else ""
+            raise FLError(f"{result} {what}; pass --overwrite to replace it, or another -go to keep both{resumable}")
         elif not overwrite and not resume and checkpoint.exists():
             raise FLError(f"{checkpoint} holds the checkpoint of an interrupted run; pass --resume to continue it, "
                           "--overwrite to start again, or another -go to keep both")

@@ -44,6 +44,14 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def earlier(folder: Path) -> dict[str, bytes]:
+    """Results and a model of an earlier run (another goal) in ``folder``; returns the snapshot."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Toy_FedAvg_earlier_0.h5").write_bytes(b"earlier results")
+    (folder / "Toy_FedAvg_earlier_0.safetensors").write_bytes(b"earlier model")
+    return snapshot(folder)
+
+
 def one_line(err: str, *words: str) -> None:
     assert err.count("\n") == 1 and "Traceback" not in err, err
     for word in words:
@@ -75,6 +83,16 @@ def test_an_interrupted_overwrite_keeps_the_old_results_and_model(toy, finished)
     after = snapshot(results)
     assert {name: after[name] for name in before} == before
     assert set(after) - set(before) == {f"{toy.name}_FedAvg_ow_0.ckpt"}  # the overwrite, to --resume
+
+
+def test_a_rerun_after_an_interrupted_overwrite_names_both_files(toy, finished, capsys):
+    results, before = finished
+    checkpoint = next(results.glob("*.h5")).with_suffix(".ckpt")
+    checkpoint.write_bytes(b"an interrupted --overwrite")
+    code, err = run_main(capsys, *argv(toy, results, "-go", "ow"))
+    assert code == 2
+    one_line(err, "already holds results of a finished run", f"--resume to continue the interrupted run in {checkpoint.name}")
+    assert {k: v for k, v in snapshot(results).items() if k in before} == before
 
 
 def test_a_diverged_overwrite_keeps_the_old_results_and_model(toy, finished, capsys):
@@ -172,10 +190,11 @@ def test_a_read_only_results_folder_says_read_only(toy, tmp_path, capsys, monkey
     (["--workers", "-2"], "--workers must be >= 0, got -2"),
 ])
 def test_out_of_range_algorithm_flags_are_refused_up_front(toy, tmp_path, capsys, flags, named):
+    before = earlier(tmp_path)
     code, err = run_main(capsys, *argv(toy, tmp_path, *flags))
     assert code == 2
     one_line(err, named)
-    assert not list(tmp_path.iterdir())  # refused before anything was claimed or written
+    assert snapshot(tmp_path) == before  # refused before anything was claimed or written
 
 
 def test_every_numeric_algorithm_flag_declares_a_range():
@@ -240,12 +259,12 @@ def test_a_state_dir_that_refuses_files_is_one_line(toy, tmp_path, capsys, monke
     monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
     state_dir = tmp_path / "state"
     state_dir.mkdir()
-    results = tmp_path / "results"
-    code, err = run_main(capsys, *argv(toy, results, "-algo", "SCAFFOLD", "--state_device", "disk",
+    before = earlier(tmp_path / "results")
+    code, err = run_main(capsys, *argv(toy, tmp_path / "results", "-algo", "SCAFFOLD", "--state_device", "disk",
                                        "--state_dir", str(state_dir)))
     assert code == 2
     one_line(err, f"--state_dir {state_dir}", "Read-only file system", "writable")
-    assert snapshot(tmp_path) == {}
+    assert snapshot(tmp_path / "results") == before and not list(state_dir.iterdir())
 
 
 # ------------------------------------------------------------------ 13: Ctrl-C while the libraries load
@@ -313,9 +332,11 @@ def test_an_npz_of_objects_is_called_pickled(toy, tmp_path, capsys):
     data = tmp_path / "Toy"
     shutil.copytree(toy, data)
     np.savez(data / "train" / "0.npz", x=np.zeros((3, 1, 8, 8), np.float32), y=np.array([1, "a", None], dtype=object))
+    before = earlier(tmp_path / "results")
     code, err = run_main(capsys, *argv(data, tmp_path / "results"))
     assert code == 2
     one_line(err, "0.npz holds pickled Python objects", "never unpickled")
+    assert snapshot(tmp_path / "results") == before
 
 
 # ------------------------------------------------------------------ 19: --resume reports over every run
@@ -330,8 +351,8 @@ def test_resume_with_a_finished_run_reports_the_best_over_all_runs(toy, tmp_path
 # ------------------------------------------------------------------ issue 22: a model that cannot take the inputs
 def test_a_model_that_cannot_take_the_images_is_refused_before_training(tmp_path, capsys):
     mnist = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[12, 12], test_size=4)
-    results = tmp_path / "results"
-    code, err = run_main(capsys, *argv(mnist, results, "-m", "GoogleNet-GN"))
+    before = earlier(tmp_path / "results")
+    code, err = run_main(capsys, *argv(mnist, tmp_path / "results", "-m", "GoogleNet-GN"))
     assert code == 2
     one_line(err, "GoogleNet-GN does not fit", "GroupNorm", "[1, 28, 28]")
-    assert not results.exists() or snapshot(results) == {}
+    assert snapshot(tmp_path / "results") == before
