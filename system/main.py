@@ -128,78 +128,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server_cls = ALGORITHMS.get(args.algorithm)
     args.algorithm = server_cls.registered_name
     args.select = server_cls.selector_name or args.select
+    check_ranges(parser, args)  # the range every flag declares: generic, algorithm, policy and engine flags
     validate(args)
-    check_ranges(parser, args)  # the ranges the algorithm, policy and engine flags declare
     return args
 
 
-def _at_least(low: int):
-    # (test, the words the message uses for it): NaN cannot reach here, these flags are integers
-    return lambda v: v >= low, f">= {low}"
-
-
-def _finite(test, text: str):
-    # NaN fails every comparison and so every range below; infinity is refused explicitly
-    return lambda v: math.isfinite(v) and test(v), text
-
-
-#: generic flags and the values that make sense: (flag, destination, (test, what the test asks for)).
-#: Evaluation flags (--eval_batch_size, --eval_group) are checked where they are used (flcore/evaluation.py).
-FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
-    ("-gr", "global_rounds", _at_least(1)),
-    ("-lbs", "batch_size", _at_least(1)),
-    ("-ls", "local_epochs", _at_least(1)),
-    ("-eg", "eval_gap", _at_least(1)),
-    ("-t", "times", _at_least(1)),
-    ("-pv", "prev", _at_least(0)),
-    ("-tc", "top_cnt", _at_least(1)),
-    ("-fs", "few_shot", _at_least(0)),
-    ("-nnc", "num_new_clients", _at_least(0)),
-    ("-ften", "fine_tuning_epoch_new", _at_least(0)),
-    ("-dlgg", "dlg_gap", _at_least(1)),
-    ("-bnpc", "batch_num_per_client", _at_least(1)),
-    ("--dlg_iters", "dlg_iters", _at_least(1)),
-    ("--dlg_clients", "dlg_clients", _at_least(0)),
-    ("-vs", "vocab_size", _at_least(1)),
-    ("-fd", "feature_dim", _at_least(1)),
-    ("-ml", "max_len", _at_least(1)),
-    ("--avg_last", "avg_last", _at_least(1)),
-    ("--num_threads", "num_threads", _at_least(0)),
-    ("--checkpoint_every", "checkpoint_every", _at_least(0)),
-    ("-lr", "local_learning_rate", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("-ldg", "learning_rate_decay_gamma", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("-jr", "join_ratio", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
-    ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
-    ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    # the virtual clock (flcore/clock.py)
-    ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_uplink_ratio", "clock_uplink_ratio", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_compute_spread", "clock_compute_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--clock_link_spread", "clock_link_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--clock_avail_period", "clock_avail_period", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--clock_avail_duty", "clock_avail_duty", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
-    ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
-    ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
-    ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
-    # differential privacy (flcore/privacy)
-    ("-dps", "dp_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--dp_clip", "dp_clip", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--dp_delta", "dp_delta", _finite(lambda v: 0 < v < 1, "in (0, 1)")),
-    ("--dp_update_clip", "dp_update_clip", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = off)")),
-    ("--dp_server_sigma", "dp_server_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--dp_weight_cap", "dp_weight_cap", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = the largest client)")),
-)
-
-
 def validate(args: argparse.Namespace) -> None:
-    """Reject settings that would silently do something else than asked (before any data is read)."""
-    for flag, dest, (test, wanted) in FLAG_RANGES:
-        value = getattr(args, dest)
-        if value is not None and not test(value):  # None: left unset (-vs: config.json's vocab_size)
-            raise FLError(f"{flag} must be {wanted}, got {value}")
+    """Reject settings that would silently do something else than asked (before any data is read);
+    each flag's own range is declared with it (``add_flag(..., low=...)``) and checked before."""
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     validate_names(args)
@@ -256,7 +192,7 @@ def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> N
 
 
 def validate_privacy(args: argparse.Namespace) -> None:
-    """DP noise given without the mechanism it belongs to (the ranges are in FLAG_RANGES)."""
+    """DP noise given without the mechanism it belongs to (the ranges are declared with the flags)."""
     if args.dp_sigma > 0 and not args.privacy:
         raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
     if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:

@@ -179,14 +179,14 @@ def test_a_read_only_results_folder_says_read_only(toy, tmp_path, capsys, monkey
 
 # ------------------------------------------------------------------ 7: every algorithm flag has a range
 @pytest.mark.parametrize("flags,named", [
-    (["-algo", "FedAdam", "-slr", "0"], "-slr must be > 0, got 0.0"),
+    (["-algo", "FedAdam", "-slr", "0"], "-slr must be a finite number > 0, got 0.0"),
     (["-algo", "FedAdam", "--beta1", "1.5"], "--beta1 must be in [0, 1), got 1.5"),
-    (["-algo", "SCAFFOLD", "-slr", "-1"], "-slr must be > 0, got -1.0"),
-    (["-algo", "FedProx", "-mu", "-1"], "-mu must be >= 0, got -1.0"),
+    (["-algo", "SCAFFOLD", "-slr", "-1"], "-slr must be a finite number > 0, got -1.0"),
+    (["-algo", "FedProx", "-mu", "-1"], "-mu must be a finite number >= 0, got -1.0"),
     (["-algo", "FedAvgM", "--server_momentum", "1"], "--server_momentum must be in [0, 1), got 1.0"),
     (["-algo", "FedYogi", "--beta2", "-1"], "--beta2 must be in [0, 1), got -1.0"),
-    (["-algo", "FedProx", "-mu", "nan"], "-mu must be >= 0, got nan"),
-    (["-algo", "FedAdam", "-tau", "inf"], "-tau must be > 0, got inf"),
+    (["-algo", "FedProx", "-mu", "nan"], "-mu must be a finite number >= 0, got nan"),
+    (["-algo", "FedAdam", "-tau", "inf"], "-tau must be a finite number > 0, got inf"),
     (["--workers", "-2"], "--workers must be >= 0, got -2"),
 ])
 def test_out_of_range_algorithm_flags_are_refused_up_front(toy, tmp_path, capsys, flags, named):
