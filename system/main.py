@@ -484,9 +484,8 @@ def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> 
         blocked = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair
         try:
-            if not run_args.save_model:  # a replaced run's models would not match the new results
-                for stale in model_paths(result):
-                    stale.unlink(missing_ok=True)
+            for stale in set(model_paths(result)) - set(staged):  # a replaced run's: they would not match
+                stale.unlink(missing_ok=True)
             for final, tmp in staged.items():
                 os.replace(tmp, final)
         finally:

@@ -206,7 +206,7 @@ def test_every_numeric_algorithm_flag_declares_a_range():
     classes += [(SELECTORS.get(name),) for name in SELECTORS.names()]
     missing = sorted({action.option_strings[0] for group in classes for action in declared_actions(*group)
                       if action.type in (int, float) and not action.choices and not hasattr(action, "allowed")})
-    assert missing == []
+    assert missing == [], "declare each numeric flag's values: add_flag(..., low=/above=/high=/below=) (utils/cli.py)"
 
 
 # ------------------------------------------------------------------ 2, 4: names that are not plain names
