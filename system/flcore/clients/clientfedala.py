@@ -57,8 +57,8 @@ class FedALAClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-et", "--eta", type=float, default=1.0, above=0, help="FedALA: learning rate η of the ALA weights W")
-        add_flag(parser, "-s", "--rand_percent", type=int, default=80, low=1, high=100,
+        add_flag(parser, "-et", "--eta", type=float, default=1.0, low=0, help="FedALA: learning rate η of the ALA weights W")
+        add_flag(parser, "-s", "--rand_percent", type=int, default=80, low=0, high=100,
                  help="FedALA: s, percent of the local training data W is learned on")
         add_flag(parser, "-p", "--layer_idx", type=int, default=2, low=0,
                  help="FedALA: W covers the last p parameter tensors (weight and bias count separately; 0 = all)")

@@ -41,7 +41,7 @@ class PFedMeClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, above=0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="pFedMe: λ of the Moreau envelope λ/2‖θ − w‖² (PFLlib default 1; paper 15)")
         add_flag(parser, "-K", "--K", type=int, default=5, low=1, help="pFedMe: inner steps K that solve for θ per minibatch")
         add_flag(parser, "-lrp", "--p_learning_rate", type=float, default=0.01, above=0,

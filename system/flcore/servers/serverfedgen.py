@@ -79,7 +79,7 @@ class FedGenServer(Server):
         add_flag(parser, "-glr", "--generator_learning_rate", type=float, default=0.005, above=0,
                  help="FedGen: Adam learning rate of the generator")
         add_flag(parser, "-hd", "--hidden_dim", type=int, default=512, low=1, help="FedGen: generator hidden width")
-        add_flag(parser, "-se", "--server_epochs", type=int, default=1000, low=1,
+        add_flag(parser, "-se", "--server_epochs", type=int, default=1000, low=0,
                  help="FedGen: generator steps per round (PFLlib's default 1000)")
         add_flag(parser, "-lf", "--localize_feature_extractor", type=bool, default=False,
                  help="FedGen: keep the body private and share only the head (PFLlib)")
