@@ -284,6 +284,9 @@ def run(args: argparse.Namespace) -> list[Path]:
     # claimed before anything is loaded: a refusal costs nothing, and no other run can take the names
     claims = claim_all([result_path(args.dataset, args.algorithm, args.goal, i, args.results_dir) for i in runs],
                        args.overwrite, args.resume)
+    for held in claims:  # files a run killed while committing left (the lock says no run writes them now)
+        for path in (held.result, *model_paths(held.result)):
+            staging_name(path).unlink(missing_ok=True)
     try:
         return run_claimed(args, dict(zip(runs, claims)))
     finally:

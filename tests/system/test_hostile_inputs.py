@@ -105,6 +105,7 @@ def test_a_diverged_overwrite_keeps_the_old_results_and_model(toy, finished, cap
 
 def test_a_completed_overwrite_replaces_results_and_model_together(toy, finished, capsys):
     results, before = finished
+    (results / f".{toy.name}_FedAvg_ow_0.h5.new").write_bytes(b"left by a run killed while committing")
     assert run_main(capsys, *argv(toy, results, "-go", "ow", "--overwrite", "-lr", "0.1"))[0] == 0
     after = snapshot(results)
     assert set(after) == set(before) and all(after[name] != before[name] for name in before)
