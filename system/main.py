@@ -13,29 +13,35 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
+import signal
 import sys
 import time
 import warnings
 from pathlib import Path
 
-import numpy as np
-import torch
+try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as one later does
+    import numpy as np
+    import torch
 
-from flcore.attacks.dlg import DLGAttack
-from flcore.newclients import NewClientEvaluation, hold_out
-from flcore.privacy.server import privacy_lines, privacy_summary
-from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, accept_other_flags, declare_flags,
-                       declared_actions, generic_parser, pfllib_algorithm_actions)
-from utils.data_utils import FederatedDataset, load_federated_dataset
-from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
-from utils.errors import Diverged, FLError
-from utils.live import live_callbacks
-from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-from utils.result_utils import result_path, save_results, summarize, write_atomically
-from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all
-from utils.seeding import derive_seed, seed_everything
+    from flcore.attacks.dlg import DLGAttack
+    from flcore.newclients import NewClientEvaluation, hold_out
+    from flcore.privacy.server import privacy_lines, privacy_summary
+    from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
+    from flcore.trainmodel.checks import dry_run
+    from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, SEED_HIGH, accept_other_flags, check_ranges,
+                           declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
+    from utils.data_utils import FederatedDataset, load_federated_dataset
+    from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
+    from utils.errors import Diverged, FLError
+    from utils.live import live_callbacks
+    from utils.mem_utils import peak_gpu_mb, peak_rss_mb
+    from utils.result_utils import read_results, result_path, save_results, summarize, write_atomically
+    from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
+    from utils.seeding import derive_seed, seed_everything
+except KeyboardInterrupt:
+    raise SystemExit(130) from None
 
 log = logging.getLogger("fl")
 
@@ -122,92 +128,48 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     server_cls = ALGORITHMS.get(args.algorithm)
     args.algorithm = server_cls.registered_name
     args.select = server_cls.selector_name or args.select
+    check_ranges(parser, args)  # the range every flag declares: generic, algorithm, policy and engine flags
     validate(args)
     return args
 
 
-def _at_least(low: int):
-    # (test, the words the message uses for it): NaN cannot reach here, these flags are integers
-    return lambda v: v >= low, f">= {low}"
-
-
-def _finite(test, text: str):
-    # NaN fails every comparison and so every range below; infinity is refused explicitly
-    return lambda v: math.isfinite(v) and test(v), text
-
-
-#: generic flags and the values that make sense: (flag, destination, (test, what the test asks for)).
-#: Evaluation flags (--eval_batch_size, --eval_group) are checked where they are used (flcore/evaluation.py).
 #: utils.seeding keeps 32 bits of a seed: -1 would be 4294967295's run under another name. The
-#: generators (dataset/datagen) take the same range.
-MAX_SEED = 2**32 - 1
-
-FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
-    ("--seed", "seed", (lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]")),
-    ("-gr", "global_rounds", _at_least(1)),
-    ("-lbs", "batch_size", _at_least(1)),
-    ("-ls", "local_epochs", _at_least(1)),
-    ("-eg", "eval_gap", _at_least(1)),
-    ("-t", "times", _at_least(1)),
-    ("-pv", "prev", _at_least(0)),
-    ("-tc", "top_cnt", _at_least(1)),
-    ("-fs", "few_shot", _at_least(0)),
-    ("-nnc", "num_new_clients", _at_least(0)),
-    ("-ften", "fine_tuning_epoch_new", _at_least(0)),
-    ("-dlgg", "dlg_gap", _at_least(1)),
-    ("-bnpc", "batch_num_per_client", _at_least(1)),
-    ("--dlg_iters", "dlg_iters", _at_least(1)),
-    ("--dlg_clients", "dlg_clients", _at_least(0)),
-    ("-vs", "vocab_size", _at_least(1)),
-    ("-fd", "feature_dim", _at_least(1)),
-    ("-ml", "max_len", _at_least(1)),
-    ("--avg_last", "avg_last", _at_least(1)),
-    ("--num_threads", "num_threads", _at_least(0)),
-    ("--checkpoint_every", "checkpoint_every", _at_least(0)),
-    ("-lr", "local_learning_rate", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("-ldg", "learning_rate_decay_gamma", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("-jr", "join_ratio", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
-    ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
-    ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    # the virtual clock (flcore/plugins/clock.py)
-    ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_uplink_ratio", "clock_uplink_ratio", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--clock_compute_spread", "clock_compute_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--clock_link_spread", "clock_link_spread", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--clock_avail_period", "clock_avail_period", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--clock_avail_duty", "clock_avail_duty", _finite(lambda v: 0 < v <= 1, "in (0, 1]")),
-    ("--clock_train_slow_factor", "clock_train_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
-    ("--clock_send_slow_factor", "clock_send_slow_factor", _finite(lambda v: v >= 1, ">= 1 (times slower)")),
-    ("--target_acc", "target_acc", (lambda v: v is None or 0 <= v <= 1, "in [0, 1]")),
-    # differential privacy (flcore/privacy)
-    ("-dps", "dp_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--dp_clip", "dp_clip", _finite(lambda v: v > 0, "a finite number > 0")),
-    ("--dp_delta", "dp_delta", _finite(lambda v: 0 < v < 1, "in (0, 1)")),
-    ("--dp_update_clip", "dp_update_clip", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = off)")),
-    ("--dp_server_sigma", "dp_server_sigma", _finite(lambda v: v >= 0, "a finite number >= 0")),
-    ("--dp_weight_cap", "dp_weight_cap", _finite(lambda v: v >= 0, "a finite number >= 0 (0 = the largest client)")),
-)
+#: generators (dataset/datagen) take the same range (utils/cli.py declares it with --seed).
+MAX_SEED = SEED_HIGH
 
 
 def validate(args: argparse.Namespace) -> None:
-    """Reject settings that would silently do something else than asked (before any data is read)."""
-    for flag, dest, (test, wanted) in FLAG_RANGES:
-        value = getattr(args, dest)
-        if value is not None and not test(value):  # None: left unset (-vs: config.json's vocab_size)
-            raise FLError(f"{flag} must be {wanted}, got {value}")
+    """Reject settings that would silently do something else than asked (before any data is read);
+    each flag's own range is declared with it (``add_flag(..., low=...)``) and checked before."""
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
     if args.seed + args.times - 1 > MAX_SEED:  # run i takes seed + i
         raise FLError(f"--seed {args.seed} with -t {args.times} runs seeds past {MAX_SEED}; "
                       f"pass --seed {MAX_SEED - args.times + 1} or less")
+    validate_names(args)
     validate_privacy(args)
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     if args.client_trace is not None and not Path(args.client_trace).is_file():
         raise FLError(f"--client_trace {args.client_trace}: no such file")
+
+
+#: what a goal (-go) may hold: it becomes part of file names (sweep.py applies the same rule)
+PLAIN_NAME = re.compile(r"[A-Za-z0-9._+=-]+")
+
+
+def validate_names(args: argparse.Namespace) -> None:
+    """The parts of the result file's name that come from the user: the goal and the dataset folder's
+    name (``results/<data>_<algo>_<goal>_<run>.h5``) must be plain names, so that a result stays in
+    --results_dir, is not hidden, and is found again by summarize.py, plot.py and sweep.py."""
+    if not PLAIN_NAME.fullmatch(args.goal):
+        raise FLError(f"-go {args.goal!r}: use letters, digits and . _ + = - only, at least one "
+                      "(it is part of the result file names)")
+    name = Path(args.dataset).name
+    if not name or name in (".", "..") or name.startswith(".") or any(ord(c) < 32 for c in name):
+        raise FLError(f"-data {args.dataset!r}: the result file names start with the dataset folder's name, and "
+                      f"{name!r} is not a plain one; pass the folder by a path that ends in its name "
+                      "(e.g. -data ../MNIST)")
 
 
 def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:
@@ -238,7 +200,7 @@ def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> N
 
 
 def validate_privacy(args: argparse.Namespace) -> None:
-    """DP noise given without the mechanism it belongs to (the ranges are in FLAG_RANGES)."""
+    """DP noise given without the mechanism it belongs to (the ranges are declared with the flags)."""
     if args.dp_sigma > 0 and not args.privacy:
         raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
     if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:
@@ -263,11 +225,7 @@ def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: tor
     try:
         module = factory(dataset.input_shape, dataset.num_classes, model_args)
         check_token_ids(model_args, dataset, module)
-        probe = dataset.sample_inputs(2).to("cpu")
-        with torch.no_grad():
-            module.eval()
-            out = module(probe)
-            module.train()
+        out = dry_run(module, dataset.sample_inputs(2).to("cpu"))  # before training: a shape it cannot take
     except (ValueError, RuntimeError, IndexError) as exc:
         raise FLError(
             f"model {args.model} does not fit dataset {args.dataset} (inputs {list(dataset.input_shape)}): "
@@ -334,6 +292,9 @@ def run(args: argparse.Namespace) -> list[Path]:
     # claimed before anything is loaded: a refusal costs nothing, and no other run can take the names
     claims = claim_all([result_path(args.dataset, args.algorithm, args.goal, i, args.results_dir) for i in runs],
                        args.overwrite, args.resume)
+    for held in claims:  # files a run killed while committing left (the lock says no run writes them now)
+        for path in (held.result, *model_paths(held.result)):
+            staging_name(path).unlink(missing_ok=True)
     try:
         return run_claimed(args, dict(zip(runs, claims)))
     finally:
@@ -369,12 +330,17 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         if claimed.action == "skip":
             print(f"Run {run_index}: already finished ({claimed.result}); skipped (--resume)")
             paths.append(claimed.result)
+            earlier = np.asarray(read_results(claimed.result).get("rs_test_acc", []))
+            if earlier.size:  # it counts in the best accuracy over the runs
+                best.append(float(earlier.max()))
             continue
         run_args = copy.copy(args)
         run_args.seed = args.seed + run_index
         seed_everything(derive_seed(run_args.seed, "init"))
         module = build_model(run_args, dataset, device)
         server = server_cls(run_args, dataset, module, device)
+        if not paths:  # once, at the start of the first run trained
+            warn_degenerate(args, server)
         log.info(
             "run %d/%d: %s on %s, %d clients, model %s (%d parameters), device %s %s",
             run_index + 1, args.times, args.algorithm, args.dataset, len(server.clients), args.model,
@@ -390,6 +356,34 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
     if len(best) > 1:
         print(f"Best accuracy over {len(best)} runs: mean {np.mean(best):.4f}, std {np.std(best):.4f}")
     return paths
+
+
+#: each named split of the model (``Server.shared``): (the shared part, the private part), in words
+MODEL_SPLITS = {"body": ("the body", "the head"), "head": ("the head", "the body"),
+                "no_norm": ("all but the normalisation layers", "the normalisation layers"),
+                "no_batchnorm": ("all but the BatchNorm layers", "the BatchNorm layers")}
+
+
+def warn_degenerate(args: argparse.Namespace, server) -> None:
+    """One warning line for each setting under which the method asked for is another one: a split
+    of the model whose private or shared part is empty with this model (FedBN on a model without
+    normalisation layers is FedAvg, FedPer or FedRep on MLR, which has no body, is Local), and
+    differential privacy without noise (epsilon is infinite)."""
+    parts = server.shared_parts()
+    if isinstance(parts, str) and parts in MODEL_SPLITS:
+        shared, private = MODEL_SPLITS[parts]
+        if server.shared_mask is None:
+            log.warning("warning: %s keeps %s on the clients, and model %s has none: every parameter is shared, "
+                        "so this run is FedAvg", args.algorithm, private, args.model)
+        elif not bool(server.shared_mask.any()):
+            log.warning("warning: %s shares %s, and model %s has none: no parameter is shared, so this run is "
+                        "Local", args.algorithm, shared, args.model)
+    if args.privacy and args.dp_sigma == 0:
+        log.warning("warning: -dp with -dps 0 (PFLlib's default) clips but adds no noise: epsilon is infinite, "
+                    "no privacy; pass -dps > 0 (e.g. 1.0)")
+    if args.dp_update_clip > 0 and args.dp_server_sigma == 0:
+        log.warning("warning: --dp_update_clip without --dp_server_sigma clips the updates but adds no noise: "
+                    "epsilon is infinite, no user-level privacy; pass --dp_server_sigma > 0")
 
 
 def evaluation_callbacks(server, new_clients: FederatedDataset | None, path: Path) -> list:
@@ -432,7 +426,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     def run_time() -> float:
         return elapsed + time.perf_counter() - started
 
-    def save(finished: bool, **extra) -> tuple[dict, Path]:
+    def save(finished: bool, to: Path | None = None, **extra) -> tuple[dict, Path]:
         history = server.history
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
@@ -448,7 +442,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
             "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
             "finished": finished, "personalized": bool(server.personalized), **extra,  # read by reporting/
         }
-        return summary, save_results(claimed.result, history, attrs, summary)
+        return summary, save_results(to or claimed.result, history, attrs, summary)
 
     every = int(run_args.checkpoint_every)
 
@@ -467,27 +461,67 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
                          round_end=round_end,
                          callbacks=[*evaluation_callbacks(server, new_clients, claimed.result), *live_callbacks(run_args, run_index)])
     except RunInterrupted as exc:
-        _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
-        print(f"stopped after round {exc.next_round - 1}: results so far in {path}, checkpoint {claimed.checkpoint}; "
+        if is_finished(claimed.result):  # an --overwrite stopped early: the finished results stay as they are
+            where = f"the finished results in {claimed.result} are kept until this run completes"
+        else:
+            _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
+            where = f"results so far in {path}"
+        print(f"stopped after round {exc.next_round - 1}: {where}, checkpoint {claimed.checkpoint}; "
               f"continue with: {resume} --resume", file=sys.stderr)
         raise
     except Diverged as exc:
+        if is_finished(claimed.result):  # a diverged --overwrite never replaces finished results
+            raise Diverged(f"{exc} (the finished results in {claimed.result} and their model are kept; "
+                           "nothing of this run was written)", exc.round) from None
         if not server.history.test_acc:
             raise
         _, path = save(False, stopped_at_round=exc.round, stop_reason=str(exc))
         raise Diverged(f"{exc} (results up to round {exc.round} kept in {path}, marked unfinished)", exc.round) from None
-    summary, path = save(True)
-    if run_args.save_model:
-        save_model(server, claimed.result)
+    summary = commit_results(server, run_args, claimed.result, save)
     claimed.checkpoint.unlink(missing_ok=True)  # the results are complete: nothing left to resume
-    return summary, path
+    return summary, claimed.result
 
 
-def save_model(server, result: Path) -> Path:
-    """The final global model as ``<result>.safetensors`` (a plain state_dict: load it with
+def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> dict:
+    """Write the model(s) and the finished results under temporary names, then rename them into
+    place, models first: an h5 marked finished always has its model beside it, and results that
+    ``--overwrite`` replaces stay untouched until every new file is complete. Returns the summary."""
+    staged: dict[Path, Path] = {}  # final name -> the complete file under a temporary name
+    try:
+        if run_args.save_model:
+            staged.update(stage_model(server, result))
+        summary, staged[result] = save(True, to=staging_name(result))
+        blocked = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair
+        try:
+            for stale in set(model_paths(result)) - set(staged):  # a replaced run's: they would not match
+                stale.unlink(missing_ok=True)
+            for final, tmp in staged.items():
+                os.replace(tmp, final)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
+    finally:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+    return summary
+
+
+def staging_name(path: Path) -> Path:
+    """Where a file waits, complete, until :func:`commit_results` renames it to ``path``."""
+    return path.parent / f".{path.name}.new"
+
+
+def model_paths(result: Path) -> tuple[Path, Path]:
+    """The global model and the personal models of the run whose results are ``result``."""
+    return result.with_suffix(".safetensors"), result.with_suffix(".personal.safetensors")
+
+
+def stage_model(server, result: Path) -> dict[Path, Path]:
+    """The final global model for ``<result>.safetensors`` (a plain state_dict: load it with
     ``module.load_state_dict(safetensors.torch.load_file(path))``); personalised algorithms also
-    write each client's model into ``<result>.personal.safetensors`` under ``client<i>/``."""
+    each client's model for ``<result>.personal.safetensors`` under ``client<i>/``. Written under
+    temporary names (:func:`staging_name`); returns {final name: written file}."""
     try:
         from safetensors.torch import save_file
     except ImportError:
@@ -499,14 +533,22 @@ def save_model(server, result: Path) -> Path:
         # the module's tensors are views of one vector: safetensors wants separate, contiguous ones
         return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in server.model.module.state_dict().items()}
 
-    path = result.with_suffix(".safetensors")
-    write_atomically(path, lambda tmp: save_file(state_of(server.global_params), tmp))
-    if server.personalized or server.shared_mask is not None:
-        personal: dict[str, torch.Tensor] = {}
-        for client in server.clients:
-            personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
-        write_atomically(result.with_suffix(".personal.safetensors"), lambda tmp: save_file(personal, tmp))
-    return path
+    path, personal_path = model_paths(result)
+    staged: dict[Path, Path] = {}
+    try:
+        write_atomically(staging_name(path), lambda tmp: save_file(state_of(server.global_params), tmp))
+        staged[path] = staging_name(path)
+        if server.personalized or server.shared_mask is not None:
+            personal: dict[str, torch.Tensor] = {}
+            for client in server.clients:
+                personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
+            write_atomically(staging_name(personal_path), lambda tmp: save_file(personal, tmp))
+            staged[personal_path] = staging_name(personal_path)
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    return staged
 
 
 def print_summary(run_index: int, summary: dict, path: Path) -> None:

@@ -61,6 +61,7 @@ from reporting.loading import load_run  # noqa: E402
 from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
 from reporting.tables import format_summary_table  # noqa: E402
 from utils.result_utils import result_path  # noqa: E402
+from utils.checkpoint import checkpoint_path  # noqa: E402
 from utils.run_control import is_finished  # noqa: E402
 
 PROG = "sweep.py"
@@ -82,6 +83,11 @@ class Axis:
     values: list[str | None]
 
 
+#: the state of a job whose file holds an unfinished run without a checkpoint (it diverged or failed):
+#: ``--resume`` refuses it, so it is listed, not run, and needs ``--overwrite`` by hand
+FAILED = "failed; needs --overwrite"
+
+
 @dataclass
 class Job:
     """One ``main.py`` process: one repeat of one setting of one algorithm."""
@@ -92,7 +98,7 @@ class Job:
     argv: list[str]       # main.py's arguments
     path: Path            # the result file it writes
     settings: dict[str, Any]  # main's parsed namespace (repeat-independent part)
-    state: str = "todo"   # "todo", "done" (its file exists with these settings) or "conflict: why"
+    state: str = "todo"   # "todo", "done" (its file exists with these settings), FAILED or "conflict: why"
 
     @property
     def name(self) -> str:
@@ -323,6 +329,8 @@ def jobs_of_setting(own: argparse.Namespace, algorithm: str, applied: list[tuple
                   path, vars(settings))
         if path.exists() and is_finished(path):
             job.state = stored_conflict(path, job) or "done"
+        elif path.exists() and not checkpoint_path(path).exists():  # diverged or failed: --resume refuses it
+            job.state = FAILED
         jobs.append(job)
     return jobs
 
@@ -472,8 +480,12 @@ def main_cli(argv: Sequence[str] | None = None) -> int:
         conflicts = [f"{job.name}: {job.state}" for job in jobs if job.state.startswith("conflict")]
         done = sum(job.state == "done" for job in jobs)
         todo = sum(job.state == "todo" for job in jobs)
-        print(f"{len(jobs)} runs: {done} done earlier, {todo} to run, {len(conflicts)} in conflict; "
-              f"{own.jobs} at a time", flush=True)
+        failed = [f"{job.name}: {job.path.name} {job.state}: python main.py "
+                  f"{' '.join(job.argv).replace('--resume', '--overwrite')}"
+                  for job in jobs if job.state == FAILED]
+        print(f"{len(jobs)} runs: {done} done earlier, {todo} to run, {len(failed)} failed earlier, "
+              f"{len(conflicts)} in conflict; {own.jobs} at a time", flush=True)
+        conflicts += failed  # not run again here: listed with the conflicts, exit status 1
         for line in conflicts:
             print(line, file=sys.stderr)
         if own.dry_run:

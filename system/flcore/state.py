@@ -215,6 +215,14 @@ class DiskStateStore(ClientStateStore):
             from utils.errors import FLError
 
             raise FLError(f"--state_dir {self.directory} is not a directory; create it or pick another")
+        try:  # the files are created lazily, mid-run: find a folder that refuses them now
+            tempfile.TemporaryFile(prefix="fl-state-", dir=self.directory).close()
+        except OSError as exc:
+            from utils.errors import FLError
+
+            where = self.directory or tempfile.gettempdir()
+            raise FLError(f"--state_dir {where}: cannot create the state files there ({exc.strerror or exc}); "
+                          "pass --state_dir with a writable folder") from None
         self._files: dict[tuple, _SlotFile] = {}
 
     # an entry is (file, slot); a vector whose shape or dtype changes moves to another file

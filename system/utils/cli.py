@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import typing
 from typing import Any, Iterable
 
@@ -38,17 +39,82 @@ def str2bool(value: str | bool) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (True/False/1/0), got {value!r}")
 
 
-def add_flag(parser: argparse.ArgumentParser | Any, *names: str, **kwargs: Any) -> None:
-    """``add_argument`` that also registers ``--dashed-name`` for each ``--underscored_name``."""
+@dataclasses.dataclass(frozen=True)
+class Allowed:
+    """The values a numeric flag accepts: ``low <= v`` / ``above < v`` and ``v <= high`` / ``v < below``
+    (None: unbounded on that side), finite unless ``finite=False``. NaN is never allowed."""
+
+    low: float | None = None
+    above: float | None = None
+    high: float | None = None
+    below: float | None = None
+    finite: bool = True
+    whole: bool = False  # an int flag: its one-sided range reads ">= 1", a float's "a finite number > 0"
+
+    def admits(self, value: float) -> bool:
+        if isinstance(value, float) and (math.isnan(value) or (self.finite and math.isinf(value))):
+            return False
+        return ((self.low is None or value >= self.low) and (self.above is None or value > self.above)
+                and (self.high is None or value <= self.high) and (self.below is None or value < self.below))
+
+    def describe(self) -> str:
+        def shown(bound: float) -> str:  # whole numbers in full (a seed's 4294967295, not 4.29497e+09)
+            return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
+
+        lower = (f"[{shown(self.low)}" if self.low is not None else f"({shown(self.above)}" if self.above is not None else None)
+        upper = (f"{shown(self.high)}]" if self.high is not None else f"{shown(self.below)})" if self.below is not None else None)
+        if lower and upper:
+            return f"in {lower}, {upper}"
+        number = "" if self.whole or not self.finite else "a finite number "
+        if lower:
+            return number + (">= " if lower[0] == "[" else "> ") + lower[1:]
+        if upper:
+            return number + ("<= " if upper[-1] == "]" else "< ") + upper[:-1]
+        return "a finite number"
+
+
+#: the keywords of :func:`add_flag` that declare a flag's range (see :class:`Allowed`)
+RANGE_KEYWORDS = ("low", "above", "high", "below", "finite")
+
+
+def add_flag(parser: argparse.ArgumentParser | Any, *names: str, **kwargs: Any) -> argparse.Action:
+    """``add_argument`` that also registers ``--dashed-name`` for each ``--underscored_name``.
+
+    A numeric flag declares the values it accepts with ``low=`` (>=), ``above=`` (>), ``high=`` (<=),
+    ``below=`` (<) and ``finite=`` (default True: inf refused; NaN always is). ``main.py`` checks
+    every declared range once, before any work (:func:`check_ranges`)."""
     spellings = list(names)
     for name in names:
         if name.startswith("--") and "_" in name:
             dashed = name.replace("_", "-")
             if dashed not in spellings:
                 spellings.append(dashed)
+    bounds = {key: kwargs.pop(key) for key in RANGE_KEYWORDS if key in kwargs}
+    if bounds:
+        bounds["whole"] = kwargs.get("type") is int
+    if bounds and kwargs.get("help"):
+        kwargs["help"] += f"; {Allowed(**bounds).describe()}"
     if kwargs.get("type") is bool:
         kwargs.update(type=str2bool, nargs="?", const=True, metavar="BOOL")
-    parser.add_argument(*spellings, **kwargs)
+    action = parser.add_argument(*spellings, **kwargs)
+    if bounds:
+        if kwargs.get("type") not in (int, float):
+            raise TypeError(f"{names[0]}: a range needs type=int or type=float")
+        action.allowed = Allowed(**bounds)
+    return action
+
+
+def check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One line naming the flag, its value and its range for the first parsed value outside the
+    range its declaration gives (None: left unset, allowed)."""
+    for action in parser._actions:
+        allowed = getattr(action, "allowed", None)
+        value = getattr(args, action.dest, None)
+        if allowed is None or value is None:
+            continue
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if not allowed.admits(item):
+                raise FLError(f"{action.option_strings[0]} must be {allowed.describe()}, got {item}")
 
 
 class ExactParser(argparse.ArgumentParser):
@@ -97,6 +163,8 @@ class _Ignored(argparse.Action):
 
 #: PFLlib's -vs default (Shakespeare's 80 characters); used when neither -vs nor config.json gives one
 PFLLIB_VOCAB_SIZE = 80
+#: the largest seed: utils.seeding keeps 32 bits (the generators take the same range)
+SEED_HIGH = 2**32 - 1
 
 #: where the parsed namespace lists the given flags that the selected algorithm does not use
 IGNORED_DEST = "ignored_flags"
@@ -294,104 +362,105 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-ncl", "-nb", "--num_classes", type=int, default=None,
              help="number of classes; read from config.json (an explicit value must match it)")
     add_flag(g, "-m", "--model", type=str, default="CNN", help="model name (see the model registry)")
-    add_flag(g, "-lbs", "--batch_size", type=int, default=10, help="local minibatch size B")
-    add_flag(g, "-lr", "--local_learning_rate", type=float, default=0.005, help="client SGD learning rate η")
+    add_flag(g, "-lbs", "--batch_size", type=int, default=10, low=1, help="local minibatch size B")
+    add_flag(g, "-lr", "--local_learning_rate", type=float, default=0.005, above=0, help="client SGD learning rate η")
     add_flag(g, "-ld", "--learning_rate_decay", type=bool, default=False,
              help="decay each client's lr by -ldg after every local training call")
-    add_flag(g, "-ldg", "--learning_rate_decay_gamma", type=float, default=0.99, help="lr decay factor")
-    add_flag(g, "-gr", "--global_rounds", type=int, default=2000, help="communication rounds")
-    add_flag(g, "-tc", "--top_cnt", type=int, default=100, help="auto-break patience in evaluations")
-    add_flag(g, "-ls", "--local_epochs", type=int, default=1, help="local epochs E per round")
+    add_flag(g, "-ldg", "--learning_rate_decay_gamma", type=float, default=0.99, above=0, help="lr decay factor")
+    add_flag(g, "-gr", "--global_rounds", type=int, default=2000, low=1, help="communication rounds")
+    add_flag(g, "-tc", "--top_cnt", type=int, default=100, low=1, help="auto-break patience in evaluations")
+    add_flag(g, "-ls", "--local_epochs", type=int, default=1, low=1, help="local epochs E per round")
     add_flag(g, "-algo", "--algorithm", type=str, default="FedAvg", help="algorithm name (see the list below)")
-    add_flag(g, "-jr", "--join_ratio", type=float, default=1.0, help="fraction of clients selected per round, in (0, 1]")
+    add_flag(g, "-jr", "--join_ratio", type=float, default=1.0, above=0, high=1, help="fraction of clients selected per round")
     add_flag(g, "-rjr", "--random_join_ratio", type=bool, default=False,
              help="draw the cohort size uniformly from [nc*jr, nc] every round")
     add_flag(g, "-nc", "--num_clients", type=int, default=None,
              help="number of clients; read from config.json (an explicit value must match it)")
-    add_flag(g, "-pv", "--prev", type=int, default=0, help="index of the first repeated run")
-    add_flag(g, "-t", "--times", type=int, default=1, help="number of repeated runs (seeds seed+run)")
-    add_flag(g, "-eg", "--eval_gap", type=int, default=1, help="evaluate every eg rounds")
-    add_flag(g, "-sfn", "--save_folder_name", type=str, default="items", help="accepted for PFLlib compatibility; the final global model goes to system/models/<data>/")
+    add_flag(g, "-pv", "--prev", type=int, default=0, low=0, help="index of the first repeated run")
+    add_flag(g, "-t", "--times", type=int, default=1, low=1, help="number of repeated runs (seeds seed+run)")
+    add_flag(g, "-eg", "--eval_gap", type=int, default=1, low=1, help="evaluate every eg rounds")
+    add_flag(g, "-sfn", "--save_folder_name", type=str, default="items", help="accepted for PFLlib compatibility and ignored; the final global model goes "
+                  "next to the results, as <results_dir>/<data>_<algo>_<goal>_<run>.safetensors (--save_model)")
     add_flag(g, "-ab", "--auto_break", type=bool, default=False, help="stop when the best accuracy is -tc evaluations old")
     add_flag(g, "-dlg", "--dlg_eval", type=bool, default=False,
              help="DLG/iDLG privacy attack on the uploads: records rs_dlg_psnr/ssim and saves "
                   "results/<run>_dlg_round<t>.png (flcore/attacks/dlg.py)")
-    add_flag(g, "-dlgg", "--dlg_gap", type=int, default=100, help="attack the rounds t with t %% dlgg == 0 (round 0 included)")
-    add_flag(g, "-bnpc", "--batch_num_per_client", type=int, default=2,
+    add_flag(g, "-dlgg", "--dlg_gap", type=int, default=100, low=1, help="attack the rounds t with t %% dlgg == 0 (round 0 included)")
+    add_flag(g, "-bnpc", "--batch_num_per_client", type=int, default=2, low=1,
              help="minibatches of each attacked client that DLG reconstructs (the first it trained on that round)")
-    add_flag(g, "-nnc", "--num_new_clients", type=int, default=0,
+    add_flag(g, "-nnc", "--num_new_clients", type=int, default=0, low=0,
              help="hold the last nnc clients of the dataset out of training; after training they fine-tune the "
                   "global model (-ften) and are evaluated apart (rs_new_client_acc)")
-    add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0,
+    add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0, low=0,
              help="epochs each new client (-nnc) fine-tunes the global model on its train data (0: evaluated as is)")
-    add_flag(g, "-fd", "--feature_dim", type=int, default=512, help="feature/embedding dimension of text models")
-    add_flag(g, "-vs", "--vocab_size", type=int, default=None,
+    add_flag(g, "-fd", "--feature_dim", type=int, default=512, low=1, help="feature/embedding dimension of text models")
+    add_flag(g, "-vs", "--vocab_size", type=int, default=None, low=1,
              help=f"vocabulary size of text models; default: the dataset's config.json vocab_size, "
                   f"else {PFLLIB_VOCAB_SIZE} (PFLlib's)")
-    add_flag(g, "-ml", "--max_len", type=int, default=200, help="text length")
-    add_flag(g, "-fs", "--few_shot", type=int, default=0, help="if > 0 keep at most fs training samples per label per client")
+    add_flag(g, "-ml", "--max_len", type=int, default=200, low=1, help="text length")
+    add_flag(g, "-fs", "--few_shot", type=int, default=0, low=0, help="if > 0 keep at most fs training samples per label per client")
 
     p = parser.add_argument_group("practical (system heterogeneity, PFLlib)")
-    add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0,
+    add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0, low=0, below=1,
              help="fraction of uploads dropped each round (drop-outs fail while uploading, on the virtual clock)")
-    add_flag(p, "-tsr", "--train_slow_rate", type=float, default=0.0,
+    add_flag(p, "-tsr", "--train_slow_rate", type=float, default=0.0, low=0, high=1,
              help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
-    add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0,
+    add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0, low=0, high=1,
              help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
                   "virtual clock (flcore/plugins/clock.py)")
     add_flag(p, "-ts", "--time_select", type=bool, default=False,
              help="select only clients whose predicted round time on the virtual clock is at most -tth")
-    add_flag(p, "-tth", "--time_threthold", type=float, default=10000,
+    add_flag(p, "-tth", "--time_threthold", type=float, default=10000, above=0,
              help="virtual seconds: drop uploads of clients whose mean round time exceeds it (PFLlib's rule); "
                   "with -ts also the selection limit. The default alone drops nothing")
     # the virtual clock (flcore/plugins/clock.py documents the model and the trace format)
     add_flag(p, "--client_trace", type=str, default=None,
              help="CSV of client,samples_per_s,bytes_per_s[,available|period,duty,offset] giving every client's "
                   "speeds and availability (default: speeds drawn from the seed)")
-    add_flag(p, "--clock_compute_speed", type=float, default=100.0,
+    add_flag(p, "--clock_compute_speed", type=float, default=100.0, above=0,
              help="median compute speed (samples/s) of the drawn, log-normal speeds")
-    add_flag(p, "--clock_compute_spread", type=float, default=0.5,
+    add_flag(p, "--clock_compute_spread", type=float, default=0.5, low=0,
              help="sigma of log(compute speed): 0 gives every client the median")
-    add_flag(p, "--clock_link_speed", type=float, default=1.25e6,
+    add_flag(p, "--clock_link_speed", type=float, default=1.25e6, above=0,
              help="median download speed (bytes/s; 1.25e6 = 10 Mbit/s) of the drawn, log-normal speeds")
-    add_flag(p, "--clock_link_spread", type=float, default=0.5, help="sigma of log(link speed)")
-    add_flag(p, "--clock_uplink_ratio", type=float, default=1.0,
+    add_flag(p, "--clock_link_spread", type=float, default=0.5, low=0, help="sigma of log(link speed)")
+    add_flag(p, "--clock_uplink_ratio", type=float, default=1.0, above=0,
              help="drawn upload speed = download speed x this ratio")
-    add_flag(p, "--clock_train_slow_factor", type=float, default=10.0,
+    add_flag(p, "--clock_train_slow_factor", type=float, default=10.0, low=1,
              help="a -tsr slow trainer computes this many times slower")
-    add_flag(p, "--clock_send_slow_factor", type=float, default=10.0,
+    add_flag(p, "--clock_send_slow_factor", type=float, default=10.0, low=1,
              help="a -ssr slow sender's links are this many times slower")
-    add_flag(p, "--clock_avail_period", type=float, default=0.0,
+    add_flag(p, "--clock_avail_period", type=float, default=0.0, low=0,
              help="virtual seconds of a duty cycle: each client is available --clock_avail_duty of every period "
                   "from a phase drawn from the seed (0: always available; a trace's availability replaces it)")
-    add_flag(p, "--clock_avail_duty", type=float, default=1.0,
-             help="fraction of each --clock_avail_period a client is available, in (0, 1]")
+    add_flag(p, "--clock_avail_duty", type=float, default=1.0, above=0, high=1,
+             help="fraction of each --clock_avail_period a client is available")
 
     d = parser.add_argument_group("differential privacy (PFLlib's -dp/-dps, plus ours; system/flcore/privacy)")
     add_flag(d, "-dp", "--privacy", type=bool, default=False,
              help="sample-level DP-SGD on every client: per-sample clipping to --dp_clip, Gaussian noise -dps, "
                   "epsilon at --dp_delta recorded each round (rs_dp_epsilon; needs opacus)")
-    add_flag(d, "-dps", "--dp_sigma", type=float, default=0.0, help="DP-SGD noise multiplier sigma (noise std sigma*C)")
-    add_flag(d, "--dp_clip", type=float, default=1.0, help="DP-SGD per-sample gradient clipping norm C (PFLlib's 1.0)")
-    add_flag(d, "--dp_delta", type=float, default=1e-5, help="delta at which epsilon is reported (PFLlib's 1e-5)")
+    add_flag(d, "-dps", "--dp_sigma", type=float, default=0.0, low=0, help="DP-SGD noise multiplier sigma (noise std sigma*C)")
+    add_flag(d, "--dp_clip", type=float, default=1.0, above=0, help="DP-SGD per-sample gradient clipping norm C (PFLlib's 1.0)")
+    add_flag(d, "--dp_delta", type=float, default=1e-5, above=0, below=1, help="delta at which epsilon is reported (PFLlib's 1e-5)")
     add_flag(d, "--dp_accountant", type=str, default="rdp", choices=["rdp", "prv"],
              help="opacus accountant: rdp (Renyi DP of the sampled Gaussian mechanism) or prv (numerical composition)")
     add_flag(d, "--dp_sampling", type=str, default="poisson", choices=["poisson", "shuffle"],
              help="DP-SGD batches: poisson (each sample in each step with probability B/n: what the accountant "
                   "assumes) or shuffle (PFLlib's batches; epsilon is then an approximation)")
-    add_flag(d, "--dp_update_clip", type=float, default=0.0,
+    add_flag(d, "--dp_update_clip", type=float, default=0.0, low=0,
              help="user-level DP-FedAvg (McMahan et al. 2018): clip each client's model update to this L2 norm S "
                   "(0 = off); epsilon recorded as rs_dp_user_epsilon")
-    add_flag(d, "--dp_server_sigma", type=float, default=0.0,
+    add_flag(d, "--dp_server_sigma", type=float, default=0.0, low=0,
              help="DP-FedAvg noise multiplier z: N(0, (z*S)^2) added to the weighted sum of clipped updates")
-    add_flag(d, "--dp_weight_cap", type=float, default=0.0,
+    add_flag(d, "--dp_weight_cap", type=float, default=0.0, low=0,
              help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
 
     o = parser.add_argument_group("platform")
-    add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
-    add_flag(o, "--dlg_clients", type=int, default=1,
+    add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")
+    add_flag(o, "--dlg_clients", type=int, default=1, low=0,
              help="uploads attacked per -dlg round, in cohort order (0 = every upload, as PFLlib)")
-    add_flag(o, "--dlg_iters", type=int, default=100, help="L-BFGS steps of each DLG reconstruction (PFLlib: 100)")
+    add_flag(o, "--dlg_iters", type=int, default=100, low=1, help="L-BFGS steps of each DLG reconstruction (PFLlib: 100)")
     add_flag(o, "--new_clients_every_eval", type=bool, default=False,
              help="also evaluate the new clients (-nnc) at every evaluation round, not only after training (PFLlib)")
     add_flag(o, "--engine", type=str, default="auto",
@@ -407,7 +476,7 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--state_dtype", type=str, default="float32", choices=["float32", "float16", "bfloat16"],
              help="storage dtype of per-client state vectors (control variates, personal models); float16 "
                   "halves their memory, rounding what persists between participations to 11 significant bits")
-    add_flag(o, "--num_threads", type=int, default=0,
+    add_flag(o, "--num_threads", type=int, default=0, low=0,
              help="torch CPU threads (0 = torch's default); 1 is often fastest for small models on a busy machine")
     add_flag(o, "--compact_inputs", type=bool, default=True,
              help="hold inputs with at most 256 distinct values (8-bit images) as uint8 codes plus a table of "
@@ -427,8 +496,8 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--eval_auc", type=bool, default=True, help="compute the micro-AUC at every evaluation")
     add_flag(o, "--eval_train_loss", type=bool, default=True, help="evaluate the train loss over all clients' train data")
     add_flag(o, "--drop_last", type=bool, default=True, help="skip a trailing partial local batch (PFLlib)")
-    add_flag(o, "--avg_last", type=int, default=10, help="report the mean accuracy of the last N evaluations")
-    add_flag(o, "--target_acc", type=float, default=None, help="report the round and traffic to reach this accuracy")
+    add_flag(o, "--avg_last", type=int, default=10, low=1, help="report the mean accuracy of the last N evaluations")
+    add_flag(o, "--target_acc", type=float, default=None, low=0, high=1, help="report the round and traffic to reach this accuracy")
     add_flag(o, "--results_dir", type=str, default=None, help="where h5 results go (default <repo>/results)")
     add_flag(o, "--data_root", type=str, default=None, help="folder holding datasets (default <repo>/dataset)")
     add_flag(o, "--legacy_pickle", type=bool, default=False,
@@ -436,7 +505,7 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--save_model", type=bool, default=True,
              help="save the final global model next to the results as <result>.safetensors (personalised "
                   "algorithms also <result>.personal.safetensors, one state_dict per client under 'client<i>/')")
-    add_flag(o, "--checkpoint_every", type=int, default=0,
+    add_flag(o, "--checkpoint_every", type=int, default=0, low=0,
              help="write a checkpoint (<result>.ckpt) every N rounds, for --resume; 0 = only when interrupted")
     add_flag(o, "--resume", type=bool, default=False,
              help="continue each run from its checkpoint (same flags required), skip finished runs, start the others")

@@ -317,7 +317,12 @@ def _read_npz(file: Path, legacy_pickle: bool, inputs: bool = True) -> tuple[np.
                 raise FLError(f"{file} holds one array 'data', expected 'x' and 'y'; {REGENERATE}")
     except FLError:
         raise
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, KeyError) as exc:
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):  # numpy's refusal to read an object array ('x' or 'y')
+            raise FLError(f"{file} holds pickled Python objects (an object array), which are never unpickled: "
+                          f"its arrays must be plain numbers; {REGENERATE}") from None
+        raise FLError(f"{file} is corrupt or truncated ({_one_line(exc)}); {REGENERATE}") from exc
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, KeyError) as exc:
         raise FLError(f"{file} is corrupt or truncated ({_one_line(exc)}); {REGENERATE}") from exc
     # PFLlib's layout: a pickled dict {'x', 'y'} under 'data'.
     if not legacy_pickle:

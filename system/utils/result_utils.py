@@ -71,14 +71,21 @@ def _os_errors_as_user_errors(write):
     def checked(path: Path, *args: Any, flag: str = "--results_dir", **kwargs: Any) -> Any:
         try:
             return write(path, *args, **kwargs)
-        except OSError as exc:
-            # h5py reports the C library's errno inside a multi-line message ("errno = 28")
-            code = exc.errno if isinstance(exc.errno, int) else re.search(r"errno = (\d+)", str(exc))
-            code = code if isinstance(code, int) or code is None else int(code[1])
-            reason = os.strerror(code) if code else " ".join(str(exc).split())
-            advice = {errno.ENOSPC: "free some space or ", errno.EDQUOT: "free some space or ",
-                      errno.EROFS: "it is read-only: ", errno.EACCES: "it is read-only: ",
-                      errno.EPERM: "it is read-only: "}.get(code, "")
+        except Exception as exc:
+            # h5py reports the C library's errno inside a multi-line message ("errno = 28"), safetensors
+            # as "os error 28"; torch.save's zip writer reports a short write as "unexpected pos"
+            found = re.search(r"(?:errno = |os error )(\d+)", str(exc))
+            code = exc.errno if isinstance(exc, OSError) and isinstance(exc.errno, int) else found and int(found[1])
+            if code:
+                reason = os.strerror(code)
+            elif isinstance(exc, OSError):
+                reason = " ".join(str(exc).split())
+            elif "unexpected pos" in str(exc):
+                reason, code = "the write stopped short: is the disk full?", errno.ENOSPC
+            else:
+                raise
+            advice = ("it is read-only: " if code in (errno.EROFS, errno.EACCES, errno.EPERM)
+                      else "free some space or ")
             raise FLError(f"cannot write {path} ({reason}); {advice}pass another {flag}") from exc
 
     return checked

@@ -15,7 +15,12 @@ another process holds the lock              refuse, naming its pid (every mode)
 ==========================================  ===========================================
 
 so two runs started at once with the same ``-go`` cannot both write the same file, and no
-result is ever replaced without ``--overwrite``.
+result is ever replaced without ``--overwrite``. Even then finished results are replaced only by
+finished ones: ``main.py`` writes the new model and results under temporary names and renames them
+into place (models first) when the run completes, so an interrupted or diverged ``--overwrite``
+leaves the old results and model byte for byte (its checkpoint continues it with ``--resume``).
+A file at the result's path that is not a readable result file is called corrupt, a folder there
+is refused in every mode.
 
 **Stopping.** :class:`StopOnSignal` turns the first Ctrl-C (SIGINT) or SIGTERM into a request
 that the round loop honours at the end of the current round (checkpoint and results so far are
@@ -127,7 +132,9 @@ def claim(result: Path, overwrite: bool, resume: bool) -> Claim:
     except PermissionError:
         raise FLError(f"cannot write in {result.parent}: permission denied; pass a writable --results_dir") from None
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EROFS, errno.EDQUOT):
+        if exc.errno == errno.EROFS:
+            raise FLError(f"cannot write in {result.parent}: it is read-only; pass a writable --results_dir") from None
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise FLError(f"cannot write in {result.parent}: {exc.strerror}; free space or pass another --results_dir") from None
         if exc.errno in (errno.ENOTDIR, errno.EEXIST):
             blocker = next((p for p in (result.parent, *result.parent.parents) if p.exists()), result.parent)
@@ -138,22 +145,47 @@ def claim(result: Path, overwrite: bool, resume: bool) -> Claim:
     checkpoint = checkpoint_path(result)
     found = Claim(result, "run", lock)
     name = result.name
-    if resume and checkpoint.exists():
-        found.action = "resume"
-    elif resume and result.exists():
-        if is_finished(result):
+    state = result_state(result)
+    try:
+        if state == "not a file" or (checkpoint.exists() and not checkpoint.is_file()):
+            blocker = result if state == "not a file" else checkpoint
+            raise FLError(f"{blocker} is a folder or other non-file where this run writes; move it away or pick "
+                          "another -go")
+        if resume and checkpoint.exists():
+            found.action = "resume"
+        elif resume and state == "finished":
             found.action = "skip"
-        else:
-            found.release()
-            raise FLError(f"{name} is an unfinished run without a checkpoint to resume; rerun it with --overwrite")
-    elif not overwrite and not resume and (result.exists() or checkpoint.exists()):
+        elif resume and state != "absent":
+            what = "not a readable result file (corrupt or truncated)" if state == "corrupt" else \
+                "an unfinished run without a checkpoint to resume"
+            raise FLError(f"{name} is {what}; rerun it with --overwrite")
+        elif not overwrite and not resume and state != "absent":
+            what = {"finished": "already holds results of a finished run",
+                    "unfinished": "already holds an unfinished run",
+                    "corrupt": "is not a readable result file (corrupt or truncated)"}[state]
+            resumable = f", or --resume to continue the interrupted run in {checkpoint.name}" if checkpoint.exists() else ""
+            raise FLError(f"{result} {what}; pass --overwrite to replace it, or another -go to keep both{resumable}")
+        elif not overwrite and not resume and checkpoint.exists():
+            raise FLError(f"{checkpoint} holds the checkpoint of an interrupted run; pass --resume to continue it, "
+                          "--overwrite to start again, or another -go to keep both")
+    except FLError:
         found.release()
-        what = "results of a finished run" if result.exists() and is_finished(result) else "an interrupted run"
-        raise FLError(
-            f"{result} already holds {what}; pass --overwrite to replace it, --resume to continue it, "
-            "or another -go to keep both"
-        )
+        raise
     return found
+
+
+def result_state(result: Path) -> str:
+    """What ``result`` holds: "absent", "finished", "unfinished", "corrupt" (not readable as a
+    result file) or "not a file" (a folder, a device...)."""
+    if not result.exists() and not result.is_symlink():
+        return "absent"
+    if not result.is_file():
+        return "not a file"
+    try:
+        with h5py.File(result, "r") as f:
+            return "finished" if bool(f.attrs.get("finished", True)) else "unfinished"
+    except OSError:
+        return "corrupt"
 
 
 def claim_all(results: list[Path], overwrite: bool, resume: bool) -> list[Claim]:

@@ -293,7 +293,7 @@ def test_a_bad_trace_is_one_line_naming_file_line_and_column(tmp_path, capsys, t
     (["-ssr", "1.5"], "-ssr must be in [0, 1]"),
     (["-tth", "0"], "-tth must be a finite number > 0"),
     (["--clock_avail_duty", "0"], "--clock_avail_duty must be in (0, 1]"),
-    (["--clock_train_slow_factor", "0.5"], "--clock_train_slow_factor must be >= 1"),
+    (["--clock_train_slow_factor", "0.5"], "--clock_train_slow_factor must be a finite number >= 1"),
     (["--clock_link_spread", "-1"], "--clock_link_spread must be a finite number >= 0"),
     (["--client_trace", "/no/such/trace.csv"], "--client_trace /no/such/trace.csv: no such file"),
 ])

@@ -147,6 +147,22 @@ def test_an_interrupted_run_is_resumed_not_skipped(toy, swept, tmp_path):
     name = "Toy_FedAvg_sweep-m=DNN-lr=0.05_0.h5"
     with h5py.File(copy / name, "a") as f:  # what a run stopped by Ctrl-C leaves (with its checkpoint)
         f.attrs["finished"] = False
+    (copy / name).with_suffix(".ckpt").write_bytes(b"")
     states = {j.path.name: (j.state, j.argv) for j in planned(*sweep_argv(toy, copy, 1))}
     state, argv = states[name]
     assert state == "todo" and "--resume" in argv
+
+
+def test_a_diverged_run_is_listed_as_failed_not_todo(toy, swept, tmp_path, capsys):
+    """A diverged run leaves unfinished results and no checkpoint: --resume refuses it, so the
+    sweep lists it for --overwrite instead of planning a run that would fail (issue 23, item 19)."""
+    folders, _, _ = swept
+    copy = tmp_path / "copy"
+    shutil.copytree(folders[1], copy)
+    name = "Toy_FedAvg_sweep-m=DNN-lr=0.05_0.h5"
+    with h5py.File(copy / name, "a") as f:
+        f.attrs["finished"] = False
+    assert sweep.main_cli([*sweep_argv(toy, copy, 1), "--dry_run"]) == 1
+    out, err = capsys.readouterr()
+    assert f"failed; needs --overwrite {name}" in out and "1 failed earlier" in out
+    assert "--overwrite" in err and name.removesuffix("_0.h5") in err

@@ -36,7 +36,7 @@ class APFLClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-al", "--alpha", type=float, default=0.25,
+        add_flag(parser, "-al", "--alpha", type=float, default=0.25, low=0, high=1,
                  help="initial mixing weight α of the personal model in α v + (1 − α) w (PFLlib default 1.0)")
         add_flag(parser, "--apfl_adaptive_alpha", type=bool, default=True,
                  help="learn α per client by gradient descent (paper); False keeps α fixed at -al")

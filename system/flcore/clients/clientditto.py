@@ -32,10 +32,10 @@ class DittoClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-mu", "--mu", type=float, default=0.0,
+        add_flag(parser, "-mu", "--mu", type=float, default=0.0, low=0,
                  help="λ of the personal objective F_i(v) + λ/2·‖v − w‖² "
                       "(PFLlib default 0 = Local personal models)")
-        add_flag(parser, "-pls", "--plocal_epochs", type=int, default=1, help="local epochs of the personal model")
+        add_flag(parser, "-pls", "--plocal_epochs", type=int, default=1, low=1, help="local epochs of the personal model")
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         return g + ctx["mu"] * (w - ctx["anchor"][..., : w.shape[-1]])

@@ -21,7 +21,7 @@ class FedACSClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--fedacs_local_steps", type=int, default=-1,
+        add_flag(parser, "--fedacs_local_steps", type=int, default=-1, low=-1,
                  help="local minibatch steps from u_i: -1 = E epochs (-ls), k > 0 = exactly k steps (1 = Eq. 5)")
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:

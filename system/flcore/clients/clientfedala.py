@@ -57,19 +57,19 @@ class FedALAClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-et", "--eta", type=float, default=1.0, help="FedALA: learning rate η of the ALA weights W")
-        add_flag(parser, "-s", "--rand_percent", type=int, default=80,
+        add_flag(parser, "-et", "--eta", type=float, default=1.0, low=0, help="FedALA: learning rate η of the ALA weights W")
+        add_flag(parser, "-s", "--rand_percent", type=int, default=80, low=0, high=100,
                  help="FedALA: s, percent of the local training data W is learned on")
-        add_flag(parser, "-p", "--layer_idx", type=int, default=2,
+        add_flag(parser, "-p", "--layer_idx", type=int, default=2, low=0,
                  help="FedALA: W covers the last p parameter tensors (weight and bias count separately; 0 = all)")
         add_flag(parser, "--ala_sample", type=str, default="contiguous", choices=["contiguous", "random"],
                  help="FedALA: the s%% sample is a contiguous slice at a random start (PFLlib) or a random subset")
-        add_flag(parser, "--ala_threshold", type=float, default=0.1,
+        add_flag(parser, "--ala_threshold", type=float, default=0.1, low=0,
                  help="FedALA: the start phase ends when the std of the recent ALA losses is below this "
                       "(PFLlib 0.1, FedALA repository 0.01)")
-        add_flag(parser, "--ala_num_pre_loss", type=int, default=10,
+        add_flag(parser, "--ala_num_pre_loss", type=int, default=10, low=1,
                  help="FedALA: number of recent ALA epoch losses whose std decides convergence")
-        add_flag(parser, "--ala_max_init_epochs", type=int, default=100,
+        add_flag(parser, "--ala_max_init_epochs", type=int, default=100, low=1,
                  help="FedALA: at most this many ALA epochs in the start phase (PFLlib: unbounded)")
         add_flag(parser, "--ala_all_clients", type=bool, default=False,
                  help="FedALA: run ALA on every client after each aggregation and evaluate the ALA models "

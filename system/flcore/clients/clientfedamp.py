@@ -30,10 +30,10 @@ class FedAMPClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-alk", "--alphaK", type=float, default=1.0,
+        add_flag(parser, "-alk", "--alphaK", type=float, default=1.0, above=0,
                  help="α_K: server step of the attentive message passing (ξ_ij = α_K·exp(−d²/σ)/σ); "
                       "the proximal coefficient is λ/α_K")
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="λ of the proximal term λ/(2α_K)·‖w − u_i‖²")
         add_flag(parser, "--fedamp_prox", type=str, default="squared", choices=["squared", "norm"],
                  help="proximal term: the paper's squared norm or PFLlib's unsquared norm")

@@ -36,7 +36,7 @@ class FedDynClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-al", "--alpha", type=float, default=1.0,
+        add_flag(parser, "-al", "--alpha", type=float, default=1.0, low=0,
                  help="FedDyn regularisation α (PFLlib default 1.0; paper {0.1, 0.01, 0.001})")
         add_flag(parser, "--feddyn_norm", type=str, default="squared", choices=["squared", "unsquared"],
                  help="α/2·‖θ − θ_g‖² (paper) or PFLlib's unsquared α/2·‖θ − θ_g‖₂")

@@ -36,7 +36,7 @@ class FedGenClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--fedgen_alpha", type=float, default=1.0,
+        add_flag(parser, "--fedgen_alpha", type=float, default=1.0, low=0,
                  help="FedGen: weight of the generated-feature loss on the head (PFLlib: 1)")
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:

@@ -49,7 +49,7 @@ class FedLCClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-tau", "--tau", type=float, default=1.0,
+        add_flag(parser, "-tau", "--tau", type=float, default=1.0, low=0,
                  help="FedLC calibration strength τ in f_y − τ·n_y^(−1/4) (PFLlib default 1.0; 0 = FedAvg)")
         add_flag(parser, "--fedlc_counts", type=str, default="client", choices=["client", "global"],
                  help="label counts n_y of the margins: the client's own (paper) or summed over all clients (PFLlib)")

@@ -50,9 +50,9 @@ class FedNTDClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-bt", "--beta", type=float, default=0.0,
+        add_flag(parser, "-bt", "--beta", type=float, default=0.0, low=0,
                  help="FedNTD weight β of the not-true distillation (PFLlib default 0 = FedAvg)")
-        add_flag(parser, "-tau", "--tau", type=float, default=1.0,
+        add_flag(parser, "-tau", "--tau", type=float, default=1.0, above=0,
                  help="FedNTD distillation temperature τ (PFLlib default 1.0)")
         add_flag(parser, "--fedntd_tau_squared", type=bool, default=False,
                  help="scale the distillation term by τ² (the authors' code, PFLlib); the paper has no factor")

@@ -25,7 +25,7 @@ class FedProxClient(FedAvgClient):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-mu", "--mu", type=float, default=0.0,
+        add_flag(parser, "-mu", "--mu", type=float, default=0.0, low=0,
                  help="FedProx proximal coefficient μ in μ/2·‖w − w_t‖² (PFLlib default 0 = FedAvg; "
                       "paper grid {0.001, 0.01, 0.1, 1})")
 

@@ -34,7 +34,7 @@ class FedRepClient(FedBABUClient):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-pls", "--plocal_epochs", type=int, default=1,
+        add_flag(parser, "-pls", "--plocal_epochs", type=int, default=1, low=0,
                  help="epochs of head training (body frozen) before the body epochs (paper: 10)")
 
     def batch_plan(self, rnd: int, epochs: int | None = None) -> list[torch.Tensor]:

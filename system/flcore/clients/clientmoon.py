@@ -50,9 +50,9 @@ class MoonClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-mu", "--mu", type=float, default=0.0,
+        add_flag(parser, "-mu", "--mu", type=float, default=0.0, low=0,
                  help="MOON weight μ of the contrastive loss (PFLlib default 0 = FedAvg; paper {0.1, 1, 5, 10})")
-        add_flag(parser, "-tau", "--tau", type=float, default=1.0,
+        add_flag(parser, "-tau", "--tau", type=float, default=1.0, above=0,
                  help="MOON temperature τ of the contrastive loss (PFLlib default 1.0; paper 0.5)")
         add_flag(parser, "--moon_first_previous", type=str, default="none", choices=["none", "initial"],
                  help="previous model before a client's first participation: none (no contrastive term, "

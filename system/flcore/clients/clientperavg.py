@@ -43,12 +43,12 @@ class PerAvgClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-bt", "--beta", type=float, default=0.0,
+        add_flag(parser, "-bt", "--beta", type=float, default=0.0, low=0,
                  help="Per-FedAvg: outer step size β; 0 = use -lr (PFLlib always uses -lr)")
         add_flag(parser, "--peravg_order", type=str, default="first", choices=["first", "hessian_free", "second"],
                  help="Per-FedAvg: first-order MAML (FO, PFLlib), Hessian-free (HF: finite-difference "
                       "Hessian-vector product on a third batch) or second order (exact product)")
-        add_flag(parser, "--peravg_delta", type=float, default=0.001,
+        add_flag(parser, "--peravg_delta", type=float, default=0.001, above=0,
                  help="Per-FedAvg (HF): finite-difference step δ of the Hessian-vector product")
 
     def outer_step_size(self) -> float:

@@ -41,12 +41,12 @@ class PFedMeClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="pFedMe: λ of the Moreau envelope λ/2‖θ − w‖² (PFLlib default 1; paper 15)")
-        add_flag(parser, "-K", "--K", type=int, default=5, help="pFedMe: inner steps K that solve for θ per minibatch")
-        add_flag(parser, "-lrp", "--p_learning_rate", type=float, default=0.01,
+        add_flag(parser, "-K", "--K", type=int, default=5, low=1, help="pFedMe: inner steps K that solve for θ per minibatch")
+        add_flag(parser, "-lrp", "--p_learning_rate", type=float, default=0.01, above=0,
                  help="pFedMe: learning rate of the inner steps on θ")
-        add_flag(parser, "--pfedme_mu", type=float, default=0.001,
+        add_flag(parser, "--pfedme_mu", type=float, default=0.001, low=0,
                  help="pFedMe: weight decay μ·θ in the inner step (PFLlib/authors' optimizer 0.001; paper 0)")
 
     def expected_gradient_samples(self) -> float:

@@ -177,7 +177,7 @@ class BatchedEngine(Engine):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--cohort_chunk", type=int, default=0,
+        add_flag(parser, "--cohort_chunk", type=int, default=0, low=0,
                  help="batched engine: train at most this many clients at once (0 = the whole cohort); "
                       "bounds memory to chunk x (model + context + activations)")
         add_flag(parser, "--step_runner", type=str, default="auto", choices=list(STEP_RUNNERS),

@@ -76,7 +76,7 @@ class ThreadedEngine(Engine):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--workers", type=int, default=0,
+        add_flag(parser, "--workers", type=int, default=0, low=0,
                  help="threaded engine: worker threads, each training whole clients on one intra-op "
                       "thread (0 = one per CPU core)")
 

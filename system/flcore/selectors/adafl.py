@@ -143,7 +143,7 @@ class AdaFLSelector(UniformSelector):
                  help="sample by attention scores (False: uniform sampling, the 'uniform' policy's cohorts)")
         add_flag(parser, "--adafl_dynamic", type=bool, default=True,
                  help="growing fraction C_1 -> C_T (False: the constant -jr, 'Attn.<jr>')")
-        add_flag(parser, "--adafl_beta", type=float, default=0.5,
+        add_flag(parser, "--adafl_beta", type=float, default=0.5, low=0, high=1,
                  help="β, decay of the previous attention score (value stripped from the paper; spec default)")
         add_flag(parser, "--adafl_update", type=str, default="mass", choices=["mass", "renorm"],
                  help="score update: mass keeps the selected clients' total probability; renorm divides by the sum")
@@ -153,12 +153,12 @@ class AdaFLSelector(UniformSelector):
                  help="include float buffers (BatchNorm statistics) in the distance, not only the weights")
         add_flag(parser, "--adafl_replace", type=bool, default=False,
                  help="draw with replacement (duplicates collapse: the cohort may have fewer than m_t clients)")
-        add_flag(parser, "--adafl_min_prob", type=float, default=1e-12,
+        add_flag(parser, "--adafl_min_prob", type=float, default=1e-12, low=0, below=1,
                  help="floor of every selection probability (then renormalised)")
-        add_flag(parser, "--adafl_frac_start", type=float, default=0.1, help="C_1, the first round's fraction")
-        add_flag(parser, "--adafl_frac_end", type=float, default=0.5, help="C_T, the final fraction")
-        add_flag(parser, "--adafl_num_fracs", type=int, default=5, help="m, the number of distinct fractions")
-        add_flag(parser, "--adafl_frac_step", type=int, default=200, help="s, rounds between fraction increases")
+        add_flag(parser, "--adafl_frac_start", type=float, default=0.1, above=0, high=1, help="C_1, the first round's fraction")
+        add_flag(parser, "--adafl_frac_end", type=float, default=0.5, above=0, high=1, help="C_T, the final fraction")
+        add_flag(parser, "--adafl_num_fracs", type=int, default=5, low=1, help="m, the number of distinct fractions")
+        add_flag(parser, "--adafl_frac_step", type=int, default=200, low=1, help="s, rounds between fraction increases")
 
     # ---------------------------------------------------------------- sizes
     def fraction(self, rnd: int) -> float:

@@ -114,13 +114,13 @@ class FedACSServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--fedacs_p", type=float, default=0.5,
+        add_flag(parser, "--fedacs_p", type=float, default=0.5, low=0, high=1,
                  help="pick ratio p: δ is the p-quantile of the similarity matrix (not reported in the paper)")
         add_flag(parser, "--fedacs_pool", type=str, default="selected", choices=["selected", "all"],
                  help="clients whose latest models form S and enter Eq. 4: this round's cohort or all clients")
         add_flag(parser, "--fedacs_quantile_diag", type=str, default="include", choices=["include", "exclude"],
                  help="whether the diagonal (all ones) of S counts in the quantile (paper: all elements)")
-        add_flag(parser, "--fedacs_alpha", type=float, default=1.0,
+        add_flag(parser, "--fedacs_alpha", type=float, default=1.0, low=0, high=1,
                  help="server step α: u_i = (1 − α) w_i + α · Eq. 4 (paper: 1)")
 
     def setup(self) -> None:

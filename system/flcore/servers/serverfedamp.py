@@ -70,7 +70,7 @@ class FedAMPServer(Server):
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         # -alk is declared by FedAMPClient, whose proximal coefficient λ/α_K reads it too.
-        add_flag(parser, "-sg", "--sigma", type=float, default=1.0, help="σ of the attention function exp(−d²/σ)/σ")
+        add_flag(parser, "-sg", "--sigma", type=float, default=1.0, above=0, help="σ of the attention function exp(−d²/σ)/σ")
         add_flag(parser, "--fedamp_pool", type=str, default="previous", choices=["previous", "all"],
                  help="models mixed into u_i: those uploaded in the previous round (PFLlib) "
                       "or every client's latest")

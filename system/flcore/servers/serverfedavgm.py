@@ -41,9 +41,9 @@ class FedAvgMServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--server_momentum", type=float, default=0.9,
+        add_flag(parser, "--server_momentum", type=float, default=0.9, low=0, below=1,
                  help="FedAvgM server momentum β in v ← β·v + Δ (0 = FedAvg)")
-        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0,
+        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0, above=0,
                  help="FedAvgM server learning rate η_s in w ← w + η_s·v")
 
     def setup(self) -> None:

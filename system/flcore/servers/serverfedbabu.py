@@ -48,7 +48,7 @@ class FedBABUServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-fte", "--fine_tuning_epochs", type=int, default=10,
+        add_flag(parser, "-fte", "--fine_tuning_epochs", type=int, default=10, low=0,
                  help="local epochs of fine-tuning before a client is evaluated (paper: 5)")
         add_flag(parser, "--fedbabu_finetune", type=str, default="all", choices=["all", "head"],
                  help="fine-tune the whole model (PFLlib) or the head only")

@@ -56,9 +56,9 @@ class FedCrossServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-fsb", "--first_stage_bound", type=int, default=0,
+        add_flag(parser, "-fsb", "--first_stage_bound", type=int, default=0, low=0,
                  help="FedCross: rounds of FedAvg before cross-aggregation starts")
-        add_flag(parser, "-ca", "--fedcross_alpha", type=float, default=0.99,
+        add_flag(parser, "-ca", "--fedcross_alpha", type=float, default=0.99, low=0, high=1,
                  help="FedCross: weight α of a trained model in its cross-aggregation with its collaborator")
         add_flag(parser, "-cmss", "--collaberative_model_select_strategy", "--collaborative_model_select_strategy",
                  dest="collaberative_model_select_strategy", type=int, default=1, choices=sorted(STRATEGIES),

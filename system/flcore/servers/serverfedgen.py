@@ -75,11 +75,11 @@ class FedGenServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-nd", "--noise_dim", type=int, default=512, help="FedGen: generator noise dimension")
-        add_flag(parser, "-glr", "--generator_learning_rate", type=float, default=0.005,
+        add_flag(parser, "-nd", "--noise_dim", type=int, default=512, low=1, help="FedGen: generator noise dimension")
+        add_flag(parser, "-glr", "--generator_learning_rate", type=float, default=0.005, above=0,
                  help="FedGen: Adam learning rate of the generator")
-        add_flag(parser, "-hd", "--hidden_dim", type=int, default=512, help="FedGen: generator hidden width")
-        add_flag(parser, "-se", "--server_epochs", type=int, default=1000,
+        add_flag(parser, "-hd", "--hidden_dim", type=int, default=512, low=1, help="FedGen: generator hidden width")
+        add_flag(parser, "-se", "--server_epochs", type=int, default=1000, low=0,
                  help="FedGen: generator steps per round (PFLlib's default 1000)")
         add_flag(parser, "-lf", "--localize_feature_extractor", type=bool, default=False,
                  help="FedGen: keep the body private and share only the head (PFLlib)")

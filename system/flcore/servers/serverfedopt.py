@@ -66,10 +66,10 @@ class FedOptServer(Server):
     def add_args(cls, parser: ArgumentParser) -> None:
         # PFLlib's -slr/--server_learning_rate (one destination for every algorithm), with the paper's
         # default for this step; --server_lr stays as an older spelling.
-        add_flag(parser, "-slr", "--server_learning_rate", "--server_lr", type=float, default=0.01,
+        add_flag(parser, "-slr", "--server_learning_rate", "--server_lr", type=float, default=0.01, above=0,
                  help="server learning rate η of the adaptive step")
-        add_flag(parser, "--beta2", type=float, default=0.99, help="second-moment decay β2 (FedAdam, FedYogi)")
-        add_flag(parser, "-tau", "--tau", type=float, default=1e-3,
+        add_flag(parser, "--beta2", type=float, default=0.99, low=0, below=1, help="second-moment decay β2 (FedAdam, FedYogi)")
+        add_flag(parser, "-tau", "--tau", type=float, default=1e-3, above=0,
                  help="adaptivity τ (ε) in m/(√v + τ); v starts at τ²")
         add_flag(parser, "--fedopt_bias_correction", type=bool, default=False,
                  help="Adam-style bias correction of m and v (the paper has none)")
@@ -108,7 +108,7 @@ class FedOptServer(Server):
 
 def add_beta1_flag(parser: ArgumentParser, default: float, why: str) -> None:
     """``--beta1``, declared by each variant with its own default (β1 is a per-algorithm choice)."""
-    add_flag(parser, "--beta1", type=float, default=default, help=f"first-moment decay β1 ({why})")
+    add_flag(parser, "--beta1", type=float, default=default, low=0, below=1, help=f"first-moment decay β1 ({why})")
 
 
 @register_algorithm("FedAdam")

@@ -205,7 +205,7 @@ class IGFLAttentionServer(IGFLBaseServer):
                  help="IGFL-S query: self (SA), global (GA, the mean update) or time (TA, previous uploads)")
         add_flag(parser, "--igfl_ta_mode", type=str, default="diag", choices=["diag", "matrix", "vector"],
                  help="time-attention weights: diag (paper, sum != 1), matrix or vector (normalised)")
-        add_flag(parser, "--igfl_attn_temp", type=float, default=1.0,
+        add_flag(parser, "--igfl_attn_temp", type=float, default=1.0, above=0,
                  help="softmax temperature of the attention logits (paper 1.0; other values deviate)")
         add_flag(parser, "--igfl_sim", type=str, default="dot", choices=["dot", "cos"],
                  help="similarity psi: dot product (paper) or cosine (deviation)")

@@ -47,7 +47,7 @@ class PFedMeServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-bt", "--beta", type=float, default=1.0,
+        add_flag(parser, "-bt", "--beta", type=float, default=1.0, low=0,
                  help="pFedMe: server step β in w ← (1−β)w + β·mean(w_i); 1 = averaging "
                       "(PFLlib's default 0 freezes the global model; paper 1–2)")
         add_flag(parser, "--pfedme_all_clients", type=bool, default=False,

@@ -35,7 +35,7 @@ class ScaffoldServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0,
+        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0, above=0,
                  help="SCAFFOLD global step size η_g in x ← x + η_g·mean(y_i − x)")
         add_flag(parser, "--scaffold_weighting", type=str, default="uniform", choices=["uniform", "samples"],
                  help="mean of the model updates: uniform over received uploads (paper, PFLlib) or by samples")
