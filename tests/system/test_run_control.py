@@ -86,9 +86,10 @@ def test_divergence_keeps_results_up_to_the_last_good_round(toy, tmp_path, capsy
 
 # ------------------------------------------------------------------ real processes and signals
 def start(toy, results, *extra) -> subprocess.Popen:
-    """``main.py`` in a subprocess, long enough to be interrupted, logging each round."""
+    """``main.py`` in a subprocess, logging each round, with more rounds than it could finish before the
+    test interrupts it (a round of this toy run takes ~0.1 s)."""
     command = [sys.executable, "main.py", "-data", str(toy), "--results_dir", str(results), "-dev", "cpu",
-               "-m", "DNN", "-gr", "400", "--progress", "False", "--num_threads", "1", "--engine", "sequential",
+               "-m", "DNN", "-gr", "100000", "--progress", "False", "--num_threads", "1", "--engine", "sequential",
                *extra]
     return subprocess.Popen(command, cwd=SYSTEM, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
