@@ -5,33 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from fltest import (build_server, fl_log_messages, make_args, random_dataset, run_main_two_rounds, run_round,
                     trained_server)
 from fltest import one_thread  # noqa: F401  (fixture)
+from twolayer import CLASSES, DIM, HIDDEN, TwoLayer, features, logits, two_layer_server
 
-DIM, HIDDEN, CLASSES = 2, 3, 2
-A, B = DIM * HIDDEN, DIM * HIDDEN + HIDDEN
-C = B + HIDDEN * CLASSES
-
-
-class TwoLayer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Linear(DIM, HIDDEN)
-        self.head = nn.Linear(HIDDEN, CLASSES)
-
-    def forward(self, x):
-        return self.head(self.body(x))
-
-
-def features(w, x):
-    return x @ w[:A].view(HIDDEN, DIM).T + w[A:B]
-
-
-def logits(w, z):
-    return z @ w[B:C].view(CLASSES, HIDDEN).T + w[C:]
 
 
 def local_round(w, bias, x, y, steps, lr, mo, kappa, consensus):
@@ -52,17 +31,9 @@ def local_round(w, bias, x, y, steps, lr, mo, kappa, consensus):
     return w, bias, running.detach()
 
 
-def server_for(*flags, num_clients=2, seed=1, **settings):
-    data = random_dataset(num_clients=num_clients, dim=DIM, num_classes=CLASSES, sizes=[4, 6, 5, 7][:num_clients],
-                          seed=seed)
-    settings = {"batch_size": 8, "local_epochs": 2, "drop_last": False, **settings}
-    torch.manual_seed(0)
-    return data, build_server(make_args("FedDBE", *flags, **settings), data, TwoLayer())
-
-
 def test_two_rounds_by_hand():
     lr, mo, kappa = 0.1, 0.3, 2.0
-    data, server = server_for("-mo", str(mo), "-klw", str(kappa), local_learning_rate=lr)
+    data, server = two_layer_server("FedDBE", "-mo", str(mo), "-klw", str(kappa), local_learning_rate=lr)
     w0 = server.global_params.double()
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
     warm = [local_round(w0, None, x, y, 2, lr, mo, kappa, None)[2] for x, y in xy]
@@ -102,7 +73,7 @@ def test_frozen_bias_without_regulariser_is_fedavg(join_ratio):
 
 
 def test_bias_never_leaves_the_client_and_partial_participation():
-    data, server = server_for("-klw", "1", num_clients=4, join_ratio=0.5)
+    data, server = two_layer_server("FedDBE", "-klw", "1", num_clients=4, join_ratio=0.5)
     round0 = run_round(server, 0)
     for u in round0.updates:
         assert u.extras == {} and u.params.shape == server.global_params.shape

@@ -4,53 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from fltest import (build_server, fl_log_messages, make_args, random_dataset, run_main_two_rounds, run_round,
                     trained_server)
 from fltest import one_thread  # noqa: F401  (fixture)
+from twolayer import CLASSES, DIM, HEAD, TwoLayer, grad_of, two_layer_server
 
-DIM, HIDDEN, CLASSES = 2, 3, 2
-HEAD = slice(DIM * HIDDEN + HIDDEN, None)  # the head's entries of the flat vector [body.W, body.b, head.W, head.b]
-
-
-class TwoLayer(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.body = nn.Linear(DIM, HIDDEN)
-        self.head = nn.Linear(HIDDEN, CLASSES)
-
-    def forward(self, x):
-        return self.head(self.body(x))
-
-
-def loss_of(w, x, y):
-    """Cross-entropy of the two-layer model with flat parameters w."""
-    a, b = DIM * HIDDEN, DIM * HIDDEN + HIDDEN
-    c = b + HIDDEN * CLASSES
-    hidden = x @ w[:a].view(HIDDEN, DIM).T + w[a:b]
-    return F.cross_entropy(hidden @ w[b:c].view(CLASSES, HIDDEN).T + w[c:], y)
-
-
-def grad_of(w, x, y):
-    w = w.detach().clone().requires_grad_(True)
-    (g,) = torch.autograd.grad(loss_of(w, x, y), w)
-    return g
-
-
-def server_for(*flags, num_clients=2, seed=1, **settings):
-    data = random_dataset(num_clients=num_clients, dim=DIM, num_classes=CLASSES, sizes=[4, 6, 5, 7][:num_clients],
-                          seed=seed)
-    settings = {"batch_size": 8, "local_epochs": 2, "drop_last": False, **settings}
-    torch.manual_seed(0)
-    return data, build_server(make_args("PFL-DA", *flags, **settings), data, TwoLayer())
 
 
 @pytest.mark.parametrize("penalty", ["norm", "squared", "none"])
 def test_two_rounds_by_hand(penalty):
     lr, lam = 0.1, 0.7
-    data, server = server_for("-lam", str(lam), "--pflda_penalty", penalty, local_learning_rate=lr)
+    data, server = two_layer_server("PFL-DA", "-lam", str(lam), "--pflda_penalty", penalty, local_learning_rate=lr)
     w0 = server.global_params.double()
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
     body = {i: w0.clone() for i in range(2)}      # each client's model, of which the body is its own
@@ -112,7 +77,7 @@ def test_global_part_is_lg_fedavg(join_ratio):
 
 
 def test_partial_participation_and_first_timers():
-    data, server = server_for("-lam", "0.3", num_clients=4, join_ratio=0.5)
+    data, server = two_layer_server("PFL-DA", "-lam", "0.3", num_clients=4, join_ratio=0.5)
     init = server.initial_params.clone()
     cohort0 = run_round(server, 0).cohort
     for i in set(range(4)) - set(cohort0):
