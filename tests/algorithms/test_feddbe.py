@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from fltest import (build_server, fl_log_messages, make_args, random_dataset, run_main_two_rounds, run_round,
                     trained_server)
 from fltest import one_thread  # noqa: F401  (fixture)
-from twolayer import CLASSES, DIM, HIDDEN, TwoLayer, features, logits, two_layer_server
+from twolayer import CLASSES, DIM, HIDDEN, TwoLayer, features, logits, trained_two_layer, two_layer_server
 
 
 
@@ -60,13 +60,9 @@ def test_two_rounds_by_hand():
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
 def test_frozen_bias_without_regulariser_is_fedavg(join_ratio):
     data = random_dataset(num_clients=4, dim=DIM, num_classes=CLASSES, seed=2)
-    runs = {}
-    for algo, flags in (("FedDBE", ("--dbe_prbm", "False", "-klw", "0")), ("FedAvg", ())):
-        torch.manual_seed(0)
-        server = build_server(make_args(algo, *flags, global_rounds=3, join_ratio=join_ratio, batch_size=4), data,
-                              TwoLayer())
-        server.train(progress=False)
-        runs[algo] = server
+    settings = dict(global_rounds=3, join_ratio=join_ratio, batch_size=4)
+    runs = {"FedDBE": trained_two_layer(data, "FedDBE", "--dbe_prbm", "False", "-klw", "0", **settings),
+            "FedAvg": trained_two_layer(data, "FedAvg", **settings)}
     assert torch.equal(runs["FedDBE"].global_params, runs["FedAvg"].global_params)
     assert runs["FedDBE"].history.test_acc == runs["FedAvg"].history.test_acc
     assert runs["FedDBE"].state.names() == []

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fltest import build_server, fl_log_messages, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import fl_log_messages, random_dataset, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
-from twolayer import CLASSES, DIM, TwoLayer, features, logits, two_layer_server
+from twolayer import CLASSES, DIM, features, logits, trained_two_layer, two_layer_server
 
 
 def mmd_by_hand(a, b):
@@ -60,13 +60,9 @@ def test_mmd_term_is_zero_at_the_hpm_and_positive_elsewhere():
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
 def test_lambda_zero_trains_as_fedavg(join_ratio):
     data = random_dataset(num_clients=4, dim=DIM, num_classes=CLASSES, seed=2)
-    runs = {}
-    for algo, flags in (("FedPHP", ("-lam", "0")), ("FedAvg", ())):
-        torch.manual_seed(0)
-        server = build_server(make_args(algo, *flags, global_rounds=3, join_ratio=join_ratio, batch_size=4), data,
-                              TwoLayer())
-        server.train(progress=False)
-        runs[algo] = server
+    settings = dict(global_rounds=3, join_ratio=join_ratio, batch_size=4)
+    runs = {"FedPHP": trained_two_layer(data, "FedPHP", "-lam", "0", **settings),
+            "FedAvg": trained_two_layer(data, "FedAvg", **settings)}
     assert torch.equal(runs["FedPHP"].global_params, runs["FedAvg"].global_params)
     assert runs["FedPHP"].history.extra_series["test_acc_global"] == runs["FedAvg"].history.test_acc
 

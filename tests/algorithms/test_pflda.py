@@ -8,7 +8,7 @@ import torch
 from fltest import (build_server, fl_log_messages, make_args, random_dataset, run_main_two_rounds, run_round,
                     trained_server)
 from fltest import one_thread  # noqa: F401  (fixture)
-from twolayer import CLASSES, DIM, HEAD, TwoLayer, grad_of, two_layer_server
+from twolayer import CLASSES, DIM, HEAD, TwoLayer, grad_of, trained_two_layer, two_layer_server
 
 
 
@@ -61,14 +61,9 @@ def test_two_rounds_by_hand(penalty):
 @pytest.mark.parametrize("join_ratio", [1.0, 0.5])
 def test_global_part_is_lg_fedavg(join_ratio):
     data = random_dataset(num_clients=4, dim=DIM, num_classes=CLASSES, seed=3)
-    runs = {}
-    for algo in ("PFL-DA", "LG-FedAvg"):
-        torch.manual_seed(0)
-        server = build_server(make_args(algo, "-lam", "0.5", global_rounds=3, join_ratio=join_ratio, batch_size=4),
-                              data, TwoLayer())
-        server.train(progress=False)
-        runs[algo] = server
-    ours, lg = runs["PFL-DA"], runs["LG-FedAvg"]
+    settings = dict(global_rounds=3, join_ratio=join_ratio, batch_size=4)
+    ours = trained_two_layer(data, "PFL-DA", "-lam", "0.5", **settings)
+    lg = trained_two_layer(data, "LG-FedAvg", **settings)
     assert torch.equal(ours.global_params, lg.global_params)
     for i in range(4):
         assert ours.clients[i].participations == lg.clients[i].participations

@@ -48,3 +48,12 @@ def two_layer_server(algorithm: str, *flags: str, num_clients: int = 2, seed: in
     settings = {"batch_size": 8, "local_epochs": 2, "drop_last": False, **settings}
     torch.manual_seed(0)
     return data, build_server(make_args(algorithm, *flags, **settings), data, TwoLayer())
+
+
+def trained_two_layer(data, algorithm: str, *flags: str, **settings):
+    """A whole ``Server.train`` run of ``algorithm`` with the two-layer model (the same initial weights
+    for every algorithm) on ``data``."""
+    torch.manual_seed(0)
+    server = build_server(make_args(algorithm, *flags, **settings), data, TwoLayer())
+    server.train(progress=False)
+    return server
