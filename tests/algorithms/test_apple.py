@@ -21,7 +21,8 @@ def apple_server(*flags, **settings):
 
 def test_proximal_schedule():
     assert proximal_weight(0, 10) == 1.0 and proximal_weight(10, 10) == 0.0 and proximal_weight(12, 10) == 0.0
-    assert proximal_weight(5, 10) == pytest.approx(0.5) and proximal_weight(2, 10) == pytest.approx((math.cos(0.2 * math.pi) + 1) / 2)
+    assert proximal_weight(5, 10) == pytest.approx(0.5)
+    assert proximal_weight(2, 10) == pytest.approx((math.cos(0.2 * math.pi) + 1) / 2)
 
 
 @pytest.mark.parametrize("p_grad,scale", [("inner", True), ("pfllib", True), ("inner", False)])

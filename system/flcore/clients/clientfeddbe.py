@@ -69,7 +69,8 @@ class FedDBEClient(Client):
             model.zero_grad()
             z = net.features(self.data.inputs("train", idx))
             batch_mean = z.mean(0)
-            running = momentum * batch_mean if running is None else (1 - momentum) * running.detach() + momentum * batch_mean
+            previous = torch.zeros_like(batch_mean) if running is None else running.detach()
+            running = (1 - momentum) * previous + momentum * batch_mean
             loss = F.cross_entropy(net.head(z if bias is None else z + bias), self.data.train_y[idx])
             if consensus is not None and kappa != 0:
                 loss = loss + kappa * (0.5 * (running - consensus) ** 2).mean()

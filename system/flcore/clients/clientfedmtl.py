@@ -38,7 +38,7 @@ class FedMTLClient(Client):
         add_flag(parser, "-itk", "--itk", type=int, default=4000,
                  help="PFLlib's iterations of MOCHA's quadratic subproblem: accepted, unused (as in PFLlib)")
         add_flag(parser, "--fedmtl_lambda_mean", type=float, default=0.05,
-                 help="λ₁ of λ₁·tr(WΩWᵀ) = λ₁·Σ_s‖w_s − w̄‖² (Ω = (I − 11ᵀ/m)²); 0 with λ₂ = 0 is Local")
+                 help="λ₁ of λ₁·tr(WΩWᵀ) = λ₁·Σ_s‖w_s − w̄‖², Ω = (I − 11ᵀ/m)² (0 with λ₂ = 0: Local)")
         add_flag(parser, "--fedmtl_lambda_norm", type=float, default=0.0,
                  help="λ₂ of λ₂·‖W‖_F² (weight decay of every personal model)")
 

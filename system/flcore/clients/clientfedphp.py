@@ -76,7 +76,8 @@ class FedPHPClient(Client):
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         lam = self.hp.lamda
         z = net.features(x)
-        return (1.0 - lam) * F.cross_entropy(net.head(z), y) + lam * mmd(z, net.at(ctx["inherited"]).features(x).detach())
+        inherited = net.at(ctx["inherited"]).features(x).detach()
+        return (1.0 - lam) * F.cross_entropy(net.head(z), y) + lam * mmd(z, inherited)
 
     def end_round(self, params, package: RoundPackage, ctx, steps, loss) -> ClientUpdate:
         weight = self.hp.mu * package.round / max(int(self.args.global_rounds), 1)

@@ -4,7 +4,7 @@ After each round the server averages the uploaded models (sample-weighted, FedAv
 each uploading client i a customised model: the plain mean of the uploads of i and of every
 client j of the round whose critical masks overlap enough,
 
-    o_ij = 1 − ‖m_i − m_j‖₁ / (2‖m_i‖₁),      j collaborates with i when o_ij ≥ ō + (t+1)/β·(o_max − ō),
+    o_ij = 1 − ‖m_i − m_j‖₁ / (2‖m_i‖₁),   j collaborates with i when o_ij ≥ ō + (t+1)/β·(o_max − ō),
 
 ō and o_max being the mean and maximum of o_ij over the round's ordered pairs i ≠ j and t the
 round: early on, clients collaborate widely on their critical parameters; after β rounds only the
@@ -70,7 +70,8 @@ class FedCACServer(Server):
         threshold = mean + (package.round + 1) / self.hp.beta * (top - mean)
         for k, update in enumerate(updates):
             partners = [u for j, u in enumerate(updates) if j == k or o[k, j] >= threshold]
-            self.state.set("customized", update.index, weighted_average(partners, [1.0 / len(partners)] * len(partners)))
+            mean = weighted_average(partners, [1.0 / len(partners)] * len(partners))
+            self.state.set("customized", update.index, mean)
 
     def eval_params(self, index: int) -> torch.Tensor:
         mask, customized = self.state.get("cac_mask", index), self.state.get("customized", index)
