@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from fltest import build_server, dataset_from_arrays, make_args, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
+from flcore.clients.clientfedgc import ABSENT_BIAS
 from flcore.servers.serverfedgc import correction_loss
 from twolayer import CLASSES, DIM, TwoLayer
 
@@ -69,7 +70,7 @@ def test_one_round_by_hand():
     trained = []
     for k, c in enumerate(data.clients):
         w = w0.clone()
-        w[b + 9:][~holds[k]] = -1e9
+        w[b + 9:][~holds[k]] = ABSENT_BIAS
         x, y = c.train_x.double(), c.train_y
         for _ in range(2):
             w = w.detach().requires_grad_(True)
@@ -90,7 +91,7 @@ def test_one_round_by_hand():
         head = server.state.get("fedgc_head", k).double()
         assert torch.allclose(head[:9].view(3, 3), corrected[k], atol=1e-5)
         assert torch.allclose(head[9:], trained[k][b + 9:], atol=1e-5)
-        assert (head[9:][~holds[k]] == -1e9).all()
+        assert (head[9:][~holds[k]] == ABSENT_BIAS).all()
         evaluated = server.eval_params(k).double()
         assert torch.allclose(evaluated[:b], body[:b], atol=1e-5) and torch.allclose(evaluated[b:], head, atol=1e-5)
     assert float(g.abs().sum()) > 0

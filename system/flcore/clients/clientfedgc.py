@@ -3,7 +3,7 @@ AAAI 2022, arXiv:2112.07246), as PFLlib implements it.
 
 Each client classifies among its own classes only: its head has one row per class it holds
 (PFLlib builds a bias-free ``Linear(features, local classes)``). Here the head keeps the model's
-full shape and the rows of the classes a client lacks are switched off with the bias −1e9, so
+full shape and the rows of the classes a client lacks are switched off with the bias −1e4, so
 their logits never win and their softmax probability, hence their gradient, is 0: training is
 the softmax over the client's classes. The client trains body and head with FedAvg's local SGD
 from the global body and its head as the server last corrected it (``payload["head"]``; the
@@ -17,8 +17,9 @@ import torch
 
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 
-#: the bias that switches a class's logit off (its softmax probability underflows to 0)
-ABSENT_BIAS = -1e9
+#: the bias that switches a class's logit off: exp(−1e4) underflows to 0 in float32, and −1e4 survives a
+#: float16 state store (--state_dtype float16), where −1e9 would become −inf
+ABSENT_BIAS = -1e4
 
 
 class FedGCClient(Client):
