@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fltest import run_main_two_rounds, run_round
+from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
-from twolayer import CLASSES, HEAD, features, grad_of, two_layer_server
+from twolayer import CLASSES, DIM, HEAD, TwoLayer, features, grad_of, two_layer_server
 
 
 def align(w, x, y, protos, lr):
@@ -72,3 +72,16 @@ def test_partial_participation():
 
 def test_two_round_run_through_main(tmp_path):
     run_main_two_rounds(tmp_path, "FedAS")
+
+
+def test_alignment_and_fisher_passes_are_charged_as_work():
+    # 10 and 12 samples, batch 4 (drop_last): 2 and 3 local steps and a Fisher pass of as many steps;
+    # an alignment epoch in minibatches of 3: 3 and 4 steps
+    data = random_dataset(num_clients=2, dim=DIM, num_classes=CLASSES, sizes=[10, 12], seed=2)
+    torch.manual_seed(0)
+    server = build_server(make_args("FedAS", "--fedas_align_batch", "3", batch_size=4, local_epochs=1), data,
+                          TwoLayer())
+    updates = run_round(server, 0).updates
+    expected = [2 * 8 + 9, 2 * 12 + 12]
+    assert [u.samples_processed for u in updates] == expected
+    assert [c.expected_gradient_samples() for c in server.clients] == expected

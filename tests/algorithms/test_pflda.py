@@ -124,3 +124,12 @@ def test_bodiless_model_shares_everything():
 
 def test_two_round_run_through_main(tmp_path):
     run_main_two_rounds(tmp_path, "PFL-DA", "-lam", "0.1")
+
+
+def test_both_phases_are_charged_as_work():
+    data = random_dataset(num_clients=3, dim=DIM, num_classes=CLASSES, sizes=[4, 6, 8], seed=7)
+    torch.manual_seed(0)
+    server = build_server(make_args("PFL-DA", batch_size=2, local_epochs=1), data, TwoLayer())
+    updates = run_round(server, 0).updates
+    assert [u.samples_processed for u in updates] == [8, 12, 16]
+    assert [c.expected_gradient_samples() for c in server.clients] == [8, 12, 16]
