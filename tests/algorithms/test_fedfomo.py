@@ -83,6 +83,24 @@ def test_candidates_by_affinity_and_download_bytes():
         assert package.nbytes(i) == d * 4 + count * (d * 4 + 8)
 
 
+def test_exploration_draws_at_random_then_decays():
+    data = random_dataset(num_clients=6, dim=2, num_classes=2, sizes=[10] * 6, seed=5)
+    servers = {}
+    for epsilon, decay in (("0", "0"), ("1", "0"), ("1", "0.5")):
+        server = build_server(make_args("FedFomo", "-M", "2", "--fedfomo_epsilon", epsilon,
+                                        "--fedfomo_epsilon_decay", decay), data)
+        server.uploaded[:] = True
+        server.affinity[0] = torch.tensor([1.0, 5.0, 4.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        servers[(epsilon, decay)] = server
+    rounds = range(10)
+    assert all(servers[("0", "0")].candidates(0, rnd) == [1, 2] for rnd in rounds)
+    explored = [servers[("1", "0")].candidates(0, rnd) for rnd in rounds]
+    assert all(len(c) == 2 and 0 not in c for c in explored) and any(c != [1, 2] for c in explored)
+    assert explored == [servers[("1", "0")].candidates(0, rnd) for rnd in rounds]  # seeded by (seed, round, client)
+    decaying = servers[("1", "0.5")]
+    assert all(decaying.candidates(0, rnd) == [1, 2] for rnd in range(2, 10))  # ε_t = 0 from round 2
+
+
 def test_pfllib_reference_can_send_a_client_its_own_model():
     data, server = fomo_server("--fedfomo_reference", "aggregate", "-M", "3")
     run_round(server, 0)

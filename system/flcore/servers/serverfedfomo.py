@@ -10,10 +10,14 @@ locally. Clients are evaluated with their personal models; there is no global mo
 Deliberate choices (see ``clientfedfomo.py`` for the client's):
 * only clients that have uploaded are candidates (PFLlib's top-M may pick never-trained clients'
   initial models) and, with ``--fedfomo_reference trained``, never the client itself;
-* the paper's ε-greedy exploration of the candidates is not implemented: candidates are the top M
-  by affinity, as in PFLlib.
+* exploration: with probability ε_t = max(0, ε − t·δ) (``--fedfomo_epsilon`` ε, default 0 as in
+  PFLlib, which always takes the top M; ``--fedfomo_epsilon_decay`` δ per round) a client's M
+  models are drawn uniformly among the candidates instead, from (seed, round, client): our reading
+  of the paper's ε-greedy selection.
 """
 from __future__ import annotations
+
+from argparse import ArgumentParser
 
 import torch
 
@@ -21,7 +25,9 @@ from flcore.clients.clientbase import ClientUpdate, RoundPackage
 from flcore.clients.clientfedfomo import FedFomoClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
+from utils.cli import add_flag
 from utils.errors import FLError
+from utils.seeding import numpy_rng
 
 
 @register_algorithm("FedFomo")
@@ -30,11 +36,21 @@ class FedFomoServer(Server):
     personalized = True
     has_global_model = False
 
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "--fedfomo_epsilon", type=float, default=0.0,
+                 help="ε: probability that a client's M models are drawn at random instead of the top M "
+                      "by affinity (0: PFLlib's top M only)")
+        add_flag(parser, "--fedfomo_epsilon_decay", type=float, default=0.0,
+                 help="δ: ε decreases by δ per round (ε_t = max(0, ε − t·δ))")
+
     def setup(self) -> None:
         if self.hp.M < 0:
             raise FLError(f"-M must be >= 0, got {self.hp.M}")
         if not 0 <= self.hp.fedfomo_val_ratio < 1:
             raise FLError(f"--fedfomo_val_ratio must lie in [0, 1), got {self.hp.fedfomo_val_ratio}")
+        if not 0 <= self.hp.fedfomo_epsilon <= 1 or self.hp.fedfomo_epsilon_decay < 0:
+            raise FLError("--fedfomo_epsilon must lie in [0, 1] and --fedfomo_epsilon_decay be >= 0")
         if self.hp.M > 0 and self.hp.fedfomo_val_ratio == 0:
             raise FLError("FedFomo weighs the received models on a validation split: --fedfomo_val_ratio must be > 0 "
                           "when -M > 0")
@@ -44,17 +60,24 @@ class FedFomoServer(Server):
         self.uploaded = torch.zeros(len(self.clients), dtype=torch.bool)
 
     def summary(self) -> dict[str, object]:
-        return {"M": self.hp.M, "val_ratio": self.hp.fedfomo_val_ratio, "reference": self.hp.fedfomo_reference}
+        return {"M": self.hp.M, "val_ratio": self.hp.fedfomo_val_ratio, "reference": self.hp.fedfomo_reference,
+                "epsilon": self.hp.fedfomo_epsilon, "epsilon_decay": self.hp.fedfomo_epsilon_decay}
 
-    def candidates(self, index: int) -> list[int]:
+    def candidates(self, index: int, rnd: int = 0) -> list[int]:
         """The top-M clients by affinity among those with an upload (never ``index`` itself with the
-        ``trained`` reference)."""
+        ``trained`` reference), or with probability ε_t M of them drawn at random."""
         allowed = self.uploaded.clone()
         if self.hp.fedfomo_reference == "trained":
             allowed[index] = False
         count = min(self.hp.M, int(allowed.sum()))
         if count == 0:
             return []
+        epsilon = max(0.0, self.hp.fedfomo_epsilon - rnd * self.hp.fedfomo_epsilon_decay)
+        if epsilon > 0:
+            rng = numpy_rng(self.args.seed, "fedfomo-explore", rnd, self.clients[index].cid)
+            if rng.random() < epsilon:
+                pool = torch.nonzero(allowed).flatten().tolist()
+                return sorted(int(j) for j in rng.choice(pool, size=count, replace=False))
         scores = torch.where(allowed, self.affinity[index], torch.tensor(float("-inf"), dtype=torch.float64))
         order = torch.sort(scores, descending=True, stable=True).indices
         return [int(j) for j in order[:count]]
@@ -62,7 +85,7 @@ class FedFomoServer(Server):
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         payloads, sent = {}, {}
         for i in cohort:
-            chosen = self.candidates(i)
+            chosen = self.candidates(i, rnd)
             for j in chosen:  # one copy of each model sent this round, whoever receives it
                 if j not in sent:
                     sent[j] = self.state.get("latest", j).clone()
