@@ -2,10 +2,12 @@
 body has parameters, its forward pass written out on a flat vector, and by-hand per-class means."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
-from fltest import build_server, make_args
+from fltest import build_server, make_args, random_dataset
+from utils.errors import FLError
 
 HIDDEN = 3
 
@@ -48,3 +50,11 @@ def per_class_sums(values: torch.Tensor, y: torch.Tensor, classes: int) -> tuple
         sums[label] += value
         seen[label] += 1
     return sums, seen
+
+
+def refusal(algorithm: str, *flags: str, module: nn.Module | None = None) -> str:
+    """The one-line message with which building ``algorithm``'s server (flags, model) is refused."""
+    data = random_dataset(num_clients=2, dim=3, num_classes=2, sizes=[4, 6])
+    with pytest.raises(FLError) as caught:
+        build_server(make_args(algorithm, *flags), data, module)
+    return str(caught.value)

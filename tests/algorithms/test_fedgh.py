@@ -4,15 +4,13 @@ body never leaves a client, partial participation, bad input."""
 from __future__ import annotations
 
 import h5py
-import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import random_dataset, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
-from knowledgetest import HIDDEN, hand_forward, hidden_server, per_class_sums
-from utils.errors import FLError
+from knowledgetest import refusal, HIDDEN, hand_forward, hidden_server, per_class_sums
 
 LR, SLR, DIM, C = 0.3, 0.5, 2, 2
 HEAD = slice(HIDDEN * DIM + HIDDEN, None)  # W2, b2 at the end of the flat vector
@@ -98,8 +96,5 @@ def test_main_writes_the_head_loss(tmp_path):
 
 
 def test_bad_input():
-    data = random_dataset(num_clients=2, dim=3, num_classes=2, sizes=[4, 6])
-    with pytest.raises(FLError, match="body .* head"):
-        build_server(make_args("FedGH"), data, nn.Linear(3, 2))
-    with pytest.raises(FLError, match="-slr"):
-        build_server(make_args("FedGH", "-slr", "0"), data)
+    assert "body (features) and head (classifier)" in refusal("FedGH", module=nn.Linear(3, 2))
+    assert "-slr" in refusal("FedGH", "-slr", "0")

@@ -13,8 +13,7 @@ from torch import nn
 
 from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
-from knowledgetest import HIDDEN, HiddenBody, hand_forward, hidden_server, per_class_sums
-from utils.errors import FLError
+from knowledgetest import refusal, HIDDEN, HiddenBody, hand_forward, hidden_server, per_class_sums
 
 LR, LAM = 0.3, 2.0
 
@@ -154,11 +153,9 @@ def test_main_records_personal_and_prototype_accuracy(tmp_path):
 
 
 def test_bad_input():
-    data = random_dataset(num_clients=2, dim=3, num_classes=2, sizes=[4, 6])
-    with pytest.raises(FLError, match="body .* head"):
-        build_server(make_args("FedProto"), data, nn.Linear(3, 2))
-    with pytest.raises(FLError, match="-lam"):
-        build_server(make_args("FedProto", "-lam", "-1"), data)
+    assert "body (features) and head (classifier)" in refusal("FedProto", module=nn.Linear(3, 2))
+    assert "-lam" in refusal("FedProto", "-lam", "-1")
+
 
 
 def test_dp_sgd_is_refused_in_one_line(tmp_path, capsys):
