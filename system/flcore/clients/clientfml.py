@@ -22,18 +22,18 @@ SGD at the client's learning rate. Deliberate choices, where paper and PFLlib di
 Two models are trained per step, so a client computes twice FedAvg's gradients; the procedure
 is not SGD on one model, so this client runs its own ``train_job`` (the engines train it
 sequentially). The personal model is a functional view of its own vector, BatchNorm statistics
-included (updated in place in that vector, as the module would).
+included.
 """
 from __future__ import annotations
 
 from argparse import ArgumentParser
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
-from flcore.flat import FlatModel
+from flcore.flat import FlatModel, Net
 from utils.cli import add_flag
 
 
@@ -42,6 +42,26 @@ def kl_divergence(log_q: torch.Tensor, target: torch.Tensor, reduction: str) -> 
     averaged over the batch, and over the classes too with ``reduction="mean"`` (PFLlib)."""
     kl = F.kl_div(log_q, target.detach(), reduction="batchmean")
     return kl / log_q.shape[1] if reduction == "mean" else kl
+
+
+def paired_batches(client: Client, job: LocalJob, model: FlatModel, vector: torch.Tensor
+                   ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, Net]]:
+    """The minibatches of a job that trains two models side by side: the working ``model`` from the
+    job's start point, and a second one held in ``vector``. Per step: (x, y, a fresh leaf of
+    ``vector``'s parameters, the second model as a :class:`Net` of that leaf); the working model's
+    gradient is zeroed and both models' samples are counted. The second model's float buffers are
+    views of ``vector`` itself, so a BatchNorm layer updates that model's own statistics."""
+    model.load(job.start)
+    model.module.train()
+    n = model.num_params
+    for idx in job.plan:
+        client.count_gradient_samples(idx)
+        client.count_gradient_samples(idx)
+        model.zero_grad()
+        leaf = vector[:n].clone().requires_grad_(True)
+        named = {seg.name: (leaf if seg.is_param else vector)[seg.start : seg.stop].view(seg.shape)
+                 for seg in model.segments}
+        yield client.data.inputs("train", idx), client.data.train_y[idx], leaf, Net(model.module, model, named)
 
 
 class FMLClient(Client):
@@ -70,18 +90,11 @@ class FMLClient(Client):
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         hp, lr = self.hp, job.lr
-        model.load(job.start)  # the meme model trains on the working model
         personal = job.ctx["personal"].clone()  # the personal model: its own vector, trained functionally
         n = model.num_params
-        model.module.train()
         loss_sum = torch.zeros((), device=model.device)
-        for idx in job.plan:
-            self.count_gradient_samples(idx)
-            self.count_gradient_samples(idx)
-            x, y = self.data.inputs("train", idx), self.data.train_y[idx]
-            model.zero_grad()
-            leaf = personal[:n].clone().requires_grad_(True)
-            local_out = functional_call(model.module, self.named(model, leaf, personal), (x,))
+        for x, y, leaf, personal_net in paired_batches(self, job, model, personal):
+            local_out = personal_net(x)
             meme_out = model.net(x)
             local_loss = hp.alpha * F.cross_entropy(local_out, y) + (1 - hp.alpha) * kl_divergence(
                 F.log_softmax(local_out, dim=1), F.softmax(meme_out, dim=1), hp.fml_kl)
@@ -94,13 +107,6 @@ class FMLClient(Client):
             loss_sum += meme_loss.detach()
         job.ctx["personal"] = personal
         return model.snapshot(), self.check_loss(loss_sum, len(job.plan), job.package.round)
-
-    @staticmethod
-    def named(model: FlatModel, params: torch.Tensor, vector: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The module's tensors as views: parameters of ``params``, float buffers of ``vector`` (so a
-        BatchNorm layer updates the personal model's own statistics)."""
-        return {seg.name: (params if seg.is_param else vector)[seg.start : seg.stop].view(seg.shape)
-                for seg in model.segments}
 
     def clipped(self, grad: torch.Tensor) -> torch.Tensor:
         if self.hp.fml_clip <= 0:
