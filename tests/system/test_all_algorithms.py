@@ -86,4 +86,6 @@ def test_two_rounds_write_a_valid_h5(algorithm, engine, toy, tmp_path, request, 
         ref, out = sequential_arrays[algorithm], result_arrays(path)
         assert ref.keys() == out.keys()
         for name in ref:
-            assert np.array_equal(ref[name], out[name]), f"{algorithm}: {name} differs under --engine ray"
+            # equal_nan: a series may be undefined (NaN) in some rounds (FedProto's prototype accuracy in round 0)
+            assert np.array_equal(ref[name], out[name], equal_nan=ref[name].dtype.kind == "f"), \
+                f"{algorithm}: {name} differs under --engine ray"
