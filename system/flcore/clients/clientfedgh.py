@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
-from flcore.clients.labelmeans import class_means, upload
+from flcore.clients.labelmeans import body_class_sums, upload
 from flcore.flat import FlatModel
 
 
@@ -25,27 +25,8 @@ class FedGHClient(Client):
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         params, loss = super().train_job(job, model)
-        job.ctx.update(zip(("class_sums", "class_seen"), self.representation_sums(model)))
+        job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
         return params, loss
-
-    @torch.no_grad()
-    def representation_sums(self, model: FlatModel) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-class sums and counts of the body's output over the training data, in eval mode."""
-        module = model.module
-        was_training = module.training
-        module.eval()
-        sums = seen = None
-        batch = int(self.args.eval_batch_size)
-        try:
-            for start in range(0, self.num_train, batch):
-                rows = slice(start, min(start + batch, self.num_train))
-                z = module.body(self.data.inputs("train", rows))
-                part_sums, part_seen = class_means(z, self.data.train_y[rows], self.task.num_classes)
-                sums = part_sums if sums is None else sums + part_sums
-                seen = part_seen if seen is None else seen + part_seen
-        finally:
-            module.train(was_training)
-        return sums, seen
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         sent = upload(ctx["class_sums"], ctx["class_seen"]) if "class_sums" in ctx else {}

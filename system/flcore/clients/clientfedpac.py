@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
-from flcore.clients.labelmeans import class_means, upload
+from flcore.clients.labelmeans import body_class_sums, class_means, upload
 from flcore.flat import FlatModel, Net
 from utils.cli import add_flag
 
@@ -73,7 +73,7 @@ class FedPACClient(Client):
         rnd = job.package.round
         self.phase(model, self.batch_plan(rnd, epochs=1, purpose="fedpac-head"), {}, job.lr, head, rnd)
         loss = self.phase(model, job.plan, job.ctx, job.lr, ~head, rnd)
-        job.ctx["class_sums"], job.ctx["class_seen"] = self.representation_sums(model)
+        job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
         return model.snapshot(), loss
 
     def phase(self, model: FlatModel, plan: list, ctx: dict, lr: float, trained: torch.Tensor, rnd: int) -> float:
@@ -84,21 +84,6 @@ class FedPACClient(Client):
             loss_sum += self.compute_gradient(model, idx, ctx)
             model.params.sub_(torch.where(trained, model.grad, 0.0), alpha=lr)
         return self.check_loss(loss_sum, len(plan), rnd)
-
-    @torch.no_grad()
-    def representation_sums(self, model: FlatModel) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-class sums and counts of the body's output over the training data, in eval mode."""
-        module = model.module
-        was_training = module.training
-        module.eval()
-        batch = int(self.args.eval_batch_size)
-        try:
-            parts = [class_means(module.body(self.data.inputs("train", slice(i, i + batch))),
-                                 self.data.train_y[i : i + batch], self.task.num_classes)
-                     for i in range(0, self.num_train, batch)]
-        finally:
-            module.train(was_training)
-        return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
     def statistics(self, model: FlatModel) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, H) of the QP with the model as received (see the module docstring)."""

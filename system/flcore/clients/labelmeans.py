@@ -86,3 +86,25 @@ def require_body_head(module: torch.nn.Module, algorithm: str, model_name: str) 
     if not all(isinstance(getattr(module, part, None), torch.nn.Module) for part in ("body", "head")):
         raise FLError(f"{algorithm} needs a model split into body (features) and head (classifier); "
                       f"-m {model_name} has no such split")
+
+
+@torch.no_grad()
+def body_class_sums(client, model, normalise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class sums and counts of the body's output (L2-normalised with ``normalise``) over
+    ``client``'s training data under the working ``model``, in eval mode, in batches of
+    ``--eval_batch_size``: the one extra pass of FedGH, FedPAC and FedPCL after training."""
+    module = model.module
+    was_training = module.training
+    module.eval()
+    batch = int(client.args.eval_batch_size)
+    sums = seen = None
+    try:
+        for start in range(0, client.num_train, batch):
+            rows = slice(start, start + batch)
+            z = module.body(client.data.inputs("train", rows)).flatten(1)
+            part = class_means(torch.nn.functional.normalize(z, dim=1) if normalise else z,
+                               client.data.train_y[rows], client.task.num_classes)
+            sums, seen = part if sums is None else (sums + part[0], seen + part[1])
+    finally:
+        module.train(was_training)
+    return sums, seen
