@@ -65,7 +65,7 @@ def test_rounds_prototypes_and_the_prototype_classifier():
         labels = torch.nonzero(seen > 0).flatten()
         assert torch.equal(update.extras["labels"], labels)
         assert torch.allclose(update.extras["means"].double(), sums[labels] / seen[labels].unsqueeze(1), atol=1e-6)
-        assert not update.uploads_params and update.nbytes() == len(labels) * (8 + HIDDEN * 4 + 4)
+        assert not update.uploads_params and update.nbytes() == len(labels) * (8 + HIDDEN * 4)
     second = run_round(server, 1, cohort=[0, 1])
     assert second.package.extras["client_prototypes"].shape == (3, C, HIDDEN)
     assert not torch.equal(server.state.get("private", 0), initial)  # now it trains

@@ -17,7 +17,7 @@ classes with a global prototype are candidates, and a sample whose class has non
 (PFLlib would index the wrong prototype there).
 
 After training, the client's prototypes are the class means of r̂ under the trained model (eval
-mode, one pass over its training data), uploaded with labels and sample counts; no weights travel.
+mode, one pass over its training data), uploaded with their labels; no weights travel.
 Before the first prototypes exist (round 0) there is nothing to learn against: clients only
 compute their prototypes (PFLlib skips training in each client's first participation instead). This procedure needs the trained model for the pass, so
 the client runs its own ``train_job`` (the engines train it sequentially).
@@ -86,6 +86,5 @@ class FedPCLClient(Client):
         return params, loss
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
-        counts = torch.bincount(self.data.train_y, minlength=self.task.num_classes)
-        sent = upload(ctx["class_sums"], ctx["class_seen"], counts.to(ctx["class_sums"].device))
+        sent = upload(ctx["class_sums"], ctx["class_seen"])  # the prototypes and their labels only
         return ClientUpdate(self.index, self.num_train, steps, params, loss, extras=sent, uploads_params=False)
