@@ -8,6 +8,9 @@ Run from ``system/``::
     python benchmark.py --only P3 --engines threaded --fill-state --state-dtype float16
     python benchmark.py --only P3 --engines threaded --fill-state --state-device disk
     python benchmark.py --device cuda         # GPU (peak GPU memory reported too)
+    python benchmark.py --device cuda --only P1 --engines batched batched+eager --pfllib ../PFLlib
+                                              # captured vs eager cohort step, and PFLlib's own main.py
+    python benchmark.py --only P1 --engines batched+bf16 --rounds 19   # 20 rounds of bf16 (--precision)
     python benchmark.py --only P2 P3 --engines sequential threaded ray   # Ray actors (needs ./prepare.sh --ray)
 
 Engines: ``sequential``, ``threaded``, ``batched``, ``auto``, ``ray`` (the platform's engines, see
@@ -204,6 +207,28 @@ def _current_rss_mb() -> float:
         return float("nan")
 
 
+#: ``--engines`` entries may carry variants: ``batched+eager``, ``batched+compiled``, ``batched+bf16``
+STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
+PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
+
+
+def split_variant(name: str, precision: str | None = None) -> tuple[str, list[str]]:
+    """(engine, extra main.py flags) of an ``--engines`` entry such as ``batched+eager+bf16``."""
+    engine, *tokens = name.split("+")
+    flags: list[str] = []
+    for token in tokens:
+        if token in STEP_RUNNER_VARIANTS:
+            flags += ["--step_runner", token]
+        elif token in PRECISION_VARIANTS:
+            precision = token
+        else:
+            raise SystemExit(f"--engines {name}: unknown variant {token!r} (step runners "
+                             f"{', '.join(STEP_RUNNER_VARIANTS)}; precisions {', '.join(PRECISION_VARIANTS)})")
+    if precision and precision != "fp32":
+        flags += ["--precision", precision]
+    return engine, flags
+
+
 def _build_server(spec: dict, engine: str, dataset=None):
     """(server, args, dataset) for one configuration and engine, as ``main.run`` builds it."""
     import torch
@@ -216,6 +241,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
     cfg = CONFIGS[spec["config"]]
     rounds = spec["warmup"] + spec["rounds"]
     eval_gap = cfg["eval_gap"] or spec.get("eval_gap") or rounds + 1
+    engine, variant = split_variant(engine, spec.get("precision"))
     argv = [
         "-algo", cfg["algorithm"], "-m", "CNN", "-lbs", "10", "-ls", "1", "-lr", "0.005",
         "-jr", str(cfg["join_ratio"]), "-gr", str(rounds), "-eg", str(eval_gap), "-dev", spec["device"],
@@ -234,6 +260,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
         argv += ["--state_device", spec["state_device"]]
     if spec.get("data_path"):
         argv += ["-data", spec["data_path"]]
+    argv += variant
     args = main.parse_args(argv + list(spec.get("extra", [])))
     device = main.resolve_device(args)
     if dataset is None:
@@ -322,6 +349,9 @@ class _Run:
             "state_bytes_per_client": store.nbytes() / with_state if with_state else 0,
             "state_trace": self.trace,
             "engine_stats": dict(getattr(engine, "stats", {})),
+            "step_runner": getattr(getattr(engine, "runner", None), "name", None),
+            "graphs_captured": getattr(getattr(engine, "runner", None), "captured", None),
+            "precision": getattr(engine, "precision", "fp32"),
             "engine_fallback": engine.model_fallback_reason() if hasattr(engine, "model_fallback_reason") else None,
         }
         if hasattr(engine, "actor_peak_rss_mb"):  # the ray engine: the work and the state are in the actors
@@ -459,6 +489,99 @@ def run_worker(spec: dict) -> dict:
     return {"results": results}
 
 
+# ---------------------------------------------------------------------------- PFLlib's own run
+#: PFLlib's FedAvg flags for P1, the same as ours (README set-up); ``-gr`` and ``-dev`` are added
+PFLLIB_P1_FLAGS = ["-data", "MNIST", "-m", "CNN", "-algo", "FedAvg", "-nc", "20", "-ncl", "10", "-lbs", "10",
+                   "-ls", "1", "-lr", "0.005", "-jr", "1", "-eg", "1", "-did", "0"]
+#: stand-ins for imports PFLlib's main.py makes but P1 never uses (FedPAC's solver; a memory pretty-printer)
+PFLLIB_STUBS = {"cvxpy": "# stand-in: only PFLlib's FedPAC uses cvxpy\n",
+                "torchvision": "# stand-in: PFLlib's main.py uses torchvision only for models P1 does not build\n",
+                "calmsize": "def size(num_bytes):  # stand-in for calmsize.size (memory printing only)\n"
+                            "    return float(num_bytes)\n"}
+
+
+def _module_missing(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is None
+
+
+def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: int, warmup: int,
+                   timeout: int) -> dict:
+    """PFLlib's own ``main.py`` on P1's partition with P1's flags; its per-round times (stdout's
+    'time cost' lines, which include its evaluation as ours do) after ``warmup`` rounds.
+
+    Runs in a temporary copy of ``pfllib/system`` whose ``../dataset/MNIST`` holds our P1
+    partition written in PFLlib's file format (we write it; nothing of PFLlib's is unpickled here),
+    so PFLlib trains on exactly our clients' data."""
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    result: dict = {"config": "P1", "engine": "PFLlib main.py", "pfllib_dir": str(pfllib)}
+    source = pfllib / "system"
+    if not (source / "main.py").is_file():
+        return result | {"error": f"--pfllib {pfllib}: no system/main.py there (give a PFLlib checkout)"}
+    if data_folder is None:
+        return result | {"error": "P1 has no real MNIST partition here (see --mnist-raw), so PFLlib cannot run it"}
+    result["pfllib_commit"] = None
+    try:  # only when DIR is itself a git checkout (not a copy inside another repository)
+        top = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode == 0 and Path(top.stdout.strip()).resolve() == pfllib.resolve():
+            result["pfllib_commit"] = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--short", "HEAD"],
+                                                     capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        pass
+    with tempfile.TemporaryDirectory(prefix="pfllib-run-") as tmp:
+        root = Path(tmp)
+        shutil.copytree(source, root / "system", ignore=shutil.ignore_patterns("__pycache__"))
+        stubs = root / "stubs"
+        stubs.mkdir()
+        for module, text in PFLLIB_STUBS.items():
+            if _module_missing(module):
+                (stubs / f"{module}.py").write_text(text)
+        config = json.loads((data_folder / "config.json").read_text())
+        clients = int(config.get("num_clients", 20))
+        for split in ("train", "test"):
+            (root / "dataset" / "MNIST" / split).mkdir(parents=True)
+            for index in range(clients):
+                with np.load(data_folder / split / f"{index}.npz", allow_pickle=False) as archive:
+                    x, y = np.asarray(archive["x"], dtype=np.float32), np.asarray(archive["y"], dtype=np.int64)
+                np.savez_compressed(root / "dataset" / "MNIST" / split / f"{index}.npz", data={"x": x, "y": y})
+        argv = [sys.executable, "main.py", *PFLLIB_P1_FLAGS, "-gr", str(warmup + rounds - 1), "-dev", device]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        started = time.perf_counter()
+        try:
+            done = subprocess.run(argv, cwd=root / "system", capture_output=True, text=True, timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return result | {"error": f"PFLlib's main.py timed out after {timeout} s"}
+        result["wall_s"] = time.perf_counter() - started
+    # its per-round line is '-' * 25, 'time cost', '-' * 25, seconds (the summary's "Average time cost" is not)
+    times = [float(line.split()[-1]) for line in done.stdout.splitlines()
+             if line.startswith("-" * 25) and "time cost" in line]
+    accs = [float(line.split(":")[-1]) for line in done.stdout.splitlines() if line.startswith("Averaged Test Accuracy")]
+    if done.returncode != 0 or len(times) <= warmup:
+        tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        return result | {"error": f"PFLlib's main.py exit {done.returncode}: {tail}"}
+    timed = times[warmup:]
+    return result | {"round_times": times, "s_per_round": statistics.median(timed), "timed_rounds": len(timed),
+                     "final_test_acc": accs[-1] if accs else None, "argv": argv[1:]}
+
+
+def pfllib_lines(own: dict, results: list[dict]) -> list[str]:
+    """The speed-up of each of our P1 runs over PFLlib's own run on the same machine."""
+    if "error" in own:
+        return [f"  P1 PFLlib's own main.py: {own['error']}"]
+    lines = [f"  P1 PFLlib's own main.py ({own.get('pfllib_commit') or own['pfllib_dir']}): {own['s_per_round']:.2f} s/round "
+             f"(median of {own['timed_rounds']}; rounds " + ", ".join(f"{t:.2f}" for t in own["round_times"]) + ")"]
+    for r in results:
+        if r["config"] == "P1" and "error" not in r and r.get("s_per_round") and not r.get("interleaved"):
+            lines.append(f"  P1 {r['engine']} vs PFLlib's own main.py: speed-up {own['s_per_round'] / r['s_per_round']:.2f}x "
+                         f"per round ({r['s_per_round']:.3f} vs {own['s_per_round']:.2f} s)")
+    return lines
+
+
 # ---------------------------------------------------------------------------- driver
 def device_name(device: str) -> str:
     if device == "cuda":
@@ -489,9 +612,11 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
     by = {(r["config"], r["engine"]): r for r in results if "error" not in r and r.get("interleaved", False) == interleaved}
     lines = []
     tag = "interleaved" if interleaved else "separate runs"
+    present = list(dict.fromkeys(r["engine"] for r in results))
+    ours = [e for e in present if e not in ("sequential", BASELINE)]
     for name in names:
         seq = by.get((name, "sequential"))
-        for engine in ("threaded", "batched", "auto", "ray"):
+        for engine in ours:
             other = by.get((name, engine))
             if not (seq and other and seq["s_per_round"] and other["s_per_round"]):
                 continue
@@ -506,7 +631,7 @@ def _ratio_lines(results: list[dict], names: list[str], interleaved: bool) -> li
                 line += f", final accuracy {100 * (other['final_test_acc'] - seq['final_test_acc']):+.2f} points"
             lines.append(line)
         base = by.get((name, BASELINE))
-        for engine in ("sequential", "threaded", "batched", "auto", "ray"):
+        for engine in [e for e in present if e != BASELINE]:
             other = by.get((name, engine))
             if not (base and other and base["s_per_round"] and other["s_per_round"]):
                 continue
@@ -601,6 +726,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also run the engines in one process taking turns round by round (time ratios that a "
                         "changing load on a shared machine cannot bias; the peak memory is then shared)")
     p.add_argument("--interleave-only", action="store_true", help="only the interleaved runs (no memory figures)")
+    p.add_argument("--precision", default="fp32", choices=list(PRECISION_VARIANTS),
+                   help="--precision of our runs (an --engines entry's +bf16 etc. overrides it)")
+    p.add_argument("--pfllib", type=Path, default=None, metavar="DIR",
+                   help="a PFLlib checkout: also run its own main.py on P1's partition (same flags, after ours) "
+                        "and print our speed-up over it")
+    p.add_argument("--pfllib-rounds", type=int, default=None,
+                   help="timed rounds of PFLlib's own run (default --rounds)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds allowed per (configuration, engine) run")
     p.add_argument("--out", type=Path, default=None, help="JSON file (default results/benchmark-<timestamp>.json)")
     p.add_argument("--worker", type=str, default=None, help=argparse.SUPPRESS)
@@ -640,7 +772,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup, "seed": args.seed, "chunk": args.chunk, "threads": args.threads,
                 "workers": args.workers, "ray_workers": args.ray_workers, "state_dtype": args.state_dtype, "fill_state": args.fill_state,
                 "state_device": args.state_device, "p2_clients": args.p2_clients,
-                "data_path": data_paths[name], "eval_gap": args.p2_eval_gap or None}
+                "data_path": data_paths[name], "eval_gap": args.p2_eval_gap or None, "precision": args.precision}
         load_before = os.getloadavg()
         print(f"running {name} with {' and '.join(engines)}{' interleaved' if len(engines) > 1 else ''} ...",
               file=sys.stderr, flush=True)
@@ -659,7 +791,14 @@ def main(argv: list[str] | None = None) -> int:
             result["load_avg_before"], result["load_avg_after"] = load_before, os.getloadavg()
             result["data"] = notes[name]
             results.append(result)
+    own = None
+    if args.pfllib is not None and "P1" in args.only:
+        print("running PFLlib's own main.py on P1 ...", file=sys.stderr, flush=True)
+        own = pfllib_own_run(args.pfllib.resolve(), Path(data_paths["P1"]) if data_paths.get("P1") else None,
+                             args.device, args.pfllib_rounds or args.rounds, args.warmup, args.timeout)
     print_table(results, args.device, notes)
+    if own is not None:
+        print("\n".join(pfllib_lines(own, results)))
     out = args.out or REPO / "results" / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     import torch
@@ -669,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
         "python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
         "argv": sys.argv[1:], "rounds": args.rounds, "warmup": args.warmup, "pfllib_p1_reference": PFLLIB_P1,
         "configs": {k: CONFIGS[k] | {"data": notes[k]} for k in args.only},
+        "pfllib_own_run": own,
     }
     out.write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
     print(f"written: {out}")

@@ -139,7 +139,12 @@ def _finite(test, text: str):
 
 #: generic flags and the values that make sense: (flag, destination, (test, what the test asks for)).
 #: Evaluation flags (--eval_batch_size, --eval_group) are checked where they are used (flcore/evaluation.py).
+#: utils.seeding keeps 32 bits of a seed: -1 would be 4294967295's run under another name. The
+#: generators (dataset/datagen) take the same range.
+MAX_SEED = 2**32 - 1
+
 FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
+    ("--seed", "seed", (lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]")),
     ("-gr", "global_rounds", _at_least(1)),
     ("-lbs", "batch_size", _at_least(1)),
     ("-ls", "local_epochs", _at_least(1)),
@@ -166,7 +171,7 @@ FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
     ("-cdr", "client_drop_rate", _finite(lambda v: 0 <= v < 1, "in [0, 1)")),
     ("-tsr", "train_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
     ("-ssr", "send_slow_rate", _finite(lambda v: 0 <= v <= 1, "in [0, 1]")),
-    # the virtual clock (flcore/clock.py)
+    # the virtual clock (flcore/plugins/clock.py)
     ("-tth", "time_threthold", _finite(lambda v: v > 0, "a finite number > 0")),
     ("--clock_compute_speed", "clock_compute_speed", _finite(lambda v: v > 0, "a finite number > 0")),
     ("--clock_link_speed", "clock_link_speed", _finite(lambda v: v > 0, "a finite number > 0")),
@@ -196,6 +201,9 @@ def validate(args: argparse.Namespace) -> None:
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    if args.seed + args.times - 1 > MAX_SEED:  # run i takes seed + i
+        raise FLError(f"--seed {args.seed} with -t {args.times} runs seeds past {MAX_SEED}; "
+                      f"pass --seed {MAX_SEED - args.times + 1} or less")
     validate_privacy(args)
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
@@ -440,7 +448,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
             "algorithm": run_args.algorithm, "dataset": Path(run_args.dataset).name, "goal": run_args.goal,
             "run": run_index, "seed": run_args.seed, "model": run_args.model, "device": str(device),
             "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
-            "finished": finished, **extra,
+            "finished": finished, "personalized": bool(server.personalized), **extra,  # read by reporting/
         }
         return summary, save_results(claimed.result, history, attrs, summary)
 

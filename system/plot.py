@@ -4,13 +4,16 @@ Run from ``system/``, after ``python main.py -data MNIST -algo FedAvg -t 3`` and
 
     python plot.py -data MNIST -algo FedAvg FedProx
     python plot.py -data MNIST -algo FedAvg FedProx --metric acc loss time --smooth 5 --x time
-    python plot.py -data MNIST -algo FedAvg Ditto --x bytes
+    python plot.py -data ../dataset/MNIST -algo FedAvg Ditto --x bytes
 
 Every run (``-t`` repeat) of an algorithm found as ``<results>/<dataset>_<algo>_<goal>_<run>.h5``
-is averaged into a mean line with a shaded ±std band (population std). Runs of different
-lengths are cut to the shortest, with a note. PNGs go next to the results unless ``--out`` is
-given (``MNIST_test_acc.png``, ``MNIST_test_loss.png``, ...); their paths are printed, followed
-by a summary table (runs, best accuracy mean ± std as in PFLlib, final accuracy).
+is averaged into a mean line with a shaded ±std band (population std); ``<dataset>`` is the
+last part of ``-data``, as main.py names the files. Runs of different lengths are cut to the
+shortest, with a note; runs of one algorithm made with different settings (their stored flags
+differ) are drawn as separate lines, with a note naming the flags. PNGs go next to the results
+unless ``--out`` is given (``MNIST_test_acc.png``, ``MNIST_test_loss.png``, ...); their paths
+are printed, followed by a summary table (runs, best accuracy mean ± std as in PFLlib, final
+accuracy).
 
 A personalised algorithm's accuracy (each client's own model on its own test data) is labelled
 so, with its shared model's accuracy (``rs_test_acc_global``) dashed in the same colour. Round
@@ -23,50 +26,21 @@ plotted too, with one evaluation per round. Errors are one line on stderr and ex
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-from utils.errors import FLError
-from utils.plot_utils import (
-    METRICS,
-    X_MODES,
-    Note,
-    PlotError,
-    RunResult,
-    algorithms_with_results,
-    creation_command,
-    format_summary_table,
-    load_algorithm_runs,
-    metric_groups,
-    plot_file_name,
-    plot_metric,
-    search_pattern,
-    summarize_runs,
-)
+from reporting.cli import NotePrinter, add_results_dir_flag, one_line_errors, positive_int
+from reporting.loading import Note, PlotError, RunResult, load_algorithm_runs
+from reporting.names import (algorithms_with_results, creation_command, dataset_name,
+                             search_pattern)
+from reporting.plots import plot_file_name, plot_metric
+from reporting.series import METRICS, X_MODES, metric_groups
+from reporting.settings import split_by_setting
+from reporting.stats import summarize_runs, unknown_personalization
+from reporting.tables import format_summary_table
 
 PROG = "plot.py"
-
-
-def default_results_dir() -> str:
-    """``<repo>/results`` relative to the working directory (``../results`` from ``system/``)."""
-    results = Path(__file__).resolve().parent.parent / "results"
-    try:
-        return os.path.relpath(results)
-    except ValueError:  # another drive on Windows
-        return str(results)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,12 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, allow_abbrev=False,
         description="Plot mean ± std curves of FL runs from the .h5 result files.")
-    parser.add_argument("-data", "--dataset", required=True, help="dataset name, as given to main.py")
+    parser.add_argument("-data", "--dataset", required=True,
+                        help="dataset name or folder, as given to main.py")
     parser.add_argument("-algo", "--algorithms", required=True, nargs="+", metavar="ALGO",
                         help="one or more algorithm names, as given to main.py")
     parser.add_argument("-go", "--goal", default="test", help="goal string of the runs (default: test)")
-    parser.add_argument("--results-dir", default=default_results_dir(),
-                        help="folder with the .h5 files (default: %(default)s)")
+    add_results_dir_flag(parser)
     parser.add_argument("--out", default=None,
                         help="folder for the PNG files (default: the results folder)")
     parser.add_argument("--metric", nargs="+", choices=list(METRICS), default=["acc", "loss"],
@@ -96,75 +70,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-class NotePrinter:
-    """Prints remarks (not errors) on stderr as ``note: ...``, each distinct one once."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def __call__(self, message: str) -> None:
-        if message not in self._seen:
-            self._seen.add(message)
-            print(f"note: {message}", file=sys.stderr)
-
-
 def load_all(results_dir: Path, dataset: str, algorithms: Sequence[str], goal: str,
              note: Note) -> dict[str, list[RunResult]]:
-    """Runs of every requested algorithm; a PlotError naming what is missing otherwise."""
+    """Runs of every requested algorithm, by line name (an algorithm whose runs have different
+    settings gives one line per setting); a PlotError naming what is missing otherwise.
+    ``dataset`` as the user gave it (a name or a folder)."""
+    name = dataset_name(dataset)
     if not results_dir.is_dir():
-        raise PlotError(
-            f"results folder {results_dir} does not exist; pass --results-dir or "
-            f"{creation_command(dataset, algorithms[0], goal)}")
-    loaded = {algo: load_algorithm_runs(results_dir, dataset, algo, goal, note=note)
-              for algo in algorithms}
+        raise PlotError(f"results folder {results_dir} does not exist; pass --results_dir or "
+                        f"{creation_command(dataset, algorithms[0], goal)}")
+    loaded = {algo: load_algorithm_runs(results_dir, name, algo, goal, note=note) for algo in algorithms}
     missing = [algo for algo, runs in loaded.items() if not runs]
     if missing:
-        found = [a for a in algorithms_with_results(results_dir, dataset, goal) if a not in missing]
+        found = [a for a in algorithms_with_results(results_dir, name, goal) if a not in missing]
         hint = f" (results exist for: {', '.join(found)})" if found else ""
-        if len(missing) == 1:
-            what = f"algorithm {missing[0]}"
-            searched = search_pattern(results_dir, dataset, missing[0], goal)
-        else:
-            what = f"algorithms {', '.join(missing)}"
-            searched = search_pattern(results_dir, dataset, "{" + ",".join(missing) + "}", goal)
-        raise PlotError(
-            f"no results for {what} on {dataset}: searched {searched}{hint}; "
-            f"{creation_command(dataset, missing[0], goal)}")
-    return loaded
+        what = f"algorithm{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+        pattern = missing[0] if len(missing) == 1 else "{" + ",".join(missing) + "}"
+        raise PlotError(f"no results for {what} on {name}: searched "
+                        f"{search_pattern(results_dir, name, pattern, goal)}{hint}; "
+                        f"{creation_command(dataset, missing[0], goal)}")
+    lines: dict[str, list[RunResult]] = {}
+    for algo, runs in loaded.items():
+        lines.update(split_by_setting(algo, runs, note, where=f"{name} (goal {goal}): "))
+    return lines
 
 
-def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, out_dir: Path,
-             note: Note) -> list[Path]:
+def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, dataset: str,
+             out_dir: Path, note: Note) -> list[Path]:
     """One PNG per requested metric; returns the paths written."""
     written: list[Path] = []
     for metric_name in dict.fromkeys(args.metric):
         metric = METRICS[metric_name]
         groups = metric_groups(loaded, metric, x_mode=args.x_mode, smooth=args.smooth, note=note)
-        for algo, runs in loaded.items():
-            if not any(g.algorithm == algo for g in groups):
+        for line, runs in loaded.items():
+            if not any(g.algorithm == line for g in groups):
                 kind = " (PFLlib-format files)" if all(r.is_pfllib_format for r in runs) else ""
-                note(f"{algo}: no '{metric.key}' in its files{kind}; left out of the {metric_name} plot")
+                note(f"{line}: no '{metric.key}' in its files{kind}; left out of the {metric_name} plot")
         if not groups:
             note(f"no algorithm has '{metric.key}'; {metric_name} plot skipped")
             continue
-        path = out_dir / plot_file_name(args.dataset, args.goal, metric_name, args.x_mode)
-        written.append(plot_metric(groups, args.dataset, args.goal, path, x_mode=args.x_mode,
-                                   smooth=args.smooth))
+        path = out_dir / plot_file_name(dataset, args.goal, metric_name, args.x_mode)
+        written.append(plot_metric(groups, dataset, args.goal, path, x_mode=args.x_mode,
+                                   smooth=args.smooth, flag="--out"))
     return written
-
-
-def one_line_errors(prog: str, body: Callable[[], None]) -> int:
-    """Run ``body``; every error becomes one line on stderr and exit status 2, never a traceback
-    (the promise of plot.py, summarize.py and report.py). Returns the exit status."""
-    try:
-        body()
-    except (FLError, OSError) as exc:
-        print(f"{prog}: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # noqa: BLE001 - the CLI promises one line, never a traceback
-        print(f"{prog}: error: unexpected {type(exc).__name__}: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
-    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -176,17 +124,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         results_dir = Path(args.results_dir)
         note = NotePrinter()
         loaded = load_all(results_dir, args.dataset, args.algorithms, args.goal, note)
+        dataset = dataset_name(args.dataset)
         out_dir = Path(args.out) if args.out is not None else results_dir
-        out_dir.mkdir(parents=True, exist_ok=True)
-        written = plot_all(loaded, args, out_dir, note)
+        written = plot_all(loaded, args, dataset, out_dir, note)
         if not written:
             raise PlotError(f"nothing to plot: none of the metrics {', '.join(args.metric)} "
                             f"is in the result files")
         for path in written:
             print(path)
+        note(unknown_personalization(loaded))
         print()
-        print(format_summary_table([summarize_runs(runs) for runs in loaded.values()],
-                                   args.dataset, args.goal))
+        print(format_summary_table([summarize_runs(runs, name=line) for line, runs in loaded.items()],
+                                   dataset, args.goal))
 
     return one_line_errors(PROG, body)
 

@@ -9,7 +9,8 @@ Per dataset, the page holds the summary table of ``summarize.py`` (the same rows
 definitions), accuracy and training-loss curves against communication rounds, wall-clock time,
 uploaded megabytes and the virtual clock (mean line and ±std band over the ``-t`` repeats), the distribution of
 the clients' test accuracies at the last evaluation, and each run's full configuration (the
-``config`` attribute main.py stores); a closing section states exactly how every figure and
+``config`` attribute main.py stores; runs of one algorithm made with different settings are
+separate rows, as in ``summarize.py``); a closing section states exactly how every figure and
 curve was computed. Images are PNGs drawn with matplotlib's Agg backend and embedded as base64
 ``data:`` URIs: the page loads no file, script, font or style sheet from anywhere, so it can
 be mailed or archived alone. Errors are one line on stderr and exit status 2.
@@ -28,23 +29,14 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from plot import one_line_errors
-from summarize import add_selection_flags, load_tables, write_text
+from reporting.cli import NotePrinter, one_line_errors, write_output
+from reporting.loading import RunResult
+from reporting.plots import draw_metric
+from reporting.series import METRICS, X_LABELS, X_MODES, X_SERIES, metric_groups
+from reporting.stats import AlgorithmSummary
+from reporting.tables import column_header, shown_columns, summary_cells, table_title
+from summarize import add_selection_flags, load_tables
 from utils.cli import ExactParser
-from utils.plot_utils import (
-    METRICS,
-    X_LABELS,
-    X_MODES,
-    X_SERIES,
-    AlgorithmSummary,
-    RunResult,
-    column_header,
-    draw_metric,
-    metric_groups,
-    shown_columns,
-    summary_cells,
-    table_title,
-)
 
 PROG = "report.py"
 DPI = 90
@@ -65,7 +57,7 @@ CURVE_NOTES: tuple[tuple[str, str], ...] = (
                            "evaluation at round r, averaged over the runs; PFLlib files lack it."),
     ("x: uploaded traffic", "the sum of rs_bytes_up (bytes uploaded by all clients of a round) "
                             "over training rounds 0..r-1, in 10^6 bytes, averaged over the runs."),
-    ("x: virtual time", "rs_virtual_time, the simulated clock (flcore/clock.py) after training "
+    ("x: virtual time", "rs_virtual_time, the simulated clock (flcore/plugins/clock.py) after training "
                         "round r-1, averaged over the runs; files written before the clock lack it."),
     ("Client accuracy distribution", "the last row of rs_client_acc (each client's test accuracy "
                                      "at the last evaluation), pooled over the runs; box: quartiles "
@@ -188,11 +180,9 @@ def configuration(run: RunResult) -> str:
 
 
 def dataset_section(dataset: str, goal: str, rows: list[AlgorithmSummary],
-                    groups: dict[tuple[str, str], list[RunResult]], avg_last: int,
-                    target_acc: float | None) -> str:
-    # Curves are per row of the table: with several goals, "FedAvg [goal]" as in the table.
-    goals = {g for _, g in groups}
-    by_row = {(a if len(goals) == 1 else f"{a} [{g}]"): runs for (a, g), runs in sorted(groups.items())}
+                    by_row: dict[str, list[RunResult]], avg_last: int, target_acc: float | None) -> str:
+    """A dataset's table, curves, client accuracies and configurations; ``by_row`` holds the
+    runs of each row of the table, under the row's name."""
     parts = [f"<h2>{html.escape(dataset)}</h2>", html_table(rows, dataset, goal, avg_last, target_acc)]
     parts.append(image(png_data_uri(curves_figure(dataset, by_row)),
                        f"{dataset}: accuracy and loss curves"))
@@ -217,14 +207,15 @@ def notes_section(rows: list[AlgorithmSummary], avg_last: int, target_acc: float
 
 
 def render(args) -> str:
-    runs, tables = load_tables(args)
-    sections = [dataset_section(dataset, goal, rows, runs[dataset], args.last, args.target_acc)
+    runs, tables = load_tables(args, NotePrinter())
+    sections = [dataset_section(dataset, goal, rows, runs[dataset][1], args.last, args.target_acc)
                 for dataset, (goal, rows) in tables.items()]
     all_rows = [row for _, rows in tables.values() for row in rows]
+    files = sum(len(group) for _, named in runs.values() for group in named.values())
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(args.title)}</title><style>{STYLE}</style></head><body>"
             f"<h1>{html.escape(args.title)}</h1><p class='muted'>From {html.escape(str(args.results_dir))}: "
-            f"{sum(len(r) for g in runs.values() for r in g.values())} result files.</p>"
+            f"{files} result files.</p>"
             + "\n".join(sections) + notes_section(all_rows, args.last, args.target_acc)
             + "</body></html>\n")
 
@@ -236,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         page = render(args)
         out = Path(args.out) if args.out else Path(args.results_dir) / "report.html"
-        write_text(out, page)
+        write_output(out, page, "--out")
         print(out)
 
     return one_line_errors(PROG, body)

@@ -11,9 +11,12 @@ are combined into mean ± population std. The columns (best and final accuracy, 
 last 10% of the evaluations and over the last ``--last N``, rounds and uploaded megabytes to
 ``--target_acc``, seconds per round, peak RSS/GPU memory, the shared model's accuracy next to the
 personal models' for personalised algorithms, and the final DP ε, virtual time and new-client
-accuracy when the files have them) are defined once in :mod:`utils.plot_utils`
+accuracy when the files have them) are defined once in :mod:`reporting.stats`
 (``SUMMARY_COLUMNS``); the Markdown file states under each table how each was computed. Runs
 interrupted before their end (``finished = False``) are counted in an ``unfinished`` column.
+Runs of one algorithm and goal made with different settings (their stored flags differ) are
+split into one row per setting, named by the differing flags, with a note; every ``.h5`` file
+left out (a name that is not a result file's, an unreadable file) is listed on stderr.
 PFLlib's own files (only ``rs_test_acc``, ``rs_test_auc``, ``rs_train_loss``) are read too; what
 they lack is shown as "–".
 
@@ -25,27 +28,24 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import io
 import sys
 from pathlib import Path
 from typing import Sequence
 
-from plot import default_results_dir, one_line_errors, positive_int
+from reporting.cli import NotePrinter, add_results_dir_flag, one_line_errors, positive_int, write_output
+from reporting.loading import Note, PlotError, RunResult, find_all_runs
+from reporting.names import dataset_name
+from reporting.settings import split_by_setting
+from reporting.stats import AlgorithmSummary, summarize_runs, unknown_personalization
+from reporting.tables import format_summary_markdown, format_summary_table, summary_records
 from utils.cli import ExactParser
-from utils.plot_utils import (
-    AlgorithmSummary,
-    PlotError,
-    RunResult,
-    find_all_runs,
-    format_summary_markdown,
-    format_summary_table,
-    summarize_runs,
-    summary_records,
-)
-from utils.result_utils import write_atomically
 
 PROG = "summarize.py"
+#: Per dataset: (the goal its title shows, row name -> the runs of that row).
+Rows = dict[str, tuple[str, dict[str, list[RunResult]]]]
+#: Per dataset: (the goal its title shows, the summary rows).
+Tables = dict[str, tuple[str, list[AlgorithmSummary]]]
 
 
 def fraction(text: str) -> float:
@@ -61,10 +61,9 @@ def fraction(text: str) -> float:
 
 def add_selection_flags(parser: argparse.ArgumentParser) -> None:
     """The flags summarize.py and report.py share: which runs, which figures."""
-    parser.add_argument("--results_dir", "--results-dir", default=default_results_dir(),
-                        help="folder with the .h5 files (default: %(default)s)")
+    add_results_dir_flag(parser)
     parser.add_argument("-data", "--dataset", nargs="+", default=None, metavar="DATA",
-                        help="only these datasets (default: all)")
+                        help="only these datasets, by name or folder (default: all)")
     parser.add_argument("-algo", "--algorithm", nargs="+", default=None, metavar="ALGO",
                         help="only these algorithms (default: all)")
     parser.add_argument("-go", "--goal", nargs="+", default=None, metavar="GOAL",
@@ -85,46 +84,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def note(message: str) -> None:
-    print(f"note: {message}", file=sys.stderr)
-
-
-def summary_tables(runs_by_dataset: dict[str, dict[tuple[str, str], list[RunResult]]], avg_last: int,
-                   target_acc: float | None) -> dict[str, tuple[str, list[AlgorithmSummary]]]:
-    """Per dataset, (the goal shown in its title, its rows). A dataset with runs of several goals
-    names the goal in each row (``FedAvg [goal]``)."""
-    tables: dict[str, tuple[str, list[AlgorithmSummary]]] = {}
+def table_rows(runs_by_dataset: dict[str, dict[tuple[str, str], list[RunResult]]], note: Note) -> Rows:
+    """The rows of each dataset's table: one per (algorithm, goal), named ``FedAvg [goal]`` when
+    the dataset has runs of several goals, and split by setting (:func:`split_by_setting`)."""
+    tables: Rows = {}
     for dataset, groups in runs_by_dataset.items():
         goals = sorted({goal for _, goal in groups})
-        rows = []
+        rows: dict[str, list[RunResult]] = {}
         for (algorithm, goal), runs in sorted(groups.items()):
-            row = summarize_runs(runs, avg_last, target_acc)
-            if len(goals) > 1:
-                row = dataclasses.replace(row, algorithm=f"{algorithm} [{goal}]")
-            rows.append(row)
+            name = algorithm if len(goals) == 1 else f"{algorithm} [{goal}]"
+            rows.update(split_by_setting(name, runs, note, where=f"{dataset} (goal {goal}): "))
         tables[dataset] = (goals[0] if len(goals) == 1 else "several, in brackets", rows)
     return tables
 
 
-def load_tables(args: argparse.Namespace) -> tuple[dict[str, dict[tuple[str, str], list[RunResult]]],
-                                                   dict[str, tuple[str, list[AlgorithmSummary]]]]:
-    """The runs the flags select and their summary tables; a PlotError when there are none."""
-    runs = find_all_runs(args.results_dir, args.dataset, args.algorithm, args.goal, note=note)
+def load_tables(args: argparse.Namespace, note: Note) -> tuple[Rows, Tables]:
+    """The runs the flags select, by table row, and the summary tables; a PlotError when there
+    are none. What is left out, split or unknown is told to ``note``."""
+    datasets = [dataset_name(d) for d in args.dataset] if args.dataset else None
+    runs = find_all_runs(args.results_dir, datasets, args.algorithm, args.goal, note=note)
     if not runs:
         wanted = [f"{name} {' '.join(values)}" for name, values in
-                  (("-data", args.dataset), ("-algo", args.algorithm), ("-go", args.goal)) if values]
+                  (("-data", datasets), ("-algo", args.algorithm), ("-go", args.goal)) if values]
         raise PlotError(f"no result files in {args.results_dir}"
                         + (f" for {', '.join(wanted)}" if wanted else "")
                         + "; run main.py first or pass --results_dir")
-    return runs, summary_tables(runs, args.last, args.target_acc)
+    rows = table_rows(runs, note)
+    note(unknown_personalization({f"{name} ({dataset})": group for dataset, (_, named) in rows.items()
+                                  for name, group in named.items()}))
+    tables = {dataset: (goal, [summarize_runs(group, args.last, args.target_acc, name=name)
+                               for name, group in named.items()])
+              for dataset, (goal, named) in rows.items()}
+    return rows, tables
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a table atomically (:func:`utils.result_utils.write_atomically`): never half-written."""
-    write_atomically(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def csv_text(tables: dict[str, tuple[str, list[AlgorithmSummary]]]) -> str:
+def csv_text(tables: Tables) -> str:
     records = [record for _, rows in tables.values() for record in summary_records(rows)]
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=list(records[0]), lineterminator="\n")
@@ -133,10 +127,9 @@ def csv_text(tables: dict[str, tuple[str, list[AlgorithmSummary]]]) -> str:
     return out.getvalue()
 
 
-def markdown_text(tables: dict[str, tuple[str, list[AlgorithmSummary]]], avg_last: int,
-                  target_acc: float | None) -> str:
+def markdown_text(tables: Tables, avg_last: int, target_acc: float | None) -> str:
     return "\n\n".join(format_summary_markdown(rows, dataset, goal, avg_last, target_acc)
-                       for dataset, (goal, rows) in tables.items()) + "\n"
+                        for dataset, (goal, rows) in tables.items()) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -144,17 +137,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def body() -> None:
-        _, tables = load_tables(args)
+        _, tables = load_tables(args, NotePrinter())
         for dataset, (goal, rows) in tables.items():
             print(format_summary_table(rows, dataset, goal, args.last, args.target_acc))
             print()
         results_dir = Path(args.results_dir)
-        outputs = [(args.csv, results_dir / "summary.csv", csv_text(tables)),
-                   (args.md, results_dir / "summary.md", markdown_text(tables, args.last, args.target_acc))]
-        for chosen, default, text in outputs:
+        outputs = [("--csv", args.csv, results_dir / "summary.csv", csv_text(tables)),
+                   ("--md", args.md, results_dir / "summary.md", markdown_text(tables, args.last, args.target_acc))]
+        for flag, chosen, default, text in outputs:
             if chosen != "":
                 path = Path(chosen) if chosen is not None else default
-                write_text(path, text)
+                write_output(path, text, flag)
                 print(f"wrote {path}")
 
     return one_line_errors(PROG, body)

@@ -22,7 +22,7 @@ reported with the last line of its error output (the whole output goes to
 ``<results>/sweep-logs/``) and the sweep goes on.
 
 At the end, the summary table that ``plot.py`` and ``summarize.py`` print
-(:func:`utils.plot_utils.summarize_runs`: best, final and tail-mean accuracy, seconds per round,
+(:func:`reporting.stats.summarize_runs`: best, final and tail-mean accuracy, seconds per round,
 memory, ... as mean ± population std over the repeats) is printed for every setting, then for
 the best setting of each algorithm (``--rank_by best`` or ``final`` mean accuracy).
 Exit status: 0, 1 when a run failed or conflicted, 2 on a bad command line, 130 when interrupted.
@@ -57,7 +57,9 @@ import main  # noqa: E402
 from utils.checkpoint import RESUMABLE_FLAGS  # noqa: E402
 from utils.cli import IGNORED_DEST  # noqa: E402
 from utils.errors import FLError  # noqa: E402
-from utils.plot_utils import AlgorithmSummary, format_summary_table, load_run, summarize_runs  # noqa: E402
+from reporting.loading import load_run  # noqa: E402
+from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
+from reporting.tables import format_summary_table  # noqa: E402
 from utils.result_utils import result_path  # noqa: E402
 from utils.run_control import is_finished  # noqa: E402
 

@@ -33,6 +33,9 @@ decides how many forward passes that takes.
   GPU. When the device runs out of memory anyway, the group is halved and retried (one
   warning). A model whose forward fails under vmap is evaluated client by client, with one
   notice.
+* **Metrics.** Correct counts, train-loss sums and the micro-AUC (:mod:`utils.auc`: every
+  client of a pass at once, equal to scikit-learn's) are computed where the logits are and kept
+  there until the end of the evaluation, which copies them to the host in one transfer.
 * **Memory.** Models are fetched from ``params_for`` as the clients are walked, so at most
   ``G + 1`` personal vectors are alive at a time (with ``--state_device disk`` the others stay in
   their files); a tensor is recognised as shared by identity (``is``), with weak references to
@@ -55,10 +58,11 @@ from flcore.trainmodel.layout import plain_convolutions
 from utils.data_utils import decode_inputs
 from utils.errors import FLError
 from utils.mem_utils import OUT_OF_MEMORY, device_room
-from utils.metrics import EvalResult, combine, micro_auc
+from utils.auc import segment_micro_auc
+from utils.metrics import EvalResult, combine
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 log = logging.getLogger("fl")
 
@@ -71,17 +75,36 @@ ACTIVATION_MARGIN = 2.0
 
 @dataclass
 class _Totals:
-    """PFLlib's per-client sums, filled pass by pass."""
+    """PFLlib's per-client sums, filled pass by pass. The passes' results stay on the device
+    (``pending``) until ``resolve`` copies them to the host in one transfer per evaluation."""
 
     correct: np.ndarray
     test_n: np.ndarray
     auc: np.ndarray
     loss_sum: float = 0.0
     train_n: int = 0
+    pending: list = field(default_factory=list)  # (kind, clients, device tensor)
 
     @classmethod
     def empty(cls, n: int) -> "_Totals":
         return cls(np.zeros(n), np.zeros(n), np.full(n, np.nan))
+
+    def resolve(self) -> None:
+        """Add the pending device results to the host arrays (one device-to-host copy)."""
+        if not self.pending:
+            return
+        values = torch.cat([t.reshape(-1).to(torch.float64) for _, _, t in self.pending]).cpu().numpy()
+        start = 0
+        for kind, clients, tensor in self.pending:
+            part = values[start : start + tensor.numel()]
+            start += tensor.numel()
+            if kind == "correct":
+                np.add.at(self.correct, clients, part)
+            elif kind == "auc":
+                self.auc[clients] = part
+            else:
+                self.loss_sum += float(part.sum())
+        self.pending = []
 
 
 @dataclass
@@ -101,9 +124,11 @@ class _Rows:
 class Evaluator:
     """Evaluates ``params_for(i)`` on client ``i``'s data for every client (one per server)."""
 
-    def __init__(self, server: "Server"):
+    def __init__(self, runtime: "Runtime"):
+        """``runtime``: the model, data, device, flags and clients it evaluates (flcore/protocol.py)."""
+        server = runtime
         args = server.args
-        self.server = server
+        self.server = runtime
         self.batch_size = int(args.eval_batch_size)
         if self.batch_size < 1:
             raise FLError(f"--eval_batch_size must be >= 1, got {args.eval_batch_size}")
@@ -147,6 +172,7 @@ class Evaluator:
             self._flush(pending, group, seen, splits, totals)
         for params, clients in shared.values():
             self._evaluate_shared(params, sorted(clients), splits, totals)
+        totals.resolve()
         return combine(totals.correct, totals.test_n, totals.auc, totals.loss_sum, totals.train_n)
 
     def group_size(self, n: int) -> int:
@@ -327,22 +353,17 @@ class Evaluator:
     def _accumulate(self, split: str, logits: torch.Tensor, y: torch.Tensor, rows: _Rows, totals: _Totals) -> None:
         """Add the metrics of ``logits`` (rows of ``rows.clients`` in order, labels ``y``)."""
         if split == "train":
-            totals.loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            totals.pending.append(("loss", rows.clients, F.cross_entropy(logits, y, reduction="sum")))
             totals.train_n += len(y)
             return
         hits = (logits.argmax(1) == y).double()
         lens = torch.tensor(rows.lens, dtype=torch.long, device=y.device)
         block = torch.repeat_interleave(torch.arange(len(rows.clients), device=y.device), lens)
         per_client = torch.zeros(len(rows.clients), dtype=torch.float64, device=y.device).index_add_(0, block, hits)
-        totals.correct[rows.clients] += per_client.cpu().numpy()
+        totals.pending.append(("correct", rows.clients, per_client))
         totals.test_n[rows.clients] += np.asarray(rows.lens, dtype=np.float64)
-        if self.server.args.eval_auc:
-            probs, labels = logits.softmax(1).cpu(), y.cpu()
-            start = 0
-            for client, length in zip(rows.clients, rows.lens):
-                totals.auc[client] = micro_auc(probs[start : start + length], labels[start : start + length],
-                                               self.server.num_classes)
-                start += length
+        if self.server.args.eval_auc:  # every client's micro-AUC at once, on the device (utils/auc.py)
+            totals.pending.append(("auc", rows.clients, segment_micro_auc(logits.float().softmax(1), y, lens)))
 
     # ------------------------------------------------------------ memory
     def _group_for_memory(self) -> int:

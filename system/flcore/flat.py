@@ -110,6 +110,18 @@ class FlatModel:
     def zero_grad(self) -> None:
         self.grad.zero_()
 
+    def checkpoint_state(self) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
+        """What a checkpoint keeps (utils/checkpoint.py): the vector (parameters and float
+        buffers) and the integer buffers (BatchNorm's batch counts), which are not in it."""
+        ints = {n: b.detach().clone() for n, b in self.module.named_buffers() if not b.is_floating_point()}
+        return {"vector": self.vector.detach().clone(), "int_buffers": ints}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        self.vector.copy_(state["vector"])
+        buffers = dict(self.module.named_buffers())
+        for name, value in state["int_buffers"].items():
+            buffers[name].copy_(value)
+
     def head_mask(self) -> torch.Tensor:
         """Boolean mask over the vector, True on the classifier head (``module.head``)."""
         return self.mask(lambda seg: seg.in_head)

@@ -17,7 +17,9 @@ As PFLlib (``Server.set_new_clients``, ``fine_tuning_new_clients``, ``test_metri
   algorithm (its new clients never took part, so an algorithm's per-client terms have nothing to
   start from); we run the platform's own local step for that (``Client.sgd`` of the base client:
   batch size ``-lbs``, ``--drop_last`` as training, lr ``-lr`` of a first participation), with the
-  batches and dropout drawn from (seed, "new-client", round, client). Fine-tuned models are
+  batches and dropout drawn from (seed, "new-client", round, client). In a ``-dp`` run too: the
+  plain SGD step, not DP-SGD's (new clients take no part in training, so the run's privacy
+  accounting does not cover them, and PFLlib fine-tunes them without DP). Fine-tuned models are
   vectors made one client at a time in the server's working model: no model copies.
 * **Reported** apart: ``rs_new_client_acc``, ``rs_new_client_auc`` (sample-weighted over the new
   clients' test data, like ``rs_test_acc``), ``rs_new_client_rounds`` (rounds of aggregation
@@ -30,13 +32,13 @@ client, in file order; test data untouched) applies to new clients too, as in PF
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
 
-from flcore.clients.clientbase import Client, RoundPackage, Task
+from flcore.clients.clientbase import Client
 from flcore.evaluation import Evaluator
+from flcore.protocol import RoundPackage, Runtime, Task
 from utils.data_utils import FederatedDataset
 from utils.errors import FLError
 from utils.metrics import EvalResult
@@ -89,11 +91,9 @@ class NewClientEvaluation:
         self.epochs = int(server.args.fine_tuning_epoch_new)
         self.every_eval = bool(server.args.new_clients_every_eval)
         task = Task(server.num_classes, server.model.num_params)
-        # the base client: its local step is plain SGD on the cross-entropy (see the module docstring)
+        # the base client with the plain SGD step, also in a -dp run (see the module docstring)
         self.clients = [Client(i, client_data, server.args, server.state, task) for i, client_data in enumerate(data.clients)]
-        view = SimpleNamespace(args=server.args, device=server.device, clients=self.clients, dataset=data,
-                               model=server.model, num_classes=server.num_classes)
-        self.evaluator = Evaluator(view)
+        self.evaluator = Evaluator(Runtime(server.args, data, server.device, server.model, self.clients, server.state))
 
     def __call__(self, server: "Server", result: "RoundResult") -> None:
         # the final evaluation round is left to ``finish``, which also runs after an auto-break

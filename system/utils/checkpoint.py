@@ -3,15 +3,17 @@
 A checkpoint is everything a run would carry from one round into the next:
 
 * the server's attributes (global model, momentum, controls, AdaFL's scores, FedGen's generator
-  and its optimizer, ...), each client's attributes (participation counts, slowness, anything an
-  algorithm keeps on the client object), the selection policy's attributes, and the engine's own
-  state where it has any (``checkpoint_state`` / ``load_checkpoint_state``);
+  and its optimizer, ...), each client's carried state (``Client.carried_state``: participation
+  counts, DP-SGD's step counts; the client-state contract), the selection policy's attributes,
+  each round plug-in's ``state_dict`` (the virtual clock's time, DP-FedAvg's sampling rates), and
+  the engine's own state where it has any (``checkpoint_state`` / ``load_checkpoint_state``);
 * the per-client state store (control variates, personal models, private parts), as stored;
 * the global random generators (Python, NumPy, torch) and the history recorded so far.
 
 Attributes are captured generically, so an algorithm's new state is checkpointed without code:
 what an object holds is encoded into tensors and plain data (``encode``) and put back into a
-freshly built server of the same run (``decode``). Infrastructure (the dataset, the flags, the
+freshly built server of the same run (``decode``); an object with ``checkpoint_state()`` and
+``load_checkpoint_state(state)`` methods (the working ``FlatModel``) is saved through them. Infrastructure (the dataset, the flags, the
 working model's engine, the state store handled separately) is named in ``SKIP``; anything else
 that cannot be encoded is a programming error reported with the attribute's path.
 
@@ -34,14 +36,14 @@ from utils.errors import FLError
 from utils.result_utils import write_atomically
 
 FORMAT = "fedcohort-checkpoint"
-VERSION = 1
+#: 2: clients save their carried state only, plug-ins their state_dict (the clock's time moved there)
+VERSION = 2
 
 #: attributes that are part of how a run is built, not of what it has learned; a resumed run builds
 #: them again from the same flags and data (``state`` and ``history`` are saved separately)
 SKIP: dict[str, frozenset[str]] = {
     "server": frozenset({"args", "hp", "dataset", "device", "num_classes", "state", "clients", "selector",
-                         "engine", "history", "evaluator", "shared_mask", "clock", "privacy"}),
-    "client": frozenset({"index", "task", "cid", "data", "args", "hp", "state", "batch_size", "local_epochs", "dp"}),
+                         "engine", "history", "evaluator", "shared_mask", "runtime", "plugins"}),
     "selector": frozenset({"server", "args", "hp", "num_clients"}),
 }
 
@@ -61,8 +63,6 @@ def encode(value: Any, where: str) -> Any:
     """``value`` as tensors, numbers, strings and containers that ``weights_only`` loading accepts;
     typed wrappers ({"__kind__": ...}) keep what plain pickling of those would lose (tuples,
     NumPy dtypes, dict key types)."""
-    from flcore.flat import FlatModel  # here: utils must not import flcore at module level
-
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, torch.Tensor):
@@ -86,9 +86,8 @@ def encode(value: Any, where: str) -> Any:
     if isinstance(value, dict):
         return {"__kind__": "dict", "items": [[encode(k, f"{where} key"), encode(v, f"{where}[{k!r}]")]
                                                for k, v in value.items()]}
-    if isinstance(value, FlatModel):  # parameters and float buffers are the vector; the rest are int buffers
-        ints = {n: b.clone() for n, b in value.module.named_buffers() if not b.is_floating_point()}
-        return {"__kind__": "flat", "vector": value.vector.detach().clone(), "int_buffers": ints}
+    if callable(getattr(value, "checkpoint_state", None)) and not isinstance(value, type):
+        return {"__kind__": "object", "state": encode(value.checkpoint_state(), f"{where}.checkpoint_state()")}
     if isinstance(value, nn.Module):
         return {"__kind__": "module", "state": {k: v.detach().clone() for k, v in value.state_dict().items()}}
     if isinstance(value, torch.optim.Optimizer):
@@ -137,11 +136,8 @@ def decode(saved: Any, current: Any = None, device: torch.device | None = None) 
             key = decode(key)
             out[key] = decode(value, current.get(key), device)
         return out
-    if kind == "flat":
-        current.vector.copy_(saved["vector"])
-        buffers = dict(current.module.named_buffers())
-        for name, value in saved["int_buffers"].items():
-            buffers[name].copy_(value)
+    if kind == "object":
+        current.load_checkpoint_state(decode(saved["state"]))
         return current
     if kind == "module":
         current.load_state_dict(saved["state"])
@@ -207,7 +203,8 @@ def server_state(server: Any, next_round: int) -> dict[str, Any]:
         "config": comparable_config(server.args),
         "data": server.dataset.fingerprint(),
         "server": capture(server, "server", type(server).__name__),
-        "clients": [capture(c, "client", f"client {c.index}") for c in server.clients],
+        "clients": [encode(c.carried_state(), f"client {c.index}") for c in server.clients],
+        "plugins": {name: encode(p.state_dict(), f"plug-in {name}") for name, p in server.plugins.items()},
         "selector": capture(server.selector, "selector", type(server.selector).__name__),
         "engine": encode(engine_state(), "engine") if engine_state is not None else None,
         "state_store": server.state.state_dict(),
@@ -228,7 +225,12 @@ def load_server_state(server: Any, saved: dict[str, Any]) -> int:
         )
     restore(server, saved["server"], device)
     for client, state in zip(server.clients, saved["clients"]):
-        restore(client, state, device)
+        client.restore_carried_state(decode(state, None, device))
+    if set(saved["plugins"]) != set(server.plugins):
+        raise CheckpointError(f"the checkpoint's round plug-ins ({', '.join(sorted(saved['plugins']))}) are not this "
+                              f"run's ({', '.join(sorted(server.plugins))}); rerun with the original flags")
+    for name, plugin in server.plugins.items():
+        plugin.load_state_dict(decode(saved["plugins"][name], None, device))
     restore(server.selector, saved["selector"], device)
     if saved["engine"] is not None:
         server.engine.load_checkpoint_state(decode(saved["engine"]))

@@ -340,13 +340,13 @@ def generic_parser() -> argparse.ArgumentParser:
              help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
     add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0,
              help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
-                  "virtual clock (flcore/clock.py)")
+                  "virtual clock (flcore/plugins/clock.py)")
     add_flag(p, "-ts", "--time_select", type=bool, default=False,
              help="select only clients whose predicted round time on the virtual clock is at most -tth")
     add_flag(p, "-tth", "--time_threthold", type=float, default=10000,
              help="virtual seconds: drop uploads of clients whose mean round time exceeds it (PFLlib's rule); "
                   "with -ts also the selection limit. The default alone drops nothing")
-    # the virtual clock (flcore/clock.py documents the model and the trace format)
+    # the virtual clock (flcore/plugins/clock.py documents the model and the trace format)
     add_flag(p, "--client_trace", type=str, default=None,
              help="CSV of client,samples_per_s,bytes_per_s[,available|period,duty,offset] giving every client's "
                   "speeds and availability (default: speeds drawn from the seed)")
@@ -423,6 +423,9 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--conv_layout", type=str, default="auto", choices=["auto", "nchw", "channels_last"],
              help="memory layout of 2-d convolutions: auto (channels_last on the CPU, where oneDNN is 1.3-3x "
                   "faster with it, nchw on GPUs); results differ only by float rounding")
+    add_flag(o, "--precision", type=str, default="fp32", choices=["fp32", "tf32", "bf16"],
+             help="arithmetic of local training: fp32, tf32 (TF32 tensor cores, GPU) or bf16 (autocast); weights, "
+                  "state and aggregation stay fp32 (flcore/engines/precision.py); not with -dp")
     add_flag(o, "--eval_auc", type=bool, default=True, help="compute the micro-AUC at every evaluation")
     add_flag(o, "--eval_train_loss", type=bool, default=True, help="evaluate the train loss over all clients' train data")
     add_flag(o, "--drop_last", type=bool, default=True, help="skip a trailing partial local batch (PFLlib)")

@@ -6,6 +6,7 @@ bytes, per-client accuracy) and the full configuration as attributes.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -64,18 +65,21 @@ def _as_array(values: list[Any]) -> np.ndarray:
 def _os_errors_as_user_errors(write):
     """A results folder that is read-only, full or gone ends the run as one FLError line naming the
     file (the writer has removed its temporary file by then), not as an OSError traceback: for
-    results, checkpoints and saved models alike."""
+    results, checkpoints and saved models alike. ``flag`` is the option that chose the path."""
 
     @functools.wraps(write)
-    def checked(path: Path, *args: Any, **kwargs: Any) -> Any:
+    def checked(path: Path, *args: Any, flag: str = "--results_dir", **kwargs: Any) -> Any:
         try:
             return write(path, *args, **kwargs)
         except OSError as exc:
             # h5py reports the C library's errno inside a multi-line message ("errno = 28")
             code = exc.errno if isinstance(exc.errno, int) else re.search(r"errno = (\d+)", str(exc))
-            reason = os.strerror(code if isinstance(code, int) else int(code[1])) if code else " ".join(str(exc).split())
-            raise FLError(f"cannot write {path} ({reason}); free some space or pass "
-                          "--results_dir with a writable folder") from exc
+            code = code if isinstance(code, int) or code is None else int(code[1])
+            reason = os.strerror(code) if code else " ".join(str(exc).split())
+            advice = {errno.ENOSPC: "free some space or ", errno.EDQUOT: "free some space or ",
+                      errno.EROFS: "it is read-only: ", errno.EACCES: "it is read-only: ",
+                      errno.EPERM: "it is read-only: "}.get(code, "")
+            raise FLError(f"cannot write {path} ({reason}); {advice}pass another {flag}") from exc
 
     return checked
 

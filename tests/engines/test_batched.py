@@ -40,13 +40,56 @@ VECTORISABLE = [a for a in ALGOS if _vectorisable(a)]
 SEQUENTIAL_ONLY = [a for a in ALGOS if not _vectorisable(a)]
 
 
+#: Algorithms whose server amplifies float rounding between rounds, so that a whole run's models
+#: compare the torch build's kernels more than the engines. FedGen's server trains its generator
+#: (Linear-BatchNorm-ReLU-Linear) with 20 Adam steps on the uploaded heads each round: the
+#: sequential engine alone, on 1 vs 2 intra-op threads, ends the toy run 2.2e-4 apart (torch 2.13
+#: CPU), which is what the batched engine differed by on torch 2.11 + CUDA 13's CPU kernels,
+#: while two runs of either engine agree to the bit. For these the engines are compared on a
+#: round trained from one state (with the generator trained), which means the same on any torch.
+AMPLIFIES_ROUNDING = {"FedGen"}
+
+
 @pytest.mark.parametrize("algo", VECTORISABLE)
 def test_vectorisable_algorithm_matches_sequential(algo):
+    if algo in AMPLIFIES_ROUNDING:
+        _matches_sequential_from_one_state(algo)
+        return
     ref = sequential_reference(algo)
     batched = engine_run(algo, "batched")
     assert batched.engine.stats["batched_clients"] > 0
     assert batched.engine.stats["sequential_clients"] == 0
     assert_same_training(ref, batched, atol=ATOL, rtol=RTOL)
+
+
+def _matches_sequential_from_one_state(algo):
+    """Two runs to the same state (bit for bit: the runs are deterministic), then one more round
+    of every client, by the sequential engine on one and the batched engine on the other."""
+    ref = sequential_reference(algo)
+    twin = engine_run(algo, "sequential")
+    assert_same_training(ref, twin, exact=True)
+    twin.engine = BatchedEngine(twin)
+    cohort = list(range(len(ref.clients)))
+    rnd = ref.args.global_rounds
+    seq = ref.engine.train([ref.clients[i] for i in cohort], ref.make_package(rnd, cohort))
+    out = twin.engine.train([twin.clients[i] for i in cohort], twin.make_package(rnd, cohort))
+    assert twin.engine.stats["batched_clients"] == len(cohort) and twin.engine.stats["sequential_clients"] == 0
+    for s, o in zip(seq, out):
+        assert (s.index, s.num_steps) == (o.index, o.num_steps)
+        torch.testing.assert_close(o.params, s.params, atol=ATOL, rtol=RTOL)
+        assert o.loss == pytest.approx(s.loss, rel=1e-4, abs=1e-5)
+
+
+def test_fedgen_round_from_one_state_uses_the_generator():
+    """The one-state comparison above is not vacuous for FedGen: the round it compares has a
+    trained generator, whose term changes the clients' updates."""
+    server = sequential_reference("FedGen")
+    cohort = list(range(len(server.clients)))
+    package = server.make_package(server.args.global_rounds, cohort)
+    assert package.extras.get("generator") is not None
+    job = server.clients[1].plan_job(package)
+    server.clients[1].open_job(job)
+    assert float(job.ctx["gen_weight"]) > 0 and job.ctx["gen_features"].abs().sum() > 0
 
 
 @pytest.mark.parametrize("algo", SEQUENTIAL_ONLY)

@@ -40,11 +40,11 @@ def on_device(dataset: FederatedDataset, device: torch.device) -> FederatedDatas
     return FederatedDataset(name=dataset.name, path=dataset.path, config=dict(dataset.config), clients=clients)
 
 
-def cnn_run(algo: str, engine: str, device: torch.device):
+def cnn_run(algo: str, engine: str, device: torch.device, **flags):
     """Three rounds of the CNN on ragged toy images (batch 4, 60% participation, lr decay)."""
     dataset = on_device(image_dataset([2, 9, 14, 5, 21, 11], shape=(1, 16, 16)), device)
     args = make_args(algo, *ENGINE_EXTRA_FLAGS.get(algo, []), "-ld", "True", engine=engine, global_rounds=3,
-                     batch_size=4, local_learning_rate=0.05, join_ratio=0.6, eval_auc=False, save_model=False)
+                     batch_size=4, local_learning_rate=0.05, join_ratio=0.6, eval_auc=False, save_model=False, **flags)
     torch.manual_seed(0)
     module = MODELS.get("CNN")(dataset.input_shape, dataset.num_classes, None).to(device)
     server = ALGORITHMS.get(algo)(args, dataset, module, device)

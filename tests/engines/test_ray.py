@@ -19,9 +19,10 @@ import pytest
 import torch
 
 import main
-from flcore.engines.ray import CRASH_ENV, assign_by_samples, first_line, start_local_ray
+from flcore.engines.ray import RayEngine, assign_by_samples, first_line, start_local_ray
 from fltest import ENGINE_SIZES, assert_same_training, build_server, engine_run, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
+from raycrash import crashing_worker
 from toydata import make_dataset
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -150,7 +151,7 @@ def test_actor_killed_mid_round_is_replaced_and_the_results_are_unchanged(tmp_pa
     victim_actor = max(members, key=len)
     victim = victim_actor[1]  # not its actor's first client: it dies after training some of the round
     marker = tmp_path / "crashed"
-    monkeypatch.setenv(CRASH_ENV, f"2:{victim}:{marker}")
+    monkeypatch.setattr(RayEngine, "worker_cls", crashing_worker(2, victim, marker))
     ref = engine_run("SCAFFOLD", "sequential", join_ratio=1.0)
     out = engine_run("SCAFFOLD", "ray", ray_workers=2, join_ratio=1.0)
     try:
@@ -164,7 +165,7 @@ def test_actor_killed_mid_round_is_replaced_and_the_results_are_unchanged(tmp_pa
 @pytest.mark.ray
 def test_too_many_failures_stop_the_run_with_one_line(tmp_path, monkeypatch, capsys):
     folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
-    monkeypatch.setenv(CRASH_ENV, f"1:0:{tmp_path / 'crashed'}")
+    monkeypatch.setattr(RayEngine, "worker_cls", crashing_worker(1, 0, tmp_path / "crashed"))
     code = main.main(["-data", str(folder), "-m", "DNN", "-gr", "3", "-jr", "1", "-dev", "cpu", "--engine", "ray",
                       "--ray_workers", "2", "--ray_max_restarts", "0", "--results_dir", str(tmp_path / "res"), "-q",
                       "--progress", "False"])

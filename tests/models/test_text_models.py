@@ -66,3 +66,16 @@ def test_textcnn_needs_five_tokens_and_transformer_eight_heads():
 
     with pytest.raises(ValueError, match="divisible by 8"):
         MODELS.get("Transformer")((16,), 4, Namespace(vocab_size=100, feature_dim=30, max_len=16))
+
+
+def test_the_models_own_defaults_are_the_flags_defaults():
+    """Text models built without flags use PFLlib's -vs and -fd, as the command line declares them
+    (the model code does not import the command-line module)."""
+    from flcore.trainmodel import text
+    from utils.cli import generic_parser
+
+    defaults = generic_parser().parse_args([])
+    assert text.PFLLIB_VOCAB_SIZE == defaults.vocab_size or defaults.vocab_size is None
+    assert text.PFLLIB_FEATURE_DIM == defaults.feature_dim
+    from utils.cli import PFLLIB_VOCAB_SIZE
+    assert text.PFLLIB_VOCAB_SIZE == PFLLIB_VOCAB_SIZE

@@ -17,8 +17,9 @@ def write_ours(folder: Path, dataset: str, algo: str, goal: str, run: int, acc: 
                eval_gap: int = 1, round_time: float = 0.5, bytes_up: int = 1000,
                global_acc: list[float] | None = None, finished: bool | None = True,
                clients: int = 4, extra_series: dict[str, list[float]] | None = None,
-               attrs: dict[str, Any] | None = None) -> Path:
-    """A run evaluated every ``eval_gap`` rounds with test accuracies ``acc`` (round 0 first)."""
+               attrs: dict[str, Any] | None = None, personalized: bool | None = False) -> Path:
+    """A run evaluated every ``eval_gap`` rounds with test accuracies ``acc`` (round 0 first);
+    ``personalized=None`` leaves that attribute out, as files written before it existed."""
     acc_arr = np.asarray(acc, dtype=float)
     evals = acc_arr.size
     rounds = (evals - 1) * eval_gap  # training rounds; the last evaluation follows the last one
@@ -48,6 +49,8 @@ def write_ours(folder: Path, dataset: str, algo: str, goal: str, run: int, acc: 
         })
         if finished is not None:
             handle.attrs["finished"] = finished
+        if personalized is not None:
+            handle.attrs["personalized"] = personalized
         handle.attrs.update(attrs or {})
     return path
 
@@ -79,11 +82,11 @@ def write_folder(folder: Path) -> Path:
     """The results folder the reporting tests share (see the constants above)."""
     folder.mkdir(parents=True, exist_ok=True)
     for run, acc in enumerate(FEDAVG):
-        # The virtual clock (flcore/clock.py) runs 2 s per round: rs_virtual_time is its reading.
+        # The virtual clock (flcore/plugins/clock.py) runs 2 s per round: rs_virtual_time is its reading.
         write_ours(folder, "MNIST", "FedAvg", "test", run, acc, bytes_up=1_000_000 * (run + 1),
                    extra_series={"rs_virtual_time": 2.0 * np.arange(1, len(acc))})
     for run, (acc, glob) in enumerate(zip(DITTO, DITTO_GLOBAL)):
-        write_ours(folder, "MNIST", "Ditto", "test", run, acc, global_acc=glob,
+        write_ours(folder, "MNIST", "Ditto", "test", run, acc, global_acc=glob, personalized=True,
                    extra_series={"rs_dp_epsilon": [0.5, 1.0, 1.5 + run]})
     for run, acc in enumerate(FEDPROX):
         write_pfllib(folder, "MNIST", "FedProx", "test", run, acc)

@@ -1,4 +1,4 @@
-"""Tests of the plotting CLI (``system/plot.py``) and its helpers (``system/utils/plot_utils.py``).
+"""Tests of the plotting CLI (``system/plot.py``) and its helpers (``system/reporting/``).
 
 Small ``.h5`` files are written in both layouts: this platform's (extra series and attributes)
 and PFLlib's (only ``rs_test_acc``, ``rs_test_auc``, ``rs_train_loss``).
@@ -16,19 +16,12 @@ import pytest
 
 import plot
 from resultfiles import write_pfllib
-from utils.plot_utils import (
-    METRICS,
-    PlotError,
-    ResultFileError,
-    find_runs,
-    group_runs,
-    load_algorithm_runs,
-    load_run,
-    mean_std,
-    moving_average,
-    parse_result_name,
-    summarize_runs,
-)
+from reporting.cli import default_results_dir
+from reporting.loading import PlotError, ResultFileError, load_algorithm_runs, load_run
+from reporting.names import find_runs, parse_result_name
+from reporting.plots import draw_metric
+from reporting.series import METRICS, group_runs, mean_std, metric_groups, moving_average
+from reporting.stats import summarize_runs
 
 SYSTEM = Path(__file__).resolve().parents[2] / "system"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -42,8 +35,9 @@ FEDAVG_ACC = [
 
 
 def write_ours(folder: Path, dataset: str, algo: str, goal: str, run: int, acc: list[float],
-               eval_gap: int = 1, round_time: float = 0.5) -> Path:
-    """A result file as this platform writes it (extra series and attributes)."""
+               eval_gap: int = 1, round_time: float = 0.5, personalized: bool | None = False) -> Path:
+    """A result file as this platform writes it (extra series and attributes); ``personalized``
+    None leaves that attribute out, as files written before it existed."""
     acc_arr = np.asarray(acc, dtype=float)
     n = acc_arr.size
     rounds = (n - 1) * eval_gap + 1
@@ -63,6 +57,8 @@ def write_ours(folder: Path, dataset: str, algo: str, goal: str, run: int, acc: 
             "config": json.dumps({"dataset": dataset, "algorithm": algo, "eval_gap": eval_gap}),
             "peak_rss_mb": 123.4,
         })
+        if personalized is not None:
+            handle.attrs["personalized"] = personalized
     return path
 
 
@@ -265,7 +261,7 @@ def test_cli_x_time_needs_round_time(results: Path, capsys: pytest.CaptureFixtur
 
 
 def test_default_results_dir_is_repo_results() -> None:
-    assert Path(plot.default_results_dir()).resolve() == SYSTEM.parent / "results"
+    assert Path(default_results_dir()).resolve() == SYSTEM.parent / "results"
 
 
 def test_cli_subprocess(results: Path, tmp_path: Path) -> None:
@@ -284,7 +280,6 @@ def test_cli_subprocess(results: Path, tmp_path: Path) -> None:
 
 def test_round_axis_has_whole_number_ticks(tmp_path: Path) -> None:
     from matplotlib.figure import Figure
-    from utils.plot_utils import draw_metric
 
     runs = [load_run(write_ours(tmp_path, "MNIST", "FedAvg", "test", 0, [0.1, 0.5, 0.7]))]
     for metric in ("acc", "time"):
@@ -296,9 +291,8 @@ def test_round_axis_has_whole_number_ticks(tmp_path: Path) -> None:
 
 def test_personalised_and_global_accuracy_are_told_apart(tmp_path: Path) -> None:
     from matplotlib.figure import Figure
-    from utils.plot_utils import draw_metric, metric_groups
 
-    path = write_ours(tmp_path, "MNIST", "Ditto", "test", 0, [0.1, 0.6, 0.8])
+    path = write_ours(tmp_path, "MNIST", "Ditto", "test", 0, [0.1, 0.6, 0.8], personalized=True)
     with h5py.File(path, "a") as handle:
         handle.create_dataset("rs_test_acc_global", data=[0.1, 0.3, 0.4])
     write_ours(tmp_path, "MNIST", "FedAvg", "test", 0, [0.1, 0.5, 0.7])
@@ -312,10 +306,15 @@ def test_personalised_and_global_accuracy_are_told_apart(tmp_path: Path) -> None
     lines = axes.get_lines()
     assert [line.get_linestyle() for line in lines] == ["-", "--", "-"]
     assert lines[0].get_color() == lines[1].get_color() != lines[2].get_color()
-    # Registered personalised algorithms are marked even without a global series (Local has no global model).
-    write_ours(tmp_path, "MNIST", "Local", "test", 0, [0.1, 0.6])
+    # A personalised algorithm without a shared model (Local) is marked by the attribute main.py
+    # writes; a file from before that attribute does not say, so it is not marked.
+    write_ours(tmp_path, "MNIST", "Local", "test", 0, [0.1, 0.6], personalized=True)
     local = metric_groups({"Local": load_algorithm_runs(tmp_path, "MNIST", "Local", "test")}, METRICS["acc"])
     assert [g.label for g in local] == ["Local, personalised: own model, own data (1 run)"]
+    write_ours(tmp_path, "MNIST", "FedPer", "test", 0, [0.1, 0.6], personalized=None)
+    old = load_algorithm_runs(tmp_path, "MNIST", "FedPer", "test")
+    assert old[0].personalized is None
+    assert [g.label for g in metric_groups({"FedPer": old}, METRICS["acc"])] == ["FedPer (1 run)"]
 
 
 def test_time_per_round_and_accuracy_number_rounds_alike(results: Path) -> None:

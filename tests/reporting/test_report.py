@@ -89,7 +89,7 @@ def test_configuration_block_escapes_html(tmp_path: Path) -> None:
 
 
 def test_an_algorithm_keeps_its_colour_in_every_panel(tmp_path: Path) -> None:
-    from utils.plot_utils import find_all_runs
+    from reporting.loading import find_all_runs
 
     groups = find_all_runs(write_folder(tmp_path / "results"))["MNIST"]
     figure = report.curves_figure("MNIST", {algorithm: runs for (algorithm, _), runs in groups.items()})

@@ -17,7 +17,8 @@ import main
 import summarize
 from resultfiles import DITTO, DITTO_GLOBAL, FEDAVG, FEDPROX, write_folder, write_ours, write_pfllib
 from toydata import make_dataset
-from utils.plot_utils import find_all_runs, load_algorithm_runs, summarize_runs
+from reporting.loading import find_all_runs, load_algorithm_runs
+from reporting.stats import summarize_runs
 from utils.result_utils import RunHistory, tail_means
 from utils.result_utils import summarize as summarize_history
 
@@ -187,3 +188,6 @@ def test_real_runs_of_main(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert float(rows["FedAvg"]["last_n_mean"]) == pytest.approx(np.mean([a["mean_acc_last_n"] for a in stored]))
     assert float(rows["FedAvg"]["s_per_round_mean"]) > 0 and float(rows["FedAvg"]["peak_rss_mb_mean"]) > 0
     assert float(rows["Ditto"]["global_best_runs"]) == 2  # Ditto records its shared model's accuracy
+    # main.py says in each file whose model the accuracy is, so reporting needs no registry.
+    assert [run.attrs["personalized"] for run in runs[("Ditto", "test")]] == [True, True]
+    assert [run.attrs["personalized"] for run in runs[("FedAvg", "test")]] == [False, False]

@@ -1,4 +1,4 @@
-"""The virtual clock (flcore/clock.py): round durations by hand, -tsr/-ssr, -ts/-tth, availability,
+"""The virtual clock (flcore/plugins/clock.py): round durations by hand, -tsr/-ssr, -ts/-tth, availability,
 determinism, and runs without clock flags training exactly as before."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 import main
 from fltest import build_server, make_args, one_thread, random_dataset, run_main_two_rounds  # noqa: F401
-from flcore.clock import drawn_profiles
+from flcore.plugins.clock import drawn_profiles
 from utils.errors import FLError
 
 #: TinyLinear(2, 2): a 2x2 weight and 2 biases, float32, so every package and upload is 24 bytes
@@ -59,8 +59,10 @@ def test_round_duration_is_the_slowest_clients_download_compute_and_upload(tmp_p
     assert history.extra_series["virtual_round_time"] == pytest.approx([max(HAND)] * 2, rel=1e-12)
     assert history.extra_series["virtual_time"] == pytest.approx([6.0, 12.0], rel=1e-12)
     assert server.virtual_time == pytest.approx(12.0)
+    clock = server.plugin("clock")
     for client, seconds in zip(server.clients, HAND):
-        assert client.virtual_rounds == 2 and client.virtual_seconds == pytest.approx(2 * seconds)
+        i = client.index
+        assert clock.client_rounds[i] == 2 and clock.client_seconds[i] == pytest.approx(2 * seconds)
 
 
 def test_the_clock_counts_the_samples_really_processed(tmp_path):
@@ -68,7 +70,7 @@ def test_the_clock_counts_the_samples_really_processed(tmp_path):
     server = clock_server(write(tmp_path, TRACE), sizes=[5, 6, 8], drop_last=False)
     result = server.run_round(0, evaluate=False)
     assert [u.samples_processed for u in result.updates] == [5, 6, 8]
-    assert server.clients[0].virtual_seconds == pytest.approx(1 + 5 / 2 + 1)
+    assert server.plugin("clock").client_seconds[0] == pytest.approx(1 + 5 / 2 + 1)
 
 
 @pytest.mark.parametrize("algorithm, flags, passes", [
@@ -112,7 +114,7 @@ def test_slow_trainers_compute_slower_and_for_fewer_epochs(tmp_path):
         done = client.epochs_this_round(0)
         assert 1 <= done <= epochs // 2  # PFLlib's straggler: fewer epochs ...
         expected.append(down_s + done * client.num_train / (speed / factor) + up_s)  # ... each slower
-    assert [c.virtual_seconds for c in server.clients] == pytest.approx(expected, rel=1e-12)
+    assert list(server.plugin("clock").client_seconds) == pytest.approx(expected, rel=1e-12)
     assert result.virtual_seconds == pytest.approx(max(expected), rel=1e-12)
 
 
@@ -122,7 +124,7 @@ def test_slow_senders_have_slower_links_both_ways(tmp_path):
     server.run_round(0, evaluate=False)
     transfers, compute = [(1, 1), (2, 2), (0.5, 3)], [2, 2, 1]
     expected = [factor * (down + up) + work for (down, up), work in zip(transfers, compute)]
-    assert [c.virtual_seconds for c in server.clients] == pytest.approx(expected, rel=1e-12)
+    assert list(server.plugin("clock").client_seconds) == pytest.approx(expected, rel=1e-12)
     # -ssr marks round(rate · N) clients, drawn from the seed
     some = clock_server(write(tmp_path, TRACE), send_slow_rate=0.34)
     assert sum(c.send_slow for c in some.clients) == 1 and not any(c.slow for c in some.clients)
@@ -141,7 +143,7 @@ def test_a_dropped_out_client_is_waited_for_until_its_upload_should_begin(tmp_pa
 def test_time_select_picks_exactly_the_clients_predicted_under_the_threshold(tmp_path, threshold, fast):
     server = clock_server(write(tmp_path, TRACE), "-ts", "True", time_threthold=threshold, global_rounds=3)
     # the prediction: the model down and up and E full epochs, from the trace's speeds
-    assert server.clock.predicted == pytest.approx(HAND, rel=1e-12)
+    assert server.plugin("clock").predicted == pytest.approx(HAND, rel=1e-12)
     assert train_recording_cohorts(server) == [fast] * 3
 
 
@@ -209,7 +211,7 @@ def test_the_server_waits_for_the_next_window_and_stops_when_none_is_left(tmp_pa
 
 def test_seeded_duty_cycles_make_clients_unavailable_part_of_the_time():
     server = clock_server(None, global_rounds=8, clock_avail_period=1.0, clock_avail_duty=0.5, join_ratio=1.0)
-    profiles = server.clock.profiles
+    profiles = server.plugin("clock").profiles
     assert 0 <= profiles.offset.min() and profiles.offset.max() < 1.0 and len(set(profiles.offset)) == 3
     at_selection = []
     select = server.select_clients
@@ -302,7 +304,7 @@ def test_bad_clock_flags_are_one_line(flags, needle, capsys):
 
 
 def test_resume_continues_the_virtual_clock_exactly(tmp_path, monkeypatch):
-    """What persists across rounds (Server.virtual_time, the clients' time costs for -tth) is in the
+    """What persists across rounds (the clock's virtual time, the clients' time costs for -tth) is in the
     checkpoint; the speeds and windows are rebuilt from the flags and the trace."""
     from flcore.servers.serverbase import Server
     from toydata import make_dataset
@@ -319,7 +321,7 @@ def test_resume_continues_the_virtual_clock_exactly(tmp_path, monkeypatch):
     costs = []  # every finished run's per-client time costs, taken when the server closes
     close = Server.close
     monkeypatch.setattr(Server, "close", lambda self: (costs.append(
-        [(c.virtual_seconds, c.virtual_rounds) for c in self.clients]), close(self))[1])
+        list(zip(self.plugin("clock").client_seconds, self.plugin("clock").client_rounds))), close(self))[1])
     assert run(tmp_path / "ref") == 0
     original = Server.run_round
 

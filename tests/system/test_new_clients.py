@@ -122,6 +122,22 @@ def test_fine_tuning_is_sgd_from_the_global_model_on_the_client_own_data():
     torch.testing.assert_close(evaluation.fine_tuned(server, 1, 0).double(), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_new_clients_fine_tune_without_dp_in_a_dp_run():
+    """-nnc with -dp: the federation's clients take DP-SGD steps, the new clients' fine-tuning is
+    still plain SGD (no Poisson batches, no noise), as the module docstring says: the same two
+    full-batch gradient steps as without -dp."""
+    server, evaluation, new = new_client_setup("-ften", "2", "-dp", "-dps", "1.0", batch_size=20, drop_last=False,
+                                               local_learning_rate=0.3, dp_sampling="shuffle")
+    assert server.clients[0].local_step.name.startswith("DP-SGD")  # the federation trains with DP-SGD
+    client = new.clients[1]
+    assert not hasattr(evaluation.clients[1], "dp_steps") and evaluation.clients[1].local_step.plain
+    w = server.global_params.double()
+    expected = w
+    for _ in range(2):
+        expected = expected - 0.3 * linear_grad(expected, client.train_x.double(), client.train_y, 3)
+    torch.testing.assert_close(evaluation.fine_tuned(server, 1, 0).double(), expected, rtol=1e-5, atol=1e-6)
+
+
 def test_every_eval_mode_records_each_evaluation_and_leaves_training_unchanged():
     plain, _, _ = new_client_setup("-ften", "1", "-ld", "True")
     plain.train(progress=False)

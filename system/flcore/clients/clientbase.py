@@ -35,120 +35,22 @@ again after training by the sequence itself.
 from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flcore.capabilities import CLIENT_HOOKS, Capabilities
+from flcore.clients.localstep import PLAIN_SGD, LocalStep
 from flcore.flat import FlatModel, Net
-from flcore.privacy import dp_sgd_config
+# the protocol's types, importable from here as before (flcore/protocol.py is their home)
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part  # noqa: F401
 from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
-from utils.errors import Diverged
+from utils.errors import Diverged, FLError
 from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
-
-
-def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
-
-
-def with_private_part(params: torch.Tensor, shared: torch.Tensor | None, private: torch.Tensor | None) -> torch.Tensor:
-    """``params`` with a client's ``private`` entries (those ``shared`` excludes) put in; ``params``
-    itself when nothing is private or the client has no private part yet."""
-    if shared is None or private is None:
-        return params
-    merged = params.clone()
-    merged[~shared] = private.to(merged.dtype)
-    return merged
-
-
-@dataclass
-class RoundPackage:
-    """What the server sends to the selected clients in one round.
-
-    ``extras`` go to every client; ``payloads[i]`` only to client ``i`` (FedAMP's and FedACS's
-    personalised models). ``shared`` masks the entries of the model that are sent and aggregated
-    (None: all of it); the others are each client's own."""
-
-    round: int
-    global_params: torch.Tensor
-    cohort: list[int]
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    payloads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
-    shared: torch.Tensor | None = None
-
-    @property
-    def cohort_size(self) -> int:
-        return len(self.cohort)
-
-    def payload(self, index: int) -> dict[str, torch.Tensor]:
-        return self.payloads.get(index, {})
-
-    @cached_property
-    def shared_numel(self) -> int:
-        """How many entries of the model are sent and aggregated (counted once per round)."""
-        return self.global_params.numel() if self.shared is None else int(self.shared.sum())
-
-    def nbytes(self, index: int | None = None) -> int:
-        """Bytes client ``index`` downloads (the shared part of the model, extras, its payload)."""
-        own = _nbytes(self.payload(index)) if index is not None else 0
-        return self.shared_numel * self.global_params.element_size() + _nbytes(self.extras) + own
-
-    def total_nbytes(self) -> int:
-        """Bytes the whole cohort downloads."""
-        return sum(self.nbytes(i) for i in self.cohort)
-
-
-@dataclass
-class ClientUpdate:
-    """What one client uploads after local training (``params`` = its final model vector)."""
-
-    index: int
-    num_samples: int
-    num_steps: int
-    params: torch.Tensor
-    loss: float
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    uploads_params: bool = True
-    #: how many entries of ``params`` are really sent (the shared part); None = all
-    shared_numel: int | None = None
-    #: training samples the client processed this round (its work on the virtual clock)
-    samples_processed: int = 0
-
-    def nbytes(self) -> int:
-        count = self.params.numel() if self.shared_numel is None else self.shared_numel
-        size = count * self.params.element_size() if self.uploads_params else 0
-        return size + _nbytes(self.extras)
-
-
-@dataclass(frozen=True)
-class Task:
-    """What every client knows of the run besides its own data: the task's classes (not only those
-    it holds) and the length of the model's trainable prefix of the flat vector."""
-
-    num_classes: int
-    num_params: int
-
-
-@dataclass
-class LocalJob:
-    """One client's local training in one round, as the sequence prepares it for an engine."""
-
-    client: "Client"
-    package: RoundPackage
-    plan: list
-    rng: tuple
-    ctx: dict = field(default_factory=dict)
-    start: torch.Tensor | None = None
-    lr: float = 0.0
-
-    @property
-    def steps(self) -> int:
-        return len(self.plan)
 
 
 class Client:
@@ -163,8 +65,23 @@ class Client:
     #: entry t (e.g. FedGen's generated features, drawn up front from (seed, round, client))
     per_step_context: ClassVar[tuple[str, ...]] = ()
 
+    #: the attributes of a client that change across rounds, besides its state-store entries: the
+    #: client-state contract. Checkpoints save exactly these (with the local step's ``carried``),
+    #: and the Ray engine sends exactly these between driver and actors. Algorithms keep what
+    #: persists per client in the state store (``self.state``), not in attributes.
+    carried: ClassVar[tuple[str, ...]] = ("participations",)
+    #: attributes a server may set on its clients, once, in ``setup`` (``configure``): settings
+    #: rebuilt from the flags and data, so checkpoints skip them; Ray actors receive them when built
+    settable: ClassVar[tuple[str, ...]] = ("slow", "send_slow")
+    #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
+    capabilities: ClassVar[Capabilities]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.capabilities = Capabilities.of(cls, Client, CLIENT_HOOKS)
+
     def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore,
-                 task: Task | None = None):
+                 task: Task | None = None, local_step: LocalStep = PLAIN_SGD):
         self.index = index
         self.task = task
         self.cid = data.cid
@@ -177,11 +94,9 @@ class Client:
         self.participations = 0
         self.slow = False  # -tsr: fewer epochs, slower compute on the virtual clock
         self.send_slow = False  # -ssr: slower links on the virtual clock
-        # virtual seconds of the rounds it trained in and their number (-tth averages them)
-        self.virtual_seconds = 0.0
-        self.virtual_rounds = 0
-        self.dp = dp_sgd_config(args)  # DP-SGD's settings with -dp (flcore/privacy), else None
-        self.dp_steps = 0  # DP-SGD steps taken so far: what the accountant charges this client for
+        #: how a local step is computed (plain SGD, or DP-SGD with -dp: flcore/privacy/dpsgd.py)
+        self.local_step = local_step
+        local_step.prepare(self)
         self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
 
     @classmethod
@@ -237,10 +152,14 @@ class Client:
         only (``purpose`` names another stream for work outside training: new clients' fine-tuning).
 
         Each epoch is a fresh permutation; with ``drop_last`` (PFLlib's default) a trailing partial
-        batch is skipped, so a client with fewer samples than the batch size takes no step."""
+        batch is skipped, so a client with fewer samples than the batch size takes no step. The
+        local-step strategy decides (DP-SGD draws Poisson batches instead)."""
         epochs = self.epochs_this_round(rnd) if epochs is None else epochs
-        if self.dp is not None and self.dp.poisson:  # DP-SGD's accountant assumes Poisson batches
-            return self.dp.poisson_plan(self, rnd, epochs)
+        return self.local_step.batch_plan(self, rnd, epochs, purpose)
+
+    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches") -> list[torch.Tensor]:
+        """Plain SGD's batches (``batch_plan``): a permutation per epoch from (seed, purpose, round,
+        client)."""
         n, bs = self.num_train, self.batch_size
         generator = torch_generator(self.args.seed, purpose, rnd, self.cid)
         steps, plan = self.steps_per_epoch, []
@@ -288,13 +207,10 @@ class Client:
 
     def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:
         """The gradient local step ``step`` of round ``rnd`` uses, left in ``model.grad`` (returns the
-        loss): ``compute_gradient``'s, or with ``-dp`` DP-SGD's, clipped per sample and noised from
-        (seed, round, client, step) (``flcore/privacy/dpsgd.py``); whoever replays a step (an
-        attack on the uploads) gets what the client used."""
-        if self.dp is not None:
-            self.count_gradient_samples(idx)
-            return self.dp.gradient(self, model, idx, ctx, (rnd, step))
-        return self.compute_gradient(model, idx, ctx)
+        loss), as the client's local-step strategy computes it: ``compute_gradient``'s, or with
+        ``-dp`` DP-SGD's (``flcore/privacy/dpsgd.py``); whoever replays a step (an attack on the
+        uploads) gets what the client used."""
+        return self.local_step.gradient(self, model, idx, ctx, rnd, step)
 
     def check_loss(self, loss_sum: torch.Tensor, steps: int, rnd: int) -> float:
         """Mean loss of the round; a NaN/inf loss stops the run with advice."""
@@ -325,6 +241,34 @@ class Client:
             return ctx
         return {k: (v[step] if k in self.per_step_context else v) for k, v in ctx.items()}
 
+    # ------------------------------------------------------ the client-state contract
+    def carried_state(self) -> dict[str, Any]:
+        """The values of the attributes that change across rounds (``carried`` and the local
+        step's): what a checkpoint saves and what the Ray engine sends."""
+        return {name: getattr(self, name) for name in (*self.carried, *self.local_step.carried)}
+
+    def restore_carried_state(self, values: dict[str, Any]) -> None:
+        """Set the attributes ``carried_state`` returned (a checkpoint's, or a Ray actor's)."""
+        names = {*self.carried, *self.local_step.carried}
+        unknown = set(values) - names
+        if unknown:
+            raise FLError(f"client {self.cid}: {', '.join(sorted(unknown))} is no part of its carried state")
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def configure(self, **settings: Any) -> None:
+        """Set attributes the class declares ``settable`` (servers call it in ``setup``): the one
+        way a server changes its clients besides the package."""
+        unknown = set(settings) - set(self.settable)
+        if unknown:
+            raise TypeError(f"{type(self).__name__} declares no settable {', '.join(sorted(unknown))}")
+        for name, value in settings.items():
+            setattr(self, name, value)
+
+    def settings(self) -> dict[str, Any]:
+        """The values of the ``settable`` attributes (sent to a Ray actor that builds this client)."""
+        return {name: getattr(self, name) for name in self.settable}
+
     # ------------------------------------------------------ the local sequence
     def plan_job(self, package: RoundPackage) -> LocalJob:
         """Step 1: seed the global RNG from (seed, round, client) and plan the minibatches."""
@@ -353,8 +297,7 @@ class Client:
         """Step 4: count the participation, build the upload, keep the private part."""
         set_rng_state(job.rng)
         self.participations += 1
-        if self.dp is not None:
-            self.dp_steps += job.steps
+        self.local_step.job_finished(self, job)
         update = self.end_round(params, job.package, job.ctx, job.steps, loss)
         update.samples_processed = self.samples_processed(job)
         shared = job.package.shared
@@ -378,3 +321,6 @@ class Client:
         if package.shared is None:
             return start
         return with_private_part(start, package.shared, self.state.get("private", self.index))
+
+
+Client.capabilities = Capabilities.of(Client, Client, CLIENT_HOOKS)

@@ -30,8 +30,9 @@ class FedGenClient(Client):
 
     vmappable_loss = True
     per_step_context = ("gen_features", "gen_labels")
-    #: the server's FlatModel of the generator (architecture); set by the server
+    #: the server's FlatModel of the generator (architecture), set by the server in ``setup``
     generator = None
+    settable = (*Client.settable, "generator")
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -45,6 +45,7 @@ class FedLCClient(Client):
     vmappable_loss = True
     #: PFLlib's label counts over all clients (``--fedlc_counts global``); None = this client's own
     global_counts: torch.Tensor | None = None
+    settable = (*Client.settable, "global_counts")
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """``--engine auto`` (the default): the fastest engine that gives the sequential engine's results.
 
 * On a GPU: the batched engine (``torch.func.vmap`` over the cohort), which turns K launch-bound
-  batch-10 steps into one step of K times the work.
+  batch-10 steps into one step of K times the work, replayed from a CUDA graph (``capture.py``).
 * On a CPU with more than one core: the threaded engine (one client per core, one working model
   per worker). vmap is not used there: on a CPU the per-client convolutions are compute-bound
   already at batch 10 and functorch's grouped convolution was slower than K plain ones (see
@@ -36,12 +36,12 @@ from flcore.engines.threaded import ThreadedEngine, available_cores
 from flcore.registry import register_engine
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 log = logging.getLogger("fl")
 
 
-def choose_engine(server: "Server") -> type:
+def choose_engine(server: "Runtime") -> type:
     """The engine class ``auto`` delegates to for this server's device and this machine."""
     if server.model.device.type == "cuda":
         return BatchedEngine
@@ -59,7 +59,7 @@ class AutoEngine:
         BatchedEngine.add_args(parser)
         ThreadedEngine.add_args(parser)
 
-    def __new__(cls, server: "Server"):
+    def __new__(cls, server: "Runtime"):
         chosen = choose_engine(server)
         engine = chosen(server)
         engine.notice_level = logging.INFO

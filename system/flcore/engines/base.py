@@ -11,33 +11,22 @@ import logging
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from torch import nn
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage, Runtime
+from flcore.trainmodel.properties import has_dropout  # noqa: F401  (engines read it from here)
 from utils.seeding import rng_state, set_rng_state
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.clients.clientbase import Client
 
 log = logging.getLogger("fl")
 
 
-def has_dropout(module: nn.Module) -> bool:
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) and float(m.p) > 0 for m in module.modules())
-
-
-def keeps_base_training(client: Client) -> bool:
+def keeps_base_training(client: "Client") -> bool:
     """True when the client trains by the base sequence's SGD (possibly with its own loss hook and
-    gradient term), and promises that its hooks touch only its own state (``vectorisable``)."""
-    cls = type(client)
-    return (
-        bool(getattr(cls, "vectorisable", False))
-        and cls.train_job is Client.train_job
-        and cls.local_train is Client.local_train
-        and cls.sgd is Client.sgd
-        and cls.compute_gradient is Client.compute_gradient
-        and cls.step_gradient is Client.step_gradient
-    )
+    gradient term), and promises that its hooks touch only its own state (``vectorisable``):
+    what threads may run (``Client.capabilities``)."""
+    return type(client).capabilities.keeps_base_training
 
 
 class Engine:
@@ -46,9 +35,10 @@ class Engine:
     #: how a fallback notice is logged (``auto`` only informs, an explicit engine warns)
     notice_level: ClassVar[int] = logging.WARNING
 
-    def __init__(self, server: "Server"):
-        self.server = server
-        self.flat = server.model
+    def __init__(self, runtime: Runtime):
+        #: what the engine needs of the run (model, data, settings, clients, state): flcore/protocol.py
+        self.server = runtime
+        self.flat = runtime.model
         self.stats: dict[str, int] = {}
         self._noticed: set[str] = set()
         self._model_reason: str | None | bool = False  # False = not checked yet, None = fits

@@ -5,14 +5,25 @@ An engine is handed the cohort and the round's package and returns the updates i
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.engines.base import Engine
+from flcore.engines.precision import check_precision, precision_context
 from flcore.registry import register_engine
+
+if TYPE_CHECKING:
+    from flcore.servers.serverbase import Server
 
 
 @register_engine("sequential")
 class SequentialEngine(Engine):
     """Train each client of the cohort in turn on the server's working model."""
 
+    def __init__(self, server: "Server"):
+        super().__init__(server)
+        self.precision = check_precision(server.args, self.flat.device)
+
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
-        return [client.local_train(self.flat, package) for client in clients]
+        with precision_context(self.precision, self.flat.device):  # --precision (fp32: no change)
+            return [client.local_train(self.flat, package) for client in clients]

@@ -53,13 +53,14 @@ import torch
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
 from flcore.engines.base import Engine, has_dropout
+from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import FlatModel
 from flcore.registry import register_engine
 from utils.cli import add_flag
 from utils.errors import FLError
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 
 def available_cores() -> int:
@@ -79,12 +80,13 @@ class ThreadedEngine(Engine):
                  help="threaded engine: worker threads, each training whole clients on one intra-op "
                       "thread (0 = one per CPU core)")
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: "Runtime"):
         super().__init__(server)
         requested = int(getattr(server.args, "workers", 0) or 0)
         if requested < 0:
             raise FLError(f"--workers must be >= 0, got {requested}")
         self.num_workers = requested or available_cores()
+        self.precision = check_precision(server.args, self.flat.device)
         self._models: list[FlatModel] = []
         self._local = threading.local()
         self._pool: ThreadPoolExecutor | None = None
@@ -109,7 +111,12 @@ class ThreadedEngine(Engine):
         return model
 
     def _train_one(self, job: LocalJob) -> tuple[torch.Tensor, float]:
-        return job.client.train_job(job, self._worker_model())
+        with precision_context(self.precision, self.flat.device):  # autocast is per thread: entered here
+            return job.client.train_job(job, self._worker_model())
+
+    def train_sequentially(self, client: Client, package: RoundPackage) -> ClientUpdate:
+        with precision_context(self.precision, self.flat.device):
+            return super().train_sequentially(client, package)
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:

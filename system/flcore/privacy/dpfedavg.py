@@ -36,8 +36,7 @@ from utils.errors import FLError
 from utils.seeding import torch_generator
 
 if TYPE_CHECKING:
-    from flcore.clients.clientbase import ClientUpdate, RoundPackage
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import ClientUpdate, RoundPackage
 
 
 @dataclass(frozen=True)
@@ -52,18 +51,19 @@ class DPFedAvg:
         """w_k = min(n_k / ŵ, 1)."""
         return min(num_samples / self.weight_cap, 1.0)
 
-    def aggregate(self, server: "Server", updates: list["ClientUpdate"], package: "RoundPackage") -> torch.Tensor:
-        """The new global model from the round's uploads (the fixed-denominator estimator)."""
+    def aggregate(self, clients: list, seed: int, updates: list["ClientUpdate"], package: "RoundPackage") -> torch.Tensor:
+        """The new global model from the round's uploads (the fixed-denominator estimator);
+        ``clients``: every client of the run (W sums their weights); ``seed``: the run's."""
         start = package.global_params
-        total_weight = sum(self.weight(c.num_train) for c in server.clients)
-        expected_weight = package.cohort_size / len(server.clients) * total_weight  # qW
+        total_weight = sum(self.weight(c.num_train) for c in clients)
+        expected_weight = package.cohort_size / len(clients) * total_weight  # qW
         summed = torch.zeros_like(start)
         for update in updates:
             delta = update.params - start
             factor = min(1.0, self.clip / (float(delta.norm()) + 1e-12))
             summed.add_(delta, alpha=self.weight(update.num_samples) * factor)
         if self.sigma > 0:
-            generator = torch_generator(server.args.seed, "dp-server", package.round, device=start.device)
+            generator = torch_generator(seed, "dp-server", package.round, device=start.device)
             noise = torch.randn(start.shape, generator=generator, device=start.device, dtype=start.dtype)
             summed.add_(noise, alpha=self.sigma * self.clip)
         return start + summed / expected_weight
@@ -82,9 +82,7 @@ def dp_fedavg_config(args, clients) -> DPFedAvg | None:
 
 def check_composable(server_cls: type) -> None:
     """Refuse (one line) an algorithm whose aggregation DP-FedAvg would replace."""
-    from flcore.servers.serverbase import Server
-
-    if server_cls.aggregate is not Server.aggregate:
+    if "aggregate" in server_cls.capabilities.overrides:
         raise FLError(
             f"--dp_update_clip: DP-FedAvg replaces FedAvg's weighted mean of the uploaded models, but "
             f"{getattr(server_cls, 'registered_name', server_cls.__name__)} aggregates its own way"

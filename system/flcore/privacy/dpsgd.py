@@ -1,6 +1,7 @@
 """Sample-level DP-SGD on the client (Abadi et al. 2016), on the flat-vector local step.
 
-``-dp`` turns every local step of ``Client.sgd`` into a DP-SGD step (``Client.step_gradient``)::
+``-dp`` makes :class:`DPSGD` the clients' local-step strategy (``flcore/clients/localstep.py``), so
+every local step of ``Client.sgd`` is a DP-SGD step (``Client.step_gradient`` asks the strategy)::
 
     g_i   = ∇ loss(w; x_i, y_i)                       per-sample gradients (torch.func.vmap of grad)
     ĝ_i   = g_i · min(1, C / (‖g_i‖ + 1e-6))           clipped to C (--dp_clip; opacus's clip factor)
@@ -44,31 +45,62 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
+from flcore.capabilities import LOCAL_PROCEDURE
+from flcore.clients.localstep import LocalStep
 from flcore.flat import FlatModel, Net
+from flcore.registry import register_local_step
+from flcore.trainmodel.properties import has_batchnorm, has_dropout
 from utils.errors import FLError
 from utils.seeding import torch_generator
 
 if TYPE_CHECKING:
     from flcore.clients.clientbase import Client
+    from flcore.protocol import LocalJob
 
 #: opacus's guard against a zero norm in the clip factor C / (‖g‖ + eps)
 CLIP_EPS = 1e-6
 SAMPLINGS = ("poisson", "shuffle")
 
 
+@register_local_step("dp-sgd")
 @dataclass(frozen=True)
-class DPSGD:
-    """The DP-SGD settings of a run (one object shared by every client; it holds no state)."""
+class DPSGD(LocalStep):
+    """DP-SGD's local step with the run's settings (one object shared by every client; it holds no
+    state). What the accountant charges each client, its number of DP-SGD steps, is the client's
+    ``dp_steps`` (carried across rounds, counted after each round's job)."""
 
     clip: float
     sigma: float
     sampling: str
+
+    name: ClassVar[str] = "DP-SGD (per-sample gradients, Poisson batches)"
+    carried: ClassVar[tuple[str, ...]] = ("dp_steps",)
+    plain: ClassVar[bool] = False
+
+    @classmethod
+    def wanted(cls, args) -> bool:
+        return bool(getattr(args, "privacy", False))
+
+    @classmethod
+    def from_args(cls, args) -> "DPSGD":
+        return _shared(float(args.dp_clip), float(args.dp_sigma), str(args.dp_sampling))
+
+    def prepare(self, client: "Client") -> None:
+        client.dp_steps = 0  # DP-SGD steps taken so far: what the accountant charges this client for
+
+    def job_finished(self, client: "Client", job: "LocalJob") -> None:
+        client.dp_steps += job.steps
+
+    def batch_plan(self, client: "Client", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
+        if self.poisson:  # the accountant assumes Poisson batches
+            return self.poisson_plan(client, rnd, epochs)
+        return client.shuffled_plan(rnd, epochs, purpose)
 
     @property
     def poisson(self) -> bool:
@@ -94,12 +126,12 @@ class DPSGD:
         return plan
 
     # ----------------------------------------------------------------- one step
-    def gradient(self, client: "Client", model: FlatModel, idx: torch.Tensor, ctx: dict,
-                 at: tuple[int, int]) -> torch.Tensor:
+    def gradient(self, client: "Client", model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int,
+                 step: int) -> torch.Tensor:
         """Leave the privatised gradient of minibatch ``idx`` in ``model.grad``; returns the mean loss.
 
-        ``at`` = (round, local step) names the step's noise stream (``Client.step_gradient``)."""
-        rnd, step = at
+        (``rnd``, ``step``) name the step's noise stream (``Client.step_gradient``)."""
+        client.count_gradient_samples(idx)
         model.zero_grad()
         divisor = client.batch_size if self.poisson else len(idx)
         loss = torch.zeros((), device=model.device)
@@ -151,26 +183,20 @@ def _shared(clip: float, sigma: float, sampling: str) -> DPSGD:
 
 def dp_sgd_config(args) -> DPSGD | None:
     """The run's DP-SGD settings (one object for all clients), or None without ``-dp``."""
-    if not getattr(args, "privacy", False):
-        return None
-    return _shared(float(args.dp_clip), float(args.dp_sigma), str(args.dp_sampling))
+    return DPSGD.from_args(args) if DPSGD.wanted(args) else None
 
 
 def check_composable(client_cls: type, model: FlatModel) -> None:
     """Refuse (one line) an algorithm or a model DP-SGD cannot privatise correctly."""
-    from flcore.clients.clientbase import Client
-    from flcore.engines.base import has_dropout
-
-    own = [name for name in ("train_job", "local_train", "sgd", "step_gradient", "compute_gradient", "local_loss")
-           if getattr(client_cls, name) is not getattr(Client, name)]
-    if own or not client_cls.vectorisable:
+    caps = client_cls.capabilities
+    own = [name for name in (*LOCAL_PROCEDURE, "local_loss") if name in caps.overrides]
+    if own or not caps.vectorisable:
         what = f"overrides {', '.join(own)}" if own else "is not vectorisable (its hooks touch shared state)"
         raise FLError(
             f"-dp: DP-SGD composes with algorithms whose local step is SGD on the cross-entropy plus a "
             f"gradient term; {client_cls.__name__} {what}"
         )
-    batchnorm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.module.modules())
-    if batchnorm or model.num_total > model.num_params or has_dropout(model.module):
+    if has_batchnorm(model.module) or model.num_total > model.num_params or has_dropout(model.module):
         raise FLError(
             "-dp: DP-SGD needs per-sample gradients, which a model with BatchNorm or dropout does not have; "
             "use -m CNN, DNN, MLP, MLR or a -GN model"

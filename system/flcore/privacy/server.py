@@ -1,11 +1,11 @@
-"""The server's side of differential privacy: start-up checks, DP-FedAvg's aggregation, and the
-per-round ε recorded in the run's history.
+"""The server's side of differential privacy, as a round plug-in (``flcore/plugins``): start-up
+checks, DP-FedAvg's aggregation, and the per-round ε recorded in the run's history.
 
-``Server`` calls three things (``flcore/servers/serverbase.py``): :func:`make_server_privacy` once
-(None when the run uses no DP), :meth:`ServerPrivacy.aggregate` in place of ``aggregate`` and
-:meth:`ServerPrivacy.account` after each training round. What persists lives where a checkpoint
-finds it: each client's DP-SGD step count in ``client.dp_steps`` (counted by ``finish_job``) and
-the sampling rate of every DP-FedAvg round in ``server.dp_user_rates``.
+:class:`PrivacyPlugin` is wanted when a run uses ``-dp`` (DP-SGD, whose steps are the clients'
+local-step strategy, ``flcore/privacy/dpsgd.py``) or ``--dp_update_clip`` (DP-FedAvg, which then
+takes over aggregation). What persists lives where a checkpoint finds it: each client's DP-SGD
+step count in ``client.dp_steps`` (carried client state, counted by the strategy) and the sampling
+rate of every DP-FedAvg round in this plug-in's ``state_dict``.
 
 Series (saved as ``rs_<name>``, one entry per training round):
 
@@ -19,68 +19,74 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
+import torch
+
+from flcore.plugins import RoundPlugin
 from flcore.privacy import accounting, dpfedavg, dpsgd
-
-if TYPE_CHECKING:
-    from flcore.clients.clientbase import ClientUpdate, RoundPackage
-    from flcore.servers.serverbase import Server
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.registry import register_plugin
 
 log = logging.getLogger("fl")
 
 
-class ServerPrivacy:
-    """DP-SGD's accounting and DP-FedAvg's aggregation for one server."""
+@register_plugin("privacy")
+class PrivacyPlugin(RoundPlugin):
+    """DP-SGD's accounting and DP-FedAvg's aggregation for one run."""
 
-    def __init__(self, server: "Server"):
-        args = server.args
-        self.server = server
-        self.sgd = dpsgd.dp_sgd_config(args)  # the object every client holds as ``client.dp``
-        self.central = dpfedavg.dp_fedavg_config(args, server.clients)
+    order = 50
+
+    @classmethod
+    def wanted(cls, args) -> bool:
+        return bool(getattr(args, "privacy", False)) or float(getattr(args, "dp_update_clip", 0.0) or 0.0) > 0
+
+    def __init__(self, runtime: Runtime, server_cls: type):
+        super().__init__(runtime, server_cls)
+        args = runtime.args
+        self.sgd = dpsgd.dp_sgd_config(args)  # the local-step strategy every client holds
+        self.central = dpfedavg.dp_fedavg_config(args, runtime.clients)
+        self.takes_aggregation = self.central is not None
         self.accountant = str(args.dp_accountant)
         self.delta = float(args.dp_delta)
         self._epsilons: dict = {}  # a cache of ε per (q, steps): recomputed after a resume
+        #: q_t = |C_t| / N of every round DP-FedAvg aggregated (the user-level accountant's steps)
+        self.user_rates: list[float] = []
         if self.sgd is not None:
-            dpsgd.check_composable(server.client_cls, server.model)
+            dpsgd.check_composable(server_cls.client_cls, runtime.model)
         if self.central is not None:
-            dpfedavg.check_composable(type(server))
-            if not hasattr(server, "dp_user_rates"):
-                server.dp_user_rates = []
+            dpfedavg.check_composable(server_cls)
         accounting.accountant_class(self.accountant)  # opacus is present, or one line now
         if self.sgd is not None and not self.sgd.poisson:
             log.warning("warning: --dp_sampling shuffle: ε is computed as for Poisson sampling at q = B/n "
                         "(PFLlib's reading), an approximation for shuffled batches")
 
-    def aggregate(self, updates: list["ClientUpdate"], package: "RoundPackage") -> None:
-        """DP-FedAvg's clipped, noised mean when ``--dp_update_clip`` is on, else the algorithm's own."""
-        if self.central is None:
-            self.server.aggregate(updates, package)
-            return
-        self.server.global_params = self.central.aggregate(self.server, updates, package)
-        self.server.dp_user_rates.append(package.cohort_size / len(self.server.clients))
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> torch.Tensor:
+        """DP-FedAvg's clipped, noised mean (only with ``--dp_update_clip``)."""
+        clients = self.runtime.clients
+        self.user_rates.append(package.cohort_size / len(clients))
+        return self.central.aggregate(clients, self.args.seed, updates, package)
 
-    def account(self) -> None:
+    def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
         """Record this round's ε (the privacy spent so far) in the history."""
         if self.sgd is not None:
-            self.server.history.add_series("dp_epsilon", self.sample_epsilon())
+            self.runtime.history.add_series("dp_epsilon", self.sample_epsilon())
         if self.central is not None:
-            self.server.history.add_series("dp_user_epsilon", self.user_epsilon())
+            self.runtime.history.add_series("dp_user_epsilon", self.user_epsilon())
 
     def sample_epsilon(self) -> float:
-        clients = [(self.sgd.sample_rate(c.num_train, c.batch_size), c.dp_steps) for c in self.server.clients]
+        clients = [(self.sgd.sample_rate(c.num_train, c.batch_size), c.dp_steps) for c in self.runtime.clients]
         return accounting.worst_client_epsilon(self.accountant, self.sgd.sigma, self.delta, clients, self._epsilons)
 
     def user_epsilon(self) -> float:
-        steps = accounting.compress(self.server.dp_user_rates)
+        steps = accounting.compress(self.user_rates)
         return accounting.epsilon(self.accountant, self.central.sigma, steps, self.delta)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"user_rates": list(self.user_rates)}
 
-def make_server_privacy(server: "Server") -> ServerPrivacy | None:
-    """The server's privacy machinery, or None when the run uses neither ``-dp`` nor DP-FedAvg."""
-    if not getattr(server.args, "privacy", False) and float(getattr(server.args, "dp_update_clip", 0.0) or 0.0) <= 0:
-        return None
-    return ServerPrivacy(server)
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.user_rates = [float(q) for q in state["user_rates"]]
 
 
 def privacy_summary(history, args) -> dict[str, float]:

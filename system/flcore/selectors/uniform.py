@@ -5,7 +5,7 @@ and crash); ``-rjr`` draws the size uniformly from [floor(nc * jr), nc] each rou
 round t depends only on (seed, t), and the cohort is returned sorted so aggregation runs in
 client-id order.
 
-Restrictions (the virtual clock's availability and ``-ts``, ``flcore/clock.py``) reach every policy
+Restrictions (the virtual clock's availability and ``-ts``, ``flcore/plugins/clock.py``) reach every policy
 through :meth:`UniformSelector.allowed`: the draw is then made among the allowed clients only, with
 the same (seed, t) stream, and a cohort larger than them is all of them. Without restrictions the
 draw is exactly the unrestricted one.

@@ -2,14 +2,20 @@
 
 One round (PFLlib's order), :meth:`Server.run_round`::
 
+    plug-ins: before_selection(t, selecting)   the clock waits for an available client
     cohort  = select_clients(t)
     evaluate(t)                      every -eg rounds, before training, so entry 0 is the initial model
     package = make_package(t, cohort)
     updates = engine.train(clients, package)   the one seam to local training
     updates = drop_uploads(updates)            -cdr
-    updates = clock.finish_round(...)          the virtual clock times the round; -tth
-    aggregate(updates, package)                then the private part of the model is restored
+    updates = plug-ins: after_training(...)    the virtual clock times the round; -tth
+    aggregate(updates, package)                or the one plug-in that takes it over (DP-FedAvg);
+                                               then the private part of the model is restored
     after_round(t, package, updates)
+    plug-ins: after_round(...)                 per-round series (ε of the privacy spent)
+
+Round plug-ins (``flcore/plugins``: the virtual clock, differential privacy) are built from the
+flags through their registry, here, so every way of building a server gets the same ones.
 
 ``train`` runs it for every round and hands each :class:`RoundResult` to callbacks (history,
 progress bar, auto-break); the benchmark and the tests call ``run_round`` themselves.
@@ -29,18 +35,20 @@ from __future__ import annotations
 import logging
 import time
 from argparse import ArgumentParser, Namespace
-from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage, Task, with_private_part
-from flcore.clock import VirtualClock
+from flcore.capabilities import SERVER_HOOKS, Capabilities
+from flcore.clients.clientbase import Client
+from flcore.clients.localstep import local_step_for
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
-from flcore.privacy.server import make_server_privacy
+from flcore.plugins import RoundPlugin, plugins_for
+# RoundResult is the protocol's; importable from here as before
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, Task, with_private_part  # noqa: F401
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
@@ -77,6 +85,12 @@ class Server:
     selector_name: ClassVar[str | None] = None
     #: the part of the model clients upload and the server aggregates (see ``FlatModel.shared_mask``)
     shared: ClassVar[str | Sequence[str]] = "all"
+    #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
+    capabilities: ClassVar[Capabilities]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.capabilities = Capabilities.of(cls, Server, SERVER_HOOKS)
 
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
@@ -89,19 +103,20 @@ class Server:
         self.model = FlatModel(module, device)
         self.global_params = self.model.snapshot()
         self.shared_mask = self.model.shared_mask(self.shared_parts())
-        self.state = make_state_store(args, device)
+        state = make_state_store(args, device)
         task = Task(dataset.num_classes, self.model.num_params)
-        self.clients = [self.client_cls(i, data, args, self.state, task) for i, data in enumerate(dataset.clients)]
+        local_step = local_step_for(args)  # plain SGD, or DP-SGD with -dp
+        self.clients = [self.client_cls(i, data, args, state, task, local_step) for i, data in enumerate(dataset.clients)]
         self._mark_slow_clients()
-        #: virtual seconds since the start of training (flcore/clock.py); the clock holds the speeds
-        self.virtual_time = 0.0
-        self.clock = VirtualClock(self)
-        self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
-        self.engine = ENGINES.get(args.engine)(self)
         self.history = RunHistory()
-        self.evaluator = Evaluator(self)
+        #: what the evaluator, the engine and the plug-ins need of the run (flcore/protocol.py)
+        self.runtime = Runtime(args, dataset, device, self.model, self.clients, state, self.history, self.shared_mask)
+        #: round plug-ins by name, in calling order (the virtual clock; privacy with -dp)
+        self.plugins: dict[str, RoundPlugin] = plugins_for(self.runtime, type(self))
+        self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
+        self.engine = ENGINES.get(args.engine)(self.runtime)
+        self.evaluator = Evaluator(self.runtime)
         self.setup()
-        self.privacy = make_server_privacy(self)  # -dp / DP-FedAvg (flcore/privacy), else None
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -115,9 +130,15 @@ class Server:
         return self.selector.select(rnd)
 
     def selectable(self, rnd: int) -> np.ndarray | None:
-        """Which clients a selection policy may pick in round ``rnd`` (a boolean mask; None: any).
-        The virtual clock's availability and ``-ts`` restrictions; every policy honours it."""
-        return self.clock.selectable(self.virtual_time)
+        """Which clients a selection policy may pick in round ``rnd`` (a boolean mask; None: any):
+        what every plug-in allows (the virtual clock's availability and ``-ts``); every policy
+        honours it."""
+        allowed = None
+        for plugin in self.plugins.values():
+            mask = plugin.selectable(rnd)
+            if mask is not None:
+                allowed = mask if allowed is None else allowed & mask
+        return allowed
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         return self.package(rnd, cohort)
@@ -142,6 +163,21 @@ class Server:
         return self.shared
 
     # ------------------------------------------------------------ helpers
+    @property
+    def state(self):
+        """The per-client state store (``flcore/state.py``); an engine may replace it (Ray's driver
+        copy), so it is read from the runtime they share."""
+        return self.runtime.state
+
+    def plugin(self, name: str) -> RoundPlugin:
+        """The run's plug-in registered as ``name`` (``"clock"``, ``"privacy"``)."""
+        return self.plugins[name]
+
+    @property
+    def virtual_time(self) -> float:
+        """Virtual seconds since the start of training (the clock plug-in's reading)."""
+        return self.plugins["clock"].now
+
     def package(self, rnd: int, cohort: list[int], **parts) -> RoundPackage:
         """The round's package with this server's global model and shared mask; ``parts`` are
         RoundPackage fields (``extras``, ``payloads``)."""
@@ -157,10 +193,10 @@ class Server:
         (when ``train``); ``cohort`` replaces the selection."""
         start = time.perf_counter()
         result = RoundResult(rnd)
+        plugins = list(self.plugins.values())
         if train:
-            round_began = self.virtual_time
-            if cohort is None:  # the server waits until a client it may select is available
-                self.virtual_time = self.clock.wait_for_clients(self.virtual_time)
+            for plugin in plugins:
+                plugin.before_selection(rnd, selecting=cohort is None)
             result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
         if evaluate:
             result.evaluation = self.evaluate(rnd)
@@ -168,23 +204,23 @@ class Server:
         if train:
             package = result.package = self.make_package(rnd, result.cohort)
             trained = self.engine.train([self.clients[i] for i in result.cohort], package)
-            arrived = self.drop_uploads(rnd, trained)
-            updates, seconds = self.clock.finish_round(self, package, trained, arrived)
-            self.virtual_time += seconds
-            result.virtual_seconds = self.virtual_time - round_began
+            updates = self.drop_uploads(rnd, trained)
+            for plugin in plugins:
+                updates = plugin.after_training(package, trained, updates, result)
             result.updates = updates
             if updates:
                 previous = self.global_params
-                if self.privacy is not None:  # DP-FedAvg's clipped, noised mean, or the algorithm's own
-                    self.privacy.aggregate(updates, package)
+                taker = next((p for p in plugins if p.takes_aggregation), None)
+                if taker is not None:  # DP-FedAvg's clipped, noised mean
+                    self.global_params = taker.aggregate(updates, package)
                 else:
                     self.aggregate(updates, package)
                 if self.shared_mask is not None:  # the private part is no part of the global model
                     self.global_params = torch.where(self.shared_mask, self.global_params, previous)
                 self._check_finite(rnd, updates)
             self.after_round(rnd, package, updates)
-            if self.privacy is not None:
-                self.privacy.account()
+            for plugin in plugins:
+                plugin.after_round(rnd, package, updates, result)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
         result.seconds = time.perf_counter() - start
@@ -238,7 +274,7 @@ class Server:
             if count:
                 chosen = numpy_rng(self.args.seed, purpose).choice(len(self.clients), count, replace=False)
                 for i in chosen:
-                    setattr(self.clients[int(i)], attribute, True)
+                    self.clients[int(i)].configure(**{attribute: True})
 
     def _check_finite(self, rnd: int, updates: list[ClientUpdate]) -> None:
         if not bool(torch.isfinite(self.global_params).all()):
@@ -279,25 +315,6 @@ class Server:
         return result
 
 
-@dataclass
-class RoundResult:
-    """What one round produced (``Server.run_round``)."""
-
-    round: int
-    cohort: list[int] = field(default_factory=list)
-    package: RoundPackage | None = None
-    updates: list[ClientUpdate] = field(default_factory=list)
-    evaluation: EvalResult | None = None
-    seconds: float = 0.0
-    eval_seconds: float = 0.0
-    #: the round's duration on the virtual clock (flcore/clock.py), waits included
-    virtual_seconds: float = 0.0
-
-    @property
-    def trained(self) -> bool:
-        return self.package is not None
-
-
 def record_round(server: Server, result: RoundResult) -> None:
     """Callback: time, traffic and uploads of a training round into the run's history."""
     if not result.trained:
@@ -307,8 +324,8 @@ def record_round(server: Server, result: RoundResult) -> None:
     history.bytes_down.append(result.package.total_nbytes())
     history.bytes_up.append(sum(u.nbytes() for u in result.updates))
     history.clients_per_round.append(len(result.updates))
-    history.add_series("virtual_time", server.virtual_time)
-    history.add_series("virtual_round_time", result.virtual_seconds)
+    for plugin in server.plugins.values():
+        plugin.record(result)
 
 
 def stop_when_stalled(server: Server, result: RoundResult) -> bool:

@@ -118,7 +118,7 @@ class FedGenServer(Server):
             torch.bincount(c.data.train_y.cpu(), minlength=self.num_classes) for c in self.clients
         ]).double()
         for client in self.clients:
-            client.generator = self.generator  # the architecture; its weights travel in the package
+            client.configure(generator=self.generator)  # the architecture; its weights travel in the package
 
     def _feature_dim(self) -> int:
         x = self.dataset.sample_inputs(2).to(self.device)

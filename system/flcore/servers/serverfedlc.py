@@ -33,7 +33,7 @@ class FedLCServer(Server):
         if self.hp.fedlc_counts == "global":
             total = sum(client.label_counts() for client in self.clients)
             for client in self.clients:
-                client.global_counts = total
+                client.configure(global_counts=total)
 
     def summary(self) -> dict[str, object]:
         return {"tau": self.hp.tau, "fedlc_counts": self.hp.fedlc_counts}

@@ -38,6 +38,10 @@ from flcore.registry import register_model
 from flcore.trainmodel.models import SplitModel
 
 PADDING_ID = 0
+#: PFLlib's defaults of -vs and -fd, for a model built without flags (utils/cli.py declares the
+#: flags with the same values; tests/models/test_text_models.py checks that they agree)
+PFLLIB_VOCAB_SIZE = 80
+PFLLIB_FEATURE_DIM = 512
 
 
 def text_options(name: str, input_shape: Sequence[int], args: Namespace | None) -> tuple[int, int, int]:
@@ -45,13 +49,11 @@ def text_options(name: str, input_shape: Sequence[int], args: Namespace | None) 
     defaults (``-vs 80 -fd 512``) when no arguments are given."""
     if len(input_shape) != 1:
         raise ValueError(f"{name} needs token-id inputs [sequence length], got {list(input_shape)}")
-    from utils.cli import PFLLIB_VOCAB_SIZE, generic_parser  # the defaults live with the flags
-
-    if args is None:
-        args = generic_parser().parse_args([])
     # -vs unset: main.build_model fills in config.json's vocab_size; a bare factory call gets PFLlib's.
-    vocab = int(args.vocab_size if args.vocab_size is not None else PFLLIB_VOCAB_SIZE)
-    width, length = int(args.feature_dim), int(input_shape[0])
+    vocab_size = getattr(args, "vocab_size", None)
+    vocab = int(vocab_size if vocab_size is not None else PFLLIB_VOCAB_SIZE)
+    width = int(getattr(args, "feature_dim", PFLLIB_FEATURE_DIM))
+    length = int(input_shape[0])
     if vocab < 1 or width < 1 or length < 1:
         raise ValueError(f"{name} needs -vs, -fd and the sequence length >= 1, got {vocab}, {width}, {length}")
     return vocab, width, length

@@ -70,11 +70,11 @@ Trace file (``--client_trace FILE.csv``): a header line, then one row per client
   ``(t + offset) mod period < duty · period``. A row uses one form or the other.
 A bad file is one line naming the file, the line and the column (exit status 2).
 
-The cumulative virtual time lives in ``Server.virtual_time`` and each client's time cost in
-``Client.virtual_seconds``/``Client.virtual_rounds`` (plain numbers the checkpoint keeps); the clock
-object itself holds only what the seed and the trace determine. ``record_round`` stores
-``rs_virtual_time`` (virtual seconds at the end of each training round) and
-``rs_virtual_round_time`` (each round's duration, waits included).
+The clock is a round plug-in (``flcore/plugins/__init__.py``), in every run. What persists across
+rounds is its ``state_dict`` (the checkpoint keeps it): the cumulative virtual time ``now`` and each
+client's time cost, ``client_seconds``/``client_rounds``; the rest is what the seed and the trace
+determine. After each training round it records ``rs_virtual_time`` (virtual seconds at the end
+of the round) and ``rs_virtual_round_time`` (the round's duration, waits included).
 """
 from __future__ import annotations
 
@@ -82,16 +82,15 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from flcore.plugins import RoundPlugin
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.registry import register_plugin
 from utils.errors import FLError
 from utils.seeding import numpy_rng
-
-if TYPE_CHECKING:
-    from flcore.clients.clientbase import ClientUpdate, RoundPackage
-    from flcore.servers.serverbase import Server
 
 #: PFLlib's default -tth; left at it (and without -ts) no upload is dropped for its time
 PFLLIB_DEFAULT_THRESHOLD = 10000.0
@@ -279,12 +278,16 @@ def _parse_windows(text: str, fail) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------- the clock
-class VirtualClock:
+@register_plugin("clock")
+class VirtualClock(RoundPlugin):
     """Speeds, availability and the timing of rounds (module docstring)."""
 
-    def __init__(self, server: "Server"):
-        args = server.args
-        clients = server.clients
+    order = 10  # first: its restrictions shape the selection, and -tth which uploads count
+
+    def __init__(self, runtime: Runtime, server_cls: type):
+        super().__init__(runtime, server_cls)
+        args = runtime.args
+        clients = runtime.clients
         trace = getattr(args, "client_trace", None)
         if trace:
             self.profiles = read_trace(trace, len(clients))
@@ -301,7 +304,7 @@ class VirtualClock:
         self.threshold = float(args.time_threthold)
         #: whether -tth discards uploads (module docstring: PFLlib's default alone does not)
         self.drops_late = self.time_select or self.threshold != PFLLIB_DEFAULT_THRESHOLD
-        self.predicted = self._predicted_seconds(server)
+        self.predicted = self._predicted_seconds(runtime)
         self.fast_enough = self.predicted <= self.threshold if self.time_select else np.ones(len(clients), dtype=bool)
         if not self.fast_enough.any():
             raise FLError(
@@ -309,21 +312,53 @@ class VirtualClock:
                 f"(the fastest needs {self.predicted.min():.4g}); raise -tth"
             )
         self.restricts_selection = self.time_select or self.profiles.limited
+        #: virtual seconds since the start of training
+        self.now = 0.0
+        #: each client's virtual seconds over the rounds it trained in, and their number (-tth)
+        self.client_seconds = np.zeros(len(clients))
+        self.client_rounds = np.zeros(len(clients), dtype=np.int64)
+        self._round_began = 0.0
 
-    def _predicted_seconds(self, server: "Server") -> np.ndarray:
+    def _predicted_seconds(self, runtime: Runtime) -> np.ndarray:
         """Each client's expected round time from what the server knows in advance (docstring)."""
-        params = server.global_params
-        shared = params.numel() if server.shared_mask is None else int(server.shared_mask.sum())
-        model_bytes = shared * params.element_size()
-        samples = [client.expected_gradient_samples() for client in server.clients]
+        vector = runtime.model.vector
+        shared = vector.numel() if runtime.shared is None else int(runtime.shared.sum())
+        model_bytes = shared * vector.element_size()
+        samples = [client.expected_gradient_samples() for client in runtime.clients]
         return model_bytes / self.down + np.asarray(samples, dtype=np.float64) / self.compute + model_bytes / self.up
 
+    # ------------------------------------------------------------------ plug-in hooks
+    def before_selection(self, rnd: int, selecting: bool) -> None:
+        self._round_began = self.now
+        if selecting:  # the server waits until a client it may select is available
+            self.now = self.wait_for_clients(self.now)
+
+    def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
+                       result: RoundResult) -> list[ClientUpdate]:
+        kept, seconds = self.finish_round(package, trained, arrived)
+        self.now += seconds
+        result.virtual_seconds = self.now - self._round_began
+        return kept
+
+    def record(self, result: RoundResult) -> None:
+        self.runtime.history.add_series("virtual_time", self.now)
+        self.runtime.history.add_series("virtual_round_time", result.virtual_seconds)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"now": self.now, "client_seconds": self.client_seconds.copy(), "client_rounds": self.client_rounds.copy()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.now = float(state["now"])
+        self.client_seconds = np.asarray(state["client_seconds"], dtype=np.float64).copy()
+        self.client_rounds = np.asarray(state["client_rounds"], dtype=np.int64).copy()
+
     # ------------------------------------------------------------------- selection
-    def selectable(self, now: float) -> np.ndarray | None:
-        """Which clients may be selected at virtual time ``now``; None when nothing restricts it."""
+    def selectable(self, rnd: int) -> np.ndarray | None:
+        """Which clients may be selected now (the round's virtual start); None when nothing
+        restricts it."""
         if not self.restricts_selection:
             return None
-        return self.fast_enough & self.profiles.available(now)
+        return self.fast_enough & self.profiles.available(self.now)
 
     def wait_for_clients(self, now: float) -> float:
         """The round's start: ``now``, or the first later time a selectable client is available."""
@@ -338,8 +373,8 @@ class VirtualClock:
         return start
 
     # ---------------------------------------------------------------------- rounds
-    def finish_round(self, server: "Server", package: "RoundPackage", trained: list["ClientUpdate"],
-                     arrived: list["ClientUpdate"]) -> tuple[list["ClientUpdate"], float]:
+    def finish_round(self, package: RoundPackage, trained: list[ClientUpdate],
+                     arrived: list[ClientUpdate]) -> tuple[list[ClientUpdate], float]:
         """Time the round's clients, charge each its time cost, and drop the uploads -tth rejects.
 
         ``trained``: every upload the engine produced; ``arrived``: those -cdr kept. Returns the
@@ -349,16 +384,15 @@ class VirtualClock:
         kept = []
         for update in trained:
             i = update.index
-            client = server.clients[i]
             down_and_train = float(package.nbytes(i) / self.down[i] + update.samples_processed / self.compute[i])
             seconds = down_and_train + float(update.nbytes() / self.up[i])
-            client.virtual_seconds += seconds
-            client.virtual_rounds += 1
+            self.client_seconds[i] += seconds
+            self.client_rounds[i] += 1
             if id(update) not in reached:  # a drop-out: noticed when its upload should begin
                 duration = max(duration, down_and_train)
                 continue
             duration = max(duration, seconds)
-            if self.drops_late and client.virtual_seconds / client.virtual_rounds > self.threshold:
+            if self.drops_late and self.client_seconds[i] / self.client_rounds[i] > self.threshold:
                 continue
             kept.append(update)
         return kept, duration

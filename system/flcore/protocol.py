@@ -1,0 +1,171 @@
+"""The protocol types: what servers, clients, engines and plug-ins hand each other.
+
+This module is the floor of the federated layer (``docs/architecture.md``, "Layers"): clients,
+servers, engines, selectors and round plug-ins import their messages from here, and nothing here
+imports any of them. A type that a lower module must name (an engine naming a client, a plug-in
+naming the server it serves) is named through these types or under ``TYPE_CHECKING`` only.
+
+* :class:`RoundPackage`: what the server sends to the round's cohort.
+* :class:`ClientUpdate`: what one client uploads.
+* :class:`Task`: what every client knows of the run besides its own data.
+* :class:`LocalJob`: one client's local training in one round, as the sequence prepares it.
+* :class:`RoundResult`: what one round produced (``Server.run_round``).
+* :class:`Runtime`: what a service (evaluator, engine, plug-in) needs of a run: model, dataset,
+  device, settings, clients, state store and history, without the server that owns them.
+"""
+from __future__ import annotations
+
+from argparse import Namespace
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:  # annotations only: these modules sit at or below this layer's users
+    from flcore.flat import FlatModel
+    from flcore.state import ClientStateStore
+    from utils.data_utils import FederatedDataset
+    from utils.metrics import EvalResult
+    from utils.result_utils import RunHistory
+
+
+def tensor_nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes of a dictionary of tensors, as they travel (numel × element size)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def with_private_part(params: torch.Tensor, shared: torch.Tensor | None, private: torch.Tensor | None) -> torch.Tensor:
+    """``params`` with a client's ``private`` entries (those ``shared`` excludes) put in; ``params``
+    itself when nothing is private or the client has no private part yet."""
+    if shared is None or private is None:
+        return params
+    merged = params.clone()
+    merged[~shared] = private.to(merged.dtype)
+    return merged
+
+
+@dataclass
+class RoundPackage:
+    """What the server sends to the selected clients in one round.
+
+    ``extras`` go to every client; ``payloads[i]`` only to client ``i`` (FedAMP's and FedACS's
+    personalised models). ``shared`` masks the entries of the model that are sent and aggregated
+    (None: all of it); the others are each client's own."""
+
+    round: int
+    global_params: torch.Tensor
+    cohort: list[int]
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    payloads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    shared: torch.Tensor | None = None
+
+    @property
+    def cohort_size(self) -> int:
+        return len(self.cohort)
+
+    def payload(self, index: int) -> dict[str, torch.Tensor]:
+        return self.payloads.get(index, {})
+
+    @cached_property
+    def shared_numel(self) -> int:
+        """How many entries of the model are sent and aggregated (counted once per round)."""
+        return self.global_params.numel() if self.shared is None else int(self.shared.sum())
+
+    def nbytes(self, index: int | None = None) -> int:
+        """Bytes client ``index`` downloads (the shared part of the model, extras, its payload)."""
+        own = tensor_nbytes(self.payload(index)) if index is not None else 0
+        return self.shared_numel * self.global_params.element_size() + tensor_nbytes(self.extras) + own
+
+    def total_nbytes(self) -> int:
+        """Bytes the whole cohort downloads."""
+        return sum(self.nbytes(i) for i in self.cohort)
+
+
+@dataclass
+class ClientUpdate:
+    """What one client uploads after local training (``params`` = its final model vector)."""
+
+    index: int
+    num_samples: int
+    num_steps: int
+    params: torch.Tensor
+    loss: float
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    uploads_params: bool = True
+    #: how many entries of ``params`` are really sent (the shared part); None = all
+    shared_numel: int | None = None
+    #: training samples the client processed this round (its work on the virtual clock)
+    samples_processed: int = 0
+
+    def nbytes(self) -> int:
+        count = self.params.numel() if self.shared_numel is None else self.shared_numel
+        size = count * self.params.element_size() if self.uploads_params else 0
+        return size + tensor_nbytes(self.extras)
+
+
+@dataclass(frozen=True)
+class Task:
+    """What every client knows of the run besides its own data: the task's classes (not only those
+    it holds) and the length of the model's trainable prefix of the flat vector."""
+
+    num_classes: int
+    num_params: int
+
+
+@dataclass
+class LocalJob:
+    """One client's local training in one round, as the sequence prepares it for an engine.
+    ``client`` is the :class:`~flcore.clients.clientbase.Client` that runs it."""
+
+    client: Any
+    package: RoundPackage
+    plan: list
+    rng: tuple
+    ctx: dict = field(default_factory=dict)
+    start: torch.Tensor | None = None
+    lr: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.plan)
+
+
+@dataclass
+class RoundResult:
+    """What one round produced (``Server.run_round``)."""
+
+    round: int
+    cohort: list[int] = field(default_factory=list)
+    package: RoundPackage | None = None
+    updates: list[ClientUpdate] = field(default_factory=list)
+    evaluation: "EvalResult | None" = None
+    seconds: float = 0.0
+    eval_seconds: float = 0.0
+    #: the round's duration on the virtual clock (flcore/plugins/clock.py), waits included
+    virtual_seconds: float = 0.0
+
+    @property
+    def trained(self) -> bool:
+        return self.package is not None
+
+
+@dataclass
+class Runtime:
+    """What the services of a run share: the working model, the data, the device, the settings,
+    the clients, their state store and the run's history. The server builds it once and hands it
+    to its evaluator, engine and plug-ins, which need nothing else of the server."""
+
+    args: Namespace
+    dataset: "FederatedDataset"
+    device: torch.device
+    model: "FlatModel"
+    clients: list = field(default_factory=list)
+    state: "ClientStateStore | None" = None
+    history: "RunHistory | None" = None
+    #: the entries of the model that clients upload and the server aggregates (None: all)
+    shared: torch.Tensor | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return self.dataset.num_classes

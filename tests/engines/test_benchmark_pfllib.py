@@ -1,0 +1,54 @@
+"""benchmark.py's engine variants and its run of PFLlib's own main.py (``--pfllib DIR``)."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+import benchmark
+from toydata import make_dataset
+
+
+def test_engine_variants_become_flags():
+    assert benchmark.split_variant("batched") == ("batched", [])
+    assert benchmark.split_variant("batched+eager") == ("batched", ["--step_runner", "eager"])
+    assert benchmark.split_variant("batched+compiled+bf16") == (
+        "batched", ["--step_runner", "compiled", "--precision", "bf16"])
+    assert benchmark.split_variant("sequential", "tf32") == ("sequential", ["--precision", "tf32"])
+    assert benchmark.split_variant("sequential+fp32", "bf16") == ("sequential", [])
+    with pytest.raises(SystemExit, match="unknown variant"):
+        benchmark.split_variant("batched+fast")
+
+
+FAKE_MAIN = '''
+import sys, numpy as np
+args = sys.argv[1:]
+rounds = int(args[args.index("-gr") + 1]) + 1  # PFLlib runs -gr + 1 rounds
+data = np.load("../dataset/MNIST/train/0.npz", allow_pickle=True)["data"].tolist()  # PFLlib's format
+print("rows", len(data["y"]), data["x"].dtype, tuple(data["x"].shape[1:]))
+for i in range(rounds):
+    print("Averaged Test Accuracy: 0.{:04d}".format(5000 + i))
+    print("-" * 25, "time cost", "-" * 25, 2.0 + i)
+print("Average time cost per round.")
+'''
+
+
+def test_pfllib_own_run_gets_our_partition_in_its_format_and_its_round_times(tmp_path):
+    data = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[7, 9])
+    checkout = tmp_path / "PFLlib"
+    (checkout / "system").mkdir(parents=True)
+    (checkout / "system" / "main.py").write_text(textwrap.dedent(FAKE_MAIN))
+    own = benchmark.pfllib_own_run(checkout, data, "cpu", rounds=2, warmup=1, timeout=60)
+    assert "error" not in own, own
+    assert own["round_times"] == [2.0, 3.0, 4.0] and own["s_per_round"] == 3.5 and own["timed_rounds"] == 2
+    assert own["final_test_acc"] == pytest.approx(0.5002)
+    assert own["argv"][own["argv"].index("-gr") + 1] == "2" and "-nc" in own["argv"]
+    lines = benchmark.pfllib_lines(own, [{"config": "P1", "engine": "batched", "s_per_round": 0.5}])
+    assert "speed-up 7.00x" in lines[1]
+
+
+def test_pfllib_own_run_says_what_is_missing(tmp_path):
+    own = benchmark.pfllib_own_run(tmp_path, None, "cpu", 1, 1, 10)
+    assert "no system/main.py" in own["error"]
+    assert benchmark.pfllib_lines(own, [])[0].endswith(own["error"])
