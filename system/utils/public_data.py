@@ -36,14 +36,20 @@ log = logging.getLogger("fl")
 
 @dataclass
 class PublicData:
-    """The server's public samples (float inputs, or int64 token ids, and labels) and where they came from."""
+    """The server's public samples and where they came from: inputs as the dataset holds them (uint8
+    codes with their float ``table`` for 8-bit images, else floats or int64 token ids) and labels."""
 
     x: torch.Tensor
     y: torch.Tensor
     source: str
+    table: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    def inputs(self) -> torch.Tensor:
+        """The decoded inputs (floats, or token ids)."""
+        return decode_inputs(self.x, self.table)
 
 
 def public_data_of(dataset: FederatedDataset) -> PublicData | None:
@@ -104,8 +110,8 @@ def _draw_from_pool(dataset: FederatedDataset, fraction: float, seed: int) -> Fe
         merged["test"] = dataset.merged["test"]
     out = FederatedDataset(name=dataset.name, path=dataset.path, config=dict(dataset.config), clients=clients,
                            merged=merged, input_table=dataset.input_table)
-    out.public = PublicData(decode_inputs(x[drawn_rows], dataset.input_table), y[drawn_rows].clone(),
-                            f"{fraction:g} of the training pool, drawn from --seed {seed}")
+    out.public = PublicData(x[drawn_rows], y[drawn_rows].clone(), f"{fraction:g} of the training pool, drawn from "
+                            f"--seed {seed}", dataset.input_table)
     return out
 
 
@@ -122,4 +128,4 @@ def _from_folder(folder: Path, dataset: FederatedDataset, args: Namespace) -> Pu
     if len(y) and int(y.max()) >= dataset.num_classes:
         raise FLError(f"--public_data {folder}: label {int(y.max())} is no class of the task "
                       f"({dataset.num_classes} classes)")
-    return PublicData(decode_inputs(x, other.input_table), y, f"every training sample of {folder}")
+    return PublicData(x, y, f"every training sample of {folder}", other.input_table)

@@ -54,7 +54,7 @@ def test_two_rounds_by_hand():
              "--ktpfl_rho", "0.3", "--ktpfl_coef_lr", "2.0", *PUBLIC]
     server = build_server(make_args("KT-pFL", *flags, batch_size=8, local_epochs=2, drop_last=False,
                                     local_learning_rate=LR), data)
-    public_x = server.public_x.double()
+    public_x = server.public["public_x"].double()
     assert len(public_x) == 2  # 20% of 12 samples, taken from the clients
     assert sum(c.num_train for c in server.clients) == 10
     models = [server.global_params.double()] * 2
@@ -109,10 +109,10 @@ def test_lambda_zero_trains_exactly_like_local():
 def test_what_travels_and_partial_participation():
     data = random_dataset(num_clients=3, dim=4, num_classes=3, sizes=[20, 22, 19], seed=2)
     server = build_server(make_args("KT-pFL", *PUBLIC, batch_size=4), data)
-    samples = len(server.public_x)
+    samples = len(server.public["public_x"])
     first = run_round(server, 0, cohort=[0, 2])
     assert not first.package.payloads  # nobody has uploaded yet: nothing to distil
-    assert first.package.nbytes(0) == server.public_x.numel() * 4  # the public inputs
+    assert first.package.nbytes(0) == server.public["public_x"].numel() * 4  # the public inputs
     assert all(u.nbytes() == samples * 3 * 4 for u in first.updates)  # |public| x C soft predictions
     assert server.pool() == [0, 2]
     initial = build_server(make_args("KT-pFL", *PUBLIC, batch_size=4), data).global_params

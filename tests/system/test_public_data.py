@@ -46,6 +46,16 @@ def test_a_fraction_is_drawn_without_overlap_and_removed_from_the_clients():
     assert torch.equal(again.x, public.x) and not torch.equal(other.x, public.x)
 
 
+def test_eight_bit_inputs_stay_codes_with_their_table(tmp_path):
+    task = load_federated_dataset(str(make_dataset(tmp_path, "Bytes", num_clients=3, input_shape=(1, 4, 4),
+                                                   eight_bit=True)))
+    assert task.input_table is not None
+    x, _, _ = task.split("train")
+    public = public_data_of(with_public_data(args_for("0.25"), task))
+    assert public.x.dtype == torch.uint8 and public.table is task.input_table
+    assert public.inputs().dtype == torch.float32 and rows(public.inputs()) <= rows(task.input_table[x.long()])
+
+
 def test_a_folder_gives_all_its_training_samples(tmp_path):
     task = load_federated_dataset(str(make_dataset(tmp_path, "Task", num_clients=3, input_shape=(1, 4, 4))))
     folder = make_dataset(tmp_path, "Proxy", num_clients=2, input_shape=(1, 4, 4), train_sizes=[7, 5], seed=3)

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
 from utils.cli import add_flag
+from utils.data_utils import decode_inputs
 from utils.seeding import torch_generator
 
 
@@ -46,7 +47,7 @@ class KTpFLClient(Client):
         return super().expected_gradient_samples() + self.hp.ktpfl_steps * self.batch_size
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        ctx = {"public_x": package.extras["public_x"]}
+        ctx = {"public_x": decode_inputs(package.extras["public_x"], package.extras.get("public_table"))}
         target = package.payload(self.index).get("soft_target")
         if target is not None:
             ctx["soft_target"] = target
