@@ -399,6 +399,8 @@ def generic_parser() -> argparse.ArgumentParser:
                   f"else {PFLLIB_VOCAB_SIZE} (PFLlib's)")
     add_flag(g, "-ml", "--max_len", type=int, default=200, low=1, help="text length")
     add_flag(g, "-fs", "--few_shot", type=int, default=0, low=0, help="if > 0 keep at most fs training samples per label per client")
+    add_flag(g, "--public_data", type=str, default=None, help="a public dataset the server holds (KT-pFL): a fraction "
+             "of the training pool, removed from the clients (e.g. 0.02), or a generated dataset folder (utils/public_data.py)")
 
     p = parser.add_argument_group("practical (system heterogeneity, PFLlib)")
     add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0, low=0, below=1,
