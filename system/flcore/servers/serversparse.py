@@ -29,7 +29,7 @@ class SparseExchangeServer(Server):
     def setup(self) -> None:
         fraction = self.hp.kept_fraction
         if not 0.0 < fraction <= 1.0:
-            raise FLError(f"-kf (kept fraction) must be in (0, 1], got {fraction}")
+            raise FLError(f"-kf/--kept_fraction must be in (0, 1], got {fraction}")
         if any(plugin.takes_aggregation for plugin in self.plugins.values()):
             raise FLError(f"{self.args.algorithm} uploads sparse messages, which DP-FedAvg's clipped mean cannot take; "
                           "drop --dp_update_clip")
