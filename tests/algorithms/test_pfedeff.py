@@ -164,16 +164,22 @@ def test_upload_bytes_are_values_plus_positions_and_personal_masks_stay_home():
             assert bool((sent <= mask).all()) and int(sent.sum()) < int(mask.sum())  # a strict part of it
 
 
+def first_round_state(server, *names: str):
+    """Round 0 with partial participation: exactly its cohort holds the state ``names``; the others
+    are evaluated with the initial model. Returns (initial model, cohort)."""
+    init = server.global_params.clone()
+    cohort = run_round(server, 0).cohort
+    for i in range(len(server.clients)):
+        assert all(server.state.has(name, i) == (i in cohort) for name in names)
+        if i not in cohort:
+            assert torch.equal(server.eval_params(i), init)
+    return init, cohort
+
+
 def test_partial_participation_keeps_state_and_first_timers_start_from_init():
     data = random_dataset(num_clients=4, dim=4, num_classes=3, seed=4)
     server = build_server(make_args("pFedEff", "-kf", "0.5", join_ratio=0.5, batch_size=50, drop_last=False), data)
-    init = server.global_params.clone()
-    cohort0 = run_round(server, 0).cohort
-    for i in range(4):
-        trained = i in cohort0
-        assert server.state.has("mask", i) == trained and server.state.has("known", i) == trained
-        if not trained:
-            assert torch.equal(server.eval_params(i), init)
+    init, cohort0 = first_round_state(server, "mask", "known")
     before = {i: server.eval_params(i).clone() for i in range(4)}
     cohort1 = run_round(server, 1).cohort
     for i in set(range(4)) - set(cohort1):
