@@ -10,7 +10,7 @@ from torch import nn
 
 import main
 from flcore.clients.sparsemask import decode
-from fltest import build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round, trained_server
+from fltest import build_server, image_dataset, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round, trained_server
 from test_pfedeff import first_round_state
 from toydata import make_dataset
 
@@ -59,13 +59,27 @@ def test_hermes_channel_pruning_on_ten_parameters():
     #               w0    w1   w2 | b0   b1   b2 | classifier weights and bias
     theta = torch.tensor([0.6, -0.1, 0.3, 0.0, 0.9, -0.2, 1.0, 1.0, 1.0, 1.0])
     full = torch.ones(10, dtype=torch.bool)
-    # L1 norms of the channels' weights 0.6, 0.1, 0.3: round(0.34·3) = 1 goes, channel 1 (w1 and b1)
+    # L1 norms of the channels' weights 0.6, 0.1, 0.3: round(0.34·3) = 1 goes, channel 1: its weight
+    # (1), its bias (4) and the classifier's weight that reads it (7)
     first = client.pruned(theta, full)
-    assert torch.equal(first, ~mask_of([1, 4]))
-    # 2 left: round(0.34·2) = 1 would go, down to the target ⌈0.3·3⌉ = 1: channel 2 (w2, b2)
+    assert torch.equal(first, ~mask_of([1, 4, 7]))
+    # 2 left: round(0.34·2) = 1 goes, down to the target ⌈0.3·3⌉ = 1: channel 2 (2, 5 and 8)
     second = client.pruned(theta, first)
-    assert torch.equal(second, ~mask_of([1, 2, 4, 5]))
+    assert torch.equal(second, ~mask_of([1, 2, 4, 5, 7, 8]))
     assert client.may_prune(first) and not client.may_prune(second)
+
+
+def test_hermes_drops_the_flattened_block_a_pruned_filter_feeds():
+    # Conv2d(1 → 2, 1x1) on 2x2 images, flattened channel-major into Linear(8 → 2)
+    module = nn.Sequential(nn.Conv2d(1, 2, 1), nn.ReLU(), nn.Flatten(), nn.Linear(8, 2))
+    data = image_dataset([6, 6], shape=(1, 2, 2), num_classes=2)
+    server = build_server(make_args("Hermes", "-kf", "0.5", "--prune_rate", "0.5"), data, module)
+    client = server.clients[0]
+    theta = server.global_params.clone()
+    theta[0:2] = torch.tensor([0.1, -0.9])  # filter 0 is the weaker one
+    mask = client.pruned(theta, torch.ones_like(theta, dtype=torch.bool))
+    dropped = [0, 2] + [4 + row * 8 + col for row in range(2) for col in range(4)]  # filter, bias, block 0
+    assert torch.equal(~mask, torch.isin(torch.arange(theta.numel()), torch.tensor(dropped)))
 
 
 # ------------------------------------------------------------------ two rounds by hand

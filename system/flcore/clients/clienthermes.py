@@ -5,8 +5,8 @@ target) with *structured* pruning: a client drops whole output channels (a convo
 a linear layer's output units) instead of single weights, so its personal model is a smaller dense
 network that runs fast on the device. A pruning step removes, in every layer but the classifier
 (whose outputs are the classes), the ``--prune_rate`` of the still-kept channels with the smallest
-L1 norm, never leaving fewer than ⌈kf · channels⌉; a removed channel loses its weights and its
-bias. Hermes keeps training the pruned network from its current weights (no rewind to the initial
+L1 norm, never leaving fewer than ⌈kf · channels⌉; a removed channel loses its weights, its bias
+and the next layer's weights that read it. Hermes keeps training the pruned network from its current weights (no rewind to the initial
 model). Only the kept parameters travel, and the server averages each entry over the clients that
 kept it (the "overlapping parts", ``serverhermes.py``).
 
@@ -32,19 +32,20 @@ class HermesClient(LotteryFLClient):
 
     rewind: ClassVar[bool] = False
 
-    def channel_layers(self) -> list[tuple[Segment, Segment | None]]:
-        """(weight, its bias or None) of every layer whose output channels may be pruned."""
+    def channel_layers(self) -> list[tuple[Segment, Segment | None, Segment]]:
+        """(weight, its bias or None, the next layer's weight) of every layer whose output channels
+        may be pruned: every weight tensor but the classifier's (the last one)."""
         params = [seg for seg in self.segments if seg.is_param]
-        weights = [seg for seg in params if len(seg.shape) >= 2][:-1]  # the classifier keeps its outputs
+        weights = [seg for seg in params if len(seg.shape) >= 2]
         by_name = {seg.name: seg for seg in params}
         out = []
-        for seg in weights:
+        for seg, following in zip(weights[:-1], weights[1:]):
             bias = by_name.get(seg.name.rsplit(".", 1)[0] + ".bias") if seg.name.endswith("weight") else None
-            out.append((seg, bias if bias is not None and bias.shape == seg.shape[:1] else None))
+            out.append((seg, bias if bias is not None and bias.shape == seg.shape[:1] else None, following))
         return out
 
     def may_prune(self, mask: torch.Tensor) -> bool:
-        for weight, _ in self.channel_layers():
+        for weight, _, _ in self.channel_layers():
             channels, width = weight.shape[0], math.prod(weight.shape[1:])
             alive = int(mask[weight.start : weight.stop].view(channels, width).any(dim=1).sum())
             if alive > kept_count(channels, self.hp.kept_fraction):
@@ -53,9 +54,12 @@ class HermesClient(LotteryFLClient):
 
     def pruned(self, theta: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The mask after one structured step: per layer, the r_p kept channels of smallest L1 norm
-        dropped (weights and bias), never leaving fewer than ⌈kf · channels⌉."""
+        dropped, never leaving fewer than ⌈kf · channels⌉. A dropped channel takes its weights, its
+        bias and the next layer's weights that read it: input channel c of a convolution or linear
+        layer, or the c-th block of a linear layer reading the flattened (channel-major) feature map;
+        a next layer whose input width is no multiple of the channels (a skip connection) keeps them."""
         mask = mask.clone()
-        for weight, bias in self.channel_layers():
+        for weight, bias, following in self.channel_layers():
             channels, width = weight.shape[0], math.prod(weight.shape[1:])
             rows = mask[weight.start : weight.stop].view(channels, width)
             alive = rows.any(dim=1)
@@ -67,4 +71,7 @@ class HermesClient(LotteryFLClient):
             rows &= keep[:, None]
             if bias is not None:
                 mask[bias.start : bias.stop] &= keep
+            if following.shape[1] % channels == 0:
+                readers = mask[following.start : following.stop].view(following.shape[0], channels, -1)
+                readers &= keep[None, :, None]
         return mask
