@@ -56,8 +56,9 @@ class HermesClient(LotteryFLClient):
         """The mask after one structured step: per layer, the r_p kept channels of smallest L1 norm
         dropped, never leaving fewer than ⌈kf · channels⌉. A dropped channel takes its weights, its
         bias and the next layer's weights that read it: input channel c of a convolution or linear
-        layer, or the c-th block of a linear layer reading the flattened (channel-major) feature map;
-        a next layer whose input width is no multiple of the channels (a skip connection) keeps them."""
+        layer, or the c-th block of a linear layer reading the flattened (channel-major) feature map.
+        That reading assumes a feed-forward stack (MLPs, the CNN/LeNet family); a next layer whose
+        input width is no multiple of the channels keeps those weights."""
         mask = mask.clone()
         for weight, bias, following in self.channel_layers():
             channels, width = weight.shape[0], math.prod(weight.shape[1:])
