@@ -7,8 +7,8 @@ algorithm itself.
   message, so ``rs_bytes_up`` does too.
 * ``aggregate``: each entry is the sample-weighted mean over the uploads that sent it; the others
   keep their value. Each upload's sent mask is handed to ``received`` (LotteryFL remembers it).
-* Series: ``rs_sparsity`` (the mean share of zeroed trainable entries in the personal models of the
-  round's trained clients) and ``rs_comm_volume`` (the round's bytes, both ways, over what FedAvg
+* Series: ``rs_sparsity`` (the mean share of the trainable entries that the personal masks of the
+  round's uploaders drop; read from the state store as a measurement, as evaluation reads models) and ``rs_comm_volume`` (the round's bytes, both ways, over what FedAvg
   sends for the same cohort and uploads: the dense model each way).
 * Clients are evaluated with their personal models (the initial model before they first train);
   the aggregate is reported as the global model.
