@@ -204,7 +204,10 @@ REQUIRED_FLAGS = {"KT-pFL": ["--public_data", "0.1"]}
 #: flags that make an algorithm's extra terms non-trivial in engine comparisons (only if it has them)
 #: (FedGen: a small generator trained 20 steps a round keeps its term on at a test's cost)
 ENGINE_EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"], "MOON": ["-mu", "1"], "FedNTD": ["-bt", "1"], "FedLC": ["-tau", "2"],
-                      "FedDyn": ["-al", "0.1"], "FedGen": ["-se", "20", "-nd", "16", "-hd", "16"], **REQUIRED_FLAGS}
+                      "FedDyn": ["-al", "0.1"], "FedGen": ["-se", "20", "-nd", "16", "-hd", "16"],
+                      # pruning in every round it may, whatever the toy accuracy
+                      "LotteryFL": ["--acc_threshold=-1", "--prune_rate", "0.5"],
+                      "Hermes": ["--acc_threshold=-1", "--prune_rate", "0.5"], **REQUIRED_FLAGS}
 #: ragged client sizes: with batch 5, 0 steps (3 < 5) and 2..8 steps
 ENGINE_SIZES = [3, 12, 25, 40, 17]
 
