@@ -387,6 +387,32 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(d, "--dp_weight_cap", type=float, default=0.0,
              help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
 
+    # attacks and robust aggregation: round plug-ins (flcore/plugins/attacks.py and robust.py document them)
+    a = parser.add_argument_group("attacks and robust aggregation (system/flcore/plugins/attacks.py, robust.py)")
+    add_flag(a, "--attack", type=str, default=None,
+             help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip (data)")
+    add_flag(a, "--attack_fraction", type=float, default=0.0,
+             help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
+    add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
+    add_flag(a, "--attack_scale", type=float, default=10.0, help="sign_flip: an attacker uploads -s x its update")
+    add_flag(a, "--attack_noise_std", type=float, default=1.0, help="gaussian: the std of the uploaded noise update")
+    add_flag(a, "--attack_z", type=float, default=0.0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
+    add_flag(a, "--attack_epsilon", type=float, default=0.5, help="ipm: attackers upload -epsilon x the benign mean")
+    add_flag(a, "--attack_direction", type=str, default="std", choices=["std", "unit", "sign"],
+             help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
+    add_flag(a, "--attack_label_map", type=str, default="",
+             help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
+    add_flag(a, "--robust", type=str, default=None,
+             help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
+                  "trimmed_mean, rfa, bulyan, centered_clip (e.g. clip,multi_krum)")
+    add_flag(a, "--robust_f", type=int, default=-1,
+             help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
+    add_flag(a, "--robust_clip", type=float, default=0.0,
+             help="clip / centered_clip radius tau (0: the median update norm of the round)")
+    add_flag(a, "--robust_keep", type=int, default=0, help="multi_krum: updates averaged (0: n - f)")
+    add_flag(a, "--robust_iters", type=int, default=10,
+             help="rfa: most Weiszfeld iterations; centered_clip: clipping iterations")
+
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
     add_flag(o, "--dlg_clients", type=int, default=1,
