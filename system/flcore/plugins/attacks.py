@@ -242,8 +242,8 @@ class AttackPlugin(RoundPlugin):
             parse_label_map(str(args.attack_label_map or ""), runtime.num_classes)  # a bad map: one line now
             client_cls = server_cls.client_cls
             if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE):
-                raise FLError(f"--attack {self.name} poisons the base local step, but {client_cls.__name__} trains "
-                              f"its own way; use a model-poisoning attack with this algorithm")
+                raise FLError(f"--attack {self.name} poisons the base local step, but {args.algorithm}'s clients "
+                              f"({client_cls.__name__}) train their own way; use a model-poisoning attack with it")
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
 
