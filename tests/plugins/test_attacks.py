@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_main_two_rounds
+from fltest import build_server, image_dataset, make_args, random_dataset, run_main_two_rounds
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.plugins import attacks
 from utils.data_utils import ClientData
@@ -181,3 +181,79 @@ def test_a_wrong_fraction_through_main_is_one_line(tmp_path, capsys):
         run_main_two_rounds(tmp_path, "FedAvg", "--attack", "ipm", "--attack_fraction", "1")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--attack_fraction must be in [0, 1)" in err[0]
+
+
+# ----------------------------------------------------------------------------- the backdoor
+class FlatLinear(torch.nn.Module):
+    """A linear classifier on flattened images (flat vector: [W.flatten(), b])."""
+
+    def __init__(self, pixels: int, classes: int):
+        super().__init__()
+        self.head = torch.nn.Linear(pixels, classes)
+
+    def forward(self, x):
+        return self.head(x.flatten(1))
+
+
+def backdoor_server(**flags):
+    data = image_dataset([12] * 4, shape=(1, 6, 8), num_classes=4, seed=3)
+    flags = {"batch_size": 10, "global_rounds": 2, "attack": "backdoor", "attack_fraction": 0.25, **flags}
+    torch.manual_seed(0)
+    args = make_args("FedAvg", engine="sequential", num_clients=4, **flags)
+    return build_server(args, data, FlatLinear(48, 4))
+
+
+def test_the_trigger_is_sageflows_twelve_pixels_on_every_channel():
+    stamped = attacks.stamp_trigger(torch.zeros(2, 3, 6, 8), 0.75)
+    expected = torch.zeros(6, 8)
+    for row, col in [(0, 0), (1, 0), (2, 0), (0, 1), (1, 2), (2, 3), (0, 5), (1, 4), (4, 0), (4, 1), (4, 2), (4, 3)]:
+        expected[row, col] = 0.75
+    assert torch.equal(stamped, expected.expand(2, 3, 6, 8))
+    x, y = torch.zeros(10, 1, 6, 8), torch.zeros(10, dtype=torch.long)
+    args = make_args("FedAvg")  # 20 of 64: int(10 x 0.3125) = 3 samples of a batch of 10, target 2
+    px, py = attacks.backdoor_batch(args, x, y)
+    assert py.tolist() == [2, 2, 2] + [0] * 7
+    assert torch.equal(px[:3], attacks.stamp_trigger(x[:3], 1.0)) and torch.equal(px[3:], x[3:])
+    assert torch.equal(x, torch.zeros(10, 1, 6, 8))  # the client's data is untouched
+
+
+def test_a_backdoor_attacker_trains_on_stamped_batches_and_scales_its_update():
+    srv = backdoor_server(backdoor_from_round=0, backdoor_scale=3.0)
+    attacker = int(np.flatnonzero(attacks.attacker_mask(0, 0.25, False, 4, 0))[0])
+    client = srv.clients[attacker]
+    start = srv.global_params.clone()
+    w = start.clone().requires_grad_(True)
+    for idx in client.batch_plan(0):  # one local epoch of SGD on the poisoned minibatches, by hand
+        x, y = attacks.backdoor_batch(srv.args, client.data.inputs("train", idx), client.data.train_y[idx])
+        logits = x.flatten(1) @ w[:192].view(4, 48).T + w[192:]
+        (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, y), w)
+        w = (w - srv.args.local_learning_rate * grad).detach().requires_grad_(True)
+    uploads = {u.index: u for u in srv.run_round(0, evaluate=False).updates}
+    assert torch.allclose(uploads[attacker].params, start + (w.detach() - start) * 3.0, atol=1e-6)
+
+
+def test_the_attack_success_rate_counts_other_classes_put_in_the_target():
+    srv = backdoor_server()
+    plugin = srv.plugin("attack")
+    always = torch.zeros_like(srv.global_params)
+    always[192 + 2] = 10.0  # bias of class 2: every image goes to the target
+    assert plugin.attack_success_rate(always) == 1.0
+    always[192 + 2], always[192 + 1] = 0.0, 10.0
+    assert plugin.attack_success_rate(always) == 0.0
+    srv.train(progress=False)  # one entry per evaluation, aligned with the accuracy's
+    asr = srv.history.extra_series["backdoor_asr"]
+    assert len(asr) == len(srv.history.test_acc) == 3 and all(0.0 <= a <= 1.0 for a in asr)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(backdoor_target=4), "--backdoor_target must be a class in 0..3"),
+    (dict(backdoor_fraction=0.0), "--backdoor_fraction must be in \\(0, 1\\]"),
+])
+def test_bad_backdoors_are_refused_in_one_line(flags, message):
+    with pytest.raises(FLError, match=message):
+        backdoor_server(**flags)
+
+
+def test_a_backdoor_needs_images():
+    with pytest.raises(FLError, match="stamps a pixel trigger on images of at least 5x6 pixels"):
+        server(attack="backdoor", attack_fraction=0.25)

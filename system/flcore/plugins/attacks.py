@@ -35,6 +35,15 @@ sequence computes its steps there, so no client class has a branch for it.
 
 * ``label_flip``: an attacker's labels y become ``C − 1 − y``, or those of
   ``--attack_label_map "a:b,c:d"`` (classes not named keep their label).
+* ``backdoor`` (BadNets-style, with Sageflow's settings): in each of an attacker's minibatches the
+  first ``int(B × --backdoor_fraction)`` samples (20 of 64 by default) get the trigger and the label
+  ``--backdoor_target`` (2); from round ``--backdoor_from_round`` (10) on, the attacker's update is
+  also scaled by ``--backdoor_scale`` (10) before upload. The trigger is Sageflow's 12 pixels in the
+  top-left corner (:data:`TRIGGER_PIXELS`, every channel), set to ``--backdoor_value`` in the
+  model's input space (1.0: white for the [-1, 1] normalisation of PFLlib's image datasets;
+  Sageflow sets 1 after its own normalisation). ``rs_backdoor_asr``, one entry per evaluation
+  (aligned with ``rs_test_acc``): the share of the test images of the other classes, trigger
+  stamped, that the global model puts in the target class.
 
 Being a local-step strategy, data poisoning excludes DP-SGD (``-dp``, another strategy) and
 algorithms whose clients train their own way (they override ``train_job`` or the gradient).
@@ -58,6 +67,7 @@ from flcore.clients.localstep import LocalStep
 from flcore.plugins import RoundPlugin
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_local_step, register_plugin
+from utils.data_utils import decode_inputs
 from utils.errors import FLError
 from utils.seeding import numpy_rng, torch_generator
 
@@ -167,9 +177,31 @@ def label_table(text: str, num_classes: int) -> torch.Tensor:
     return table
 
 
+#: Sageflow's MNIST trigger: (row, column) of its 12 pixels
+TRIGGER_PIXELS = ((0, 0), (1, 0), (2, 0), (0, 1), (1, 2), (2, 3), (0, 5), (1, 4), (4, 0), (4, 1), (4, 2), (4, 3))
+
+
+def stamp_trigger(x: torch.Tensor, value: float) -> torch.Tensor:
+    """A copy of the images ``x`` (N, C, H, W) with the trigger's pixels set to ``value`` in every channel."""
+    stamped = x.clone()
+    rows, cols = zip(*TRIGGER_PIXELS)
+    stamped[:, :, list(rows), list(cols)] = value
+    return stamped
+
+
+def backdoor_batch(args: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The minibatch with its first int(B × fraction) samples stamped and relabelled (Sageflow's)."""
+    count = int(len(y) * float(args.backdoor_fraction))
+    x, y = x.clone(), y.clone()
+    x[:count] = stamp_trigger(x[:count], float(args.backdoor_value))
+    y[:count] = int(args.backdoor_target)
+    return x, y
+
+
 #: data attacks: how an attacker's minibatch (x, y) is poisoned (``args``: the run's flags)
 DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]] = {
     "label_flip": lambda args, x, y, classes: (x, label_table(str(args.attack_label_map or ""), classes).to(y.device)[y]),
+    "backdoor": lambda args, x, y, classes: backdoor_batch(args, x, y),
 }
 
 
@@ -182,7 +214,7 @@ class PoisonedData(LocalStep):
 
     args: Any
 
-    name: ClassVar[str] = "data poisoning (--attack label_flip)"
+    name: ClassVar[str] = "data poisoning (--attack label_flip or backdoor)"
     plain: ClassVar[bool] = False  # the batched engine's own step would skip the poisoning
 
     @classmethod
@@ -204,6 +236,20 @@ class PoisonedData(LocalStep):
         loss = client.local_loss(model.net, x, y, ctx)
         loss.backward()
         return loss.detach()
+
+
+def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """One line for a backdoor that cannot run: inputs that are not images large enough for the trigger,
+    a target outside the classes, a poisoned share outside (0, 1]."""
+    height = max(r for r, _ in TRIGGER_PIXELS) + 1
+    width = max(c for _, c in TRIGGER_PIXELS) + 1
+    if len(input_shape) != 3 or input_shape[1] < height or input_shape[2] < width:
+        raise FLError(f"--attack backdoor stamps a pixel trigger on images of at least {height}x{width} pixels; "
+                      f"this dataset's inputs have shape {tuple(input_shape)}")
+    if not 0 <= int(args.backdoor_target) < num_classes:
+        raise FLError(f"--backdoor_target must be a class in 0..{num_classes - 1}, got {args.backdoor_target}")
+    if not 0 < float(args.backdoor_fraction) <= 1:
+        raise FLError(f"--backdoor_fraction must be in (0, 1], got {args.backdoor_fraction}")
 
 
 # ----------------------------------------------------------------------------- the plug-in
@@ -244,6 +290,8 @@ class AttackPlugin(RoundPlugin):
             if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE):
                 raise FLError(f"--attack {self.name} poisons the base local step, but {args.algorithm}'s clients "
                               f"({client_cls.__name__}) train their own way; use a model-poisoning attack with it")
+        if self.name == "backdoor":
+            check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
 
@@ -257,6 +305,10 @@ class AttackPlugin(RoundPlugin):
         self.last_attackers = [u.index for u in bad]
         if bad and self.name not in DATA_ATTACKS:
             self.poison(package, bad, [u for u in arrived if not mask[u.index]])
+        elif bad and self.name == "backdoor" and package.round >= int(self.args.backdoor_from_round):
+            start = package.global_params
+            for update in bad:  # model replacement's boost: the poisoned update survives averaging
+                update.params = start + (update.params - start) * float(self.args.backdoor_scale)
         return arrived
 
     def poison(self, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]) -> None:
@@ -292,6 +344,29 @@ class AttackPlugin(RoundPlugin):
                 malicious = minmax(reference, str(args.attack_direction))
             for update in bad:
                 upload(update, malicious)
+
+    def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
+        if self.name == "backdoor":
+            self.runtime.history.add_series("backdoor_asr", self.attack_success_rate(global_params))
+
+    @torch.no_grad()
+    def attack_success_rate(self, params: torch.Tensor) -> float:
+        """The share of the test images of the other classes, trigger stamped, classified as the target."""
+        dataset, model = self.runtime.dataset, self.runtime.model
+        x, y, _ = dataset.split("test")
+        target = int(self.args.backdoor_target)
+        rows = torch.nonzero(y != target).flatten()
+        if not len(rows):
+            return float("nan")
+        model.load(params)
+        model.module.eval()
+        hits = 0
+        step = int(self.args.eval_batch_size)
+        for i in range(0, len(rows), step):
+            batch = decode_inputs(x[rows[i: i + step]], dataset.input_table)
+            logits = model.module(stamp_trigger(batch, float(self.args.backdoor_value)))
+            hits += int((logits.argmax(1) == target).sum())
+        return hits / len(rows)
 
     def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
         history = self.runtime.history

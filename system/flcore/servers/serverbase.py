@@ -200,6 +200,8 @@ class Server:
             result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
         if evaluate:
             result.evaluation = self.evaluate(rnd)
+            for plugin in plugins:  # metrics of the same model (the backdoor's success rate)
+                plugin.after_evaluation(rnd, self.global_params, result)
             result.eval_seconds = time.perf_counter() - start
         if train:
             package = result.package = self.make_package(rnd, result.cohort)
