@@ -387,8 +387,8 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(d, "--dp_weight_cap", type=float, default=0.0,
              help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
 
-    # attacks and robust aggregation: round plug-ins (flcore/plugins/attacks.py and robust.py document them)
-    a = parser.add_argument_group("attacks and robust aggregation (system/flcore/plugins/attacks.py, robust.py)")
+    # attacks, robust aggregation, stragglers: round plug-ins (flcore/plugins/attacks.py, robust.py, stragglers.py)
+    a = parser.add_argument_group("attacks, robust aggregation, stragglers (system/flcore/plugins/)")
     add_flag(a, "--attack", type=str, default=None,
              help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
                   "backdoor (data poisoning)")
@@ -420,6 +420,11 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(a, "--robust_keep", type=int, default=0, help="multi_krum: updates averaged (0: n - f)")
     add_flag(a, "--robust_iters", type=int, default=10,
              help="rfa: most Weiszfeld iterations; centered_clip: clipping iterations")
+    add_flag(a, "--straggler_delay", type=int, default=0,
+             help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
+                  "flcore/plugins/stragglers.py)")
+    add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
+             help="late uploads: aggregated when they arrive (stale) or dropped (ignore)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, help="seed of the run; run i of -t uses seed + i")
