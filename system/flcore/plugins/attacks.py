@@ -48,8 +48,9 @@ sequence computes its steps there, so no client class has a branch for it.
 Being a local-step strategy, data poisoning excludes DP-SGD (``-dp``, another strategy) and
 algorithms whose clients train their own way (they override ``train_job`` or the gradient).
 
-Results: ``rs_attack_uploads`` (attackers' uploads aggregated in each round) and
-``rs_attackers`` (their client indices, one row per round, NaN-padded).
+Results: ``rs_attack_uploads`` (how many of the uploads that reached the server in each round are
+attackers'; with ``--straggler_delay`` counted in the round they were trained) and ``rs_attackers``
+(their client indices, one row per round, NaN-padded).
 """
 from __future__ import annotations
 
