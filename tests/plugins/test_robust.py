@@ -121,6 +121,16 @@ def test_multi_krum_keeping_everyone_is_the_mean_of_the_updates():
     assert torch.allclose(plain.global_params, defended.global_params, atol=1e-6)
 
 
+def test_krum_moves_the_model_to_the_chosen_update():
+    defended = server(robust="krum", robust_f=1)
+    start = defended.global_params.clone()
+    result = defended.run_round(0, evaluate=False)
+    deltas = torch.stack([u.params - start for u in result.updates])
+    chosen = robust.krum_order(deltas, 1)[0]
+    assert torch.equal(defended.global_params, start + deltas[chosen])
+    assert defended.plugin("robust")._filtered[0] == [result.updates[chosen].index]
+
+
 def test_the_aggregate_is_the_rule_applied_to_the_updates():
     defended = server(robust="clip,median", robust_clip=0.05)
     start = defended.global_params.clone()

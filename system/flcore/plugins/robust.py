@@ -286,6 +286,8 @@ class RobustAggregation(RoundPlugin):
         order = krum_order(points, f)
         keep = 1 if name == "krum" else (int(self.args.robust_keep) or n - f)
         kept = sorted(order[: min(keep, n)])
+        if len(kept) == 1:  # Krum: exactly the chosen update
+            return points[kept[0]], kept
         return weighted_mean(points[kept], weights[kept]), kept
 
     def admissible_f(self, n: int, rnd: int) -> int:
