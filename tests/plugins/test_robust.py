@@ -180,11 +180,16 @@ def test_a_round_with_too_few_uploads_uses_the_largest_f_they_admit(caplog):
     (dict(robust="trimmed_mean", robust_f=4), "trimmed_mean needs n > 2f uploads for f = 4"),
     (dict(robust="geomed"), "unknown defence 'geomed'"),
     (dict(robust="rfa", robust_iters=0), "--robust_iters must be >= 1"),
-    (dict(robust="median", dp_update_clip=1.0), "replace the aggregation and exclude each other: privacy, robust"),
 ])
 def test_bad_defences_are_refused_in_one_line(flags, message):
     with pytest.raises(FLError, match=message):
         server(**flags)
+
+
+def test_dp_fedavg_and_a_defence_exclude_each_other():
+    pytest.importorskip("opacus", reason="the privacy plug-in needs opacus (requirements.txt pins it)")
+    with pytest.raises(FLError, match="replace the aggregation and exclude each other: privacy, robust"):
+        server(robust="median", dp_update_clip=1.0)
 
 
 def test_an_algorithm_that_aggregates_its_own_way_is_refused():
