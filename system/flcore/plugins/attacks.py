@@ -254,7 +254,7 @@ def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) ->
 
 
 # ----------------------------------------------------------------------------- the plug-in
-#: model attacks on one attacker's own update: (attack plug-in, update, client index, round) -> update
+#: model attacks that transform each attacker's own update
 OWN_UPDATE_ATTACKS = ("sign_flip", "gaussian")
 #: model attacks every attacker of a round sends alike, computed from the benign updates
 COLLUDING_ATTACKS = ("alie", "ipm", "minmax")
@@ -286,11 +286,12 @@ class AttackPlugin(RoundPlugin):
         if self.name == "minmax" and args.attack_direction not in MINMAX_DIRECTIONS:
             raise FLError(f"--attack_direction {args.attack_direction}: choose one of {', '.join(MINMAX_DIRECTIONS)}")
         if self.name in DATA_ATTACKS:
-            parse_label_map(str(args.attack_label_map or ""), runtime.num_classes)  # a bad map: one line now
             client_cls = server_cls.client_cls
             if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE):
                 raise FLError(f"--attack {self.name} poisons the base local step, but {args.algorithm}'s clients "
                               f"({client_cls.__name__}) train their own way; use a model-poisoning attack with it")
+        if self.name == "label_flip":
+            parse_label_map(str(args.attack_label_map or ""), runtime.num_classes)  # a bad map: one line now
         if self.name == "backdoor":
             check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
