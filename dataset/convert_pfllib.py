@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.convert import convert_pfllib_folder  # noqa: E402
-from utils.errors import DatasetError  # noqa: E402
+from datagen.convert import convert_pfllib_folder  # noqa: E402
+from datagen.errors import DatasetError  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,7 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("source", type=Path, help="PFLlib dataset folder (config.json, train/, test/)")
     target = parser.add_mutually_exclusive_group()
-    target.add_argument("--out-dir", type=Path, default=None, help="folder to write")
+    # a str, not a Path: Path("") is ".", and an empty --out-dir (an unset variable) must be refused
+    target.add_argument("--out-dir", default=None, help="folder to write (new, or converted before)")
     target.add_argument("--in-place", action="store_true",
                         help="replace the PFLlib files in the source folder (they are lost)")
     parser.add_argument("--trust-pickle", action="store_true",

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.text import (AG_NEWS_CLASSES, AG_NEWS_FILES, AG_NEWS_MIRRORS, CSV_RAW_HELP,  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.text import (AG_NEWS_CLASSES, AG_NEWS_FILES, AG_NEWS_MIRRORS, CSV_RAW_HELP,  # noqa: E402
                         add_text_arguments, news_binder)
 
 

@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.sources import load_cifar10  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.sources import load_cifar10  # noqa: E402
 
 RAW_HELP = ("cifar-10-batches-bin or cifar-10-batches-py folder, a folder holding one, "
             "or cifar-10-binary.tar.gz / cifar-10-python.tar.gz; skips the download")

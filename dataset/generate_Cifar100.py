@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.image_sources import CIFAR100_RAW_HELP, load_cifar100  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.image_sources import CIFAR100_RAW_HELP, load_cifar100  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(None, "Cifar100", load_cifar100, HERE, num_classes=100,

@@ -1,7 +1,7 @@
 """Generate Digit5 (feature shift): one client per domain (MNIST, MNIST-M, SVHN, SynthDigits, USPS).
 
 Run from ``dataset/``: ``python generate_Digit5.py --raw-dir DigitFive`` with KD3A's
-MAT files (see utils/digit5.py). Images become 3x32x32; ``--domains mnist svhn``
+MAT files (see datagen/digit5.py). Images become 3x32x32; ``--domains mnist svhn``
 keeps some domains; ``partition.png`` marks each client's domain.
 """
 
@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.digit5 import DIGIT5_DOMAINS, DIGIT5_RAW_HELP, digit5_loader  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.digit5 import DIGIT5_DOMAINS, DIGIT5_RAW_HELP, digit5_loader  # noqa: E402
 
 
 def add_arguments(parser):

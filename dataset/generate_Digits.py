@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.sources import load_digits  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.sources import load_digits  # noqa: E402
 
 if __name__ == "__main__":
     # 1,797 samples: 10 clients keep PFLlib's 40-sample minimum easy to meet at alpha 0.1.

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.image_folders import add_image_size_argument, check_image_size  # noqa: E402
-from utils.image_datasets import (DOMAINNET, DOMAINNET_CLASSES, DOMAINNET_DOMAINS,  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.image_folders import add_image_size_argument, check_image_size  # noqa: E402
+from datagen.image_datasets import (DOMAINNET, DOMAINNET_CLASSES, DOMAINNET_DOMAINS,  # noqa: E402
                                   load_domainnet)
 
 

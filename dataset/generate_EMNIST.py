@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.image_sources import EMNIST_RAW_HELP, EMNIST_SPLITS, emnist_loader  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.image_sources import EMNIST_RAW_HELP, EMNIST_SPLITS, emnist_loader  # noqa: E402
 
 
 def add_arguments(parser):

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.leaf import LEAF_RAW_HELP, load_femnist  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.leaf import LEAF_RAW_HELP, load_femnist  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(None, "FEMNIST", load_femnist, HERE, num_classes=62, natural=True,

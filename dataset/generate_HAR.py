@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.har import HAR_RAW_HELP, load_har  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.har import HAR_RAW_HELP, load_har  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(None, "HAR", load_har, HERE, num_classes=6, natural=True, default_num_clients=None,

@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.sources import load_mnist  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.sources import load_mnist  # noqa: E402
 
 RAW_HELP = ("folder holding train-images-idx3-ubyte, train-labels-idx1-ubyte, "
             "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (each .gz or not); skips the download")

@@ -2,16 +2,16 @@
 
 Run from ``dataset/``: ``python generate_Omniglot.py --num-clients 20``; images are resized to
 ``--image-size`` and read from the archives without extracting them. Sources, splits
-and checksums: utils/image_datasets.py. Offline: ``--raw-dir``.
+and checksums: datagen/image_datasets.py. Offline: ``--raw-dir``.
 """
 
 import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.image_datasets import main  # noqa: E402
+from datagen.image_datasets import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main("Omniglot", HERE))

@@ -2,7 +2,7 @@
 
 Run from ``dataset/``: ``python generate_PAMAP2.py`` downloads PAMAP2_Dataset.zip from
 UCI and cuts each subject's protocol recording into windows (``--window 256 --step
-128``, see utils/pamap2.py); ``--optional`` adds the optional recordings.
+128``, see datagen/pamap2.py); ``--optional`` adds the optional recordings.
 Offline: ``--raw-dir``.
 """
 
@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.pamap2 import ACTIVITIES, PAMAP2_RAW_HELP, pamap2_loader  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.pamap2 import ACTIVITIES, PAMAP2_RAW_HELP, pamap2_loader  # noqa: E402
 
 
 def add_arguments(parser):

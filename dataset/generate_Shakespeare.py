@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.leaf import LEAF_RAW_HELP, SHAKESPEARE_LETTERS, load_shakespeare  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.leaf import LEAF_RAW_HELP, SHAKESPEARE_LETTERS, load_shakespeare  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(None, "Shakespeare", load_shakespeare, HERE, num_classes=len(SHAKESPEARE_LETTERS),

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.text import CSV_RAW_HELP, SOGOU_NEWS_CLASSES, add_text_arguments, news_binder  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.text import CSV_RAW_HELP, SOGOU_NEWS_CLASSES, add_text_arguments, news_binder  # noqa: E402
 
 
 if __name__ == "__main__":

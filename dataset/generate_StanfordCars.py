@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main  # noqa: E402
-from utils.image_folders import add_image_size_argument, check_image_size  # noqa: E402
-from utils.misc_sources import CARS_RAW_HELP, CARS_SPLITS, cars_loader  # noqa: E402
+from datagen.dataset_utils import main  # noqa: E402
+from datagen.image_folders import add_image_size_argument, check_image_size  # noqa: E402
+from datagen.misc_sources import CARS_RAW_HELP, CARS_SPLITS, cars_loader  # noqa: E402
 
 
 def add_arguments(parser):

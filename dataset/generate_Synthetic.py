@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # our utils/, never system/utils
+sys.path.insert(0, str(HERE))  # datagen/ sits beside this script
 
-from utils.dataset_utils import main_synthetic  # noqa: E402
+from datagen.dataset_utils import main_synthetic  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main_synthetic(None, HERE))

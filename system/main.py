@@ -138,7 +138,12 @@ def _finite(test, text: str):
 
 #: generic flags and the values that make sense: (flag, destination, (test, what the test asks for)).
 #: Evaluation flags (--eval_batch_size, --eval_group) are checked where they are used (flcore/evaluation.py).
+#: utils.seeding keeps 32 bits of a seed: -1 would be 4294967295's run under another name. The
+#: generators (dataset/datagen) take the same range.
+MAX_SEED = 2**32 - 1
+
 FLAG_RANGES: tuple[tuple[str, str, tuple], ...] = (
+    ("--seed", "seed", (lambda v: 0 <= v <= MAX_SEED, f"in [0, {MAX_SEED}]")),
     ("-gr", "global_rounds", _at_least(1)),
     ("-lbs", "batch_size", _at_least(1)),
     ("-ls", "local_epochs", _at_least(1)),
@@ -195,6 +200,9 @@ def validate(args: argparse.Namespace) -> None:
             raise FLError(f"{flag} must be {wanted}, got {value}")
     if args.prev >= args.times:
         raise FLError(f"-pv {args.prev} leaves no run to do with -t {args.times}")
+    if args.seed + args.times - 1 > MAX_SEED:  # run i takes seed + i
+        raise FLError(f"--seed {args.seed} with -t {args.times} runs seeds past {MAX_SEED}; "
+                      f"pass --seed {MAX_SEED - args.times + 1} or less")
     validate_privacy(args)
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")

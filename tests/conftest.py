@@ -14,9 +14,10 @@ PFLLIB_SAMPLE = SHARED / "data" / "pfllib-MNIST-dir0.1-20-sample"
 FASHION_RAW = Path("/usr/share/datasets/fashion-mnist")
 
 # `system/` is the import root of the simulator (PFLlib runs `python main.py` from there);
-# the repository root makes `dataset.utils` importable without clashing with `system/utils`.
-# tests/system holds shared test helpers (fltest, toydata).
-for path in (REPO / "tests" / "system", REPO / "system", REPO):
+# `dataset/` is the generators' import root (their helpers are the package `datagen`, imported
+# under that one name everywhere, as the generate_*.py scripts do); tests/system holds shared
+# test helpers (fltest, toydata).
+for path in (REPO / "tests" / "system", REPO / "dataset", REPO / "system", REPO):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 

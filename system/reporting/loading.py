@@ -260,9 +260,9 @@ def find_all_runs(results_dir: Path | str, datasets: Sequence[str] | None = None
 
     Files are found by name (``*.h5``) and identified by their attributes where they have them;
     the filters keep the listed names only (None: all). Files left out for another reason than
-    the filters are told to ``note``, one line per reason (a name that is not
-    ``<dataset>_<algorithm>_<goal>_<run>.h5``; a file that cannot be read), so one broken file
-    does not hide the others and none is skipped without a word.
+    the filters are told to ``note``: one line for all names that are not
+    ``<dataset>_<algorithm>_<goal>_<run>.h5``, one per folder of such a name and per file that
+    cannot be read, so one broken file does not hide the others and none is skipped unsaid.
     """
     folder = Path(results_dir)
     if not folder.is_dir():
@@ -271,8 +271,11 @@ def find_all_runs(results_dir: Path | str, datasets: Sequence[str] | None = None
     grouped: dict[str, dict[tuple[str, str], list[RunResult]]] = {}
     misnamed: list[str] = []
     for path in sorted(folder.glob("*.h5")):
-        if parse_result_name(path.name) is None or not path.is_file():
+        if parse_result_name(path.name) is None:
             misnamed.append(path.name)
+            continue
+        if not path.is_file():
+            say(f"{path}: not a file; left out")
             continue
         try:
             run = load_run(path)
@@ -285,7 +288,7 @@ def find_all_runs(results_dir: Path | str, datasets: Sequence[str] | None = None
         grouped.setdefault(run.dataset, {}).setdefault((run.algorithm, run.goal), []).append(run)
     if misnamed:
         say(f"left out {len(misnamed)} file(s) of {folder} whose name is not "
-            f"<dataset>_<algorithm>_<goal>_<run>.h5 (an empty part, or not a file): {', '.join(misnamed)}")
+            f"<dataset>_<algorithm>_<goal>_<run>.h5 (a part is empty or missing): {', '.join(misnamed)}")
     for table in grouped.values():
         for runs in table.values():
             runs.sort(key=lambda r: r.run)

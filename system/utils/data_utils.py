@@ -16,7 +16,7 @@ or other, so random bytes are never taken for a PFLlib pickle), a truncated or c
 config.json that contradicts the files (client files beyond ``num_clients``, sample counts other
 than those it records), labels that are not whole numbers in ``[0, num_classes)``, NaN or infinite
 inputs, inputs and labels of different lengths, train and test inputs of different shapes or
-kinds, and a folder that a generator is writing (``dataset/utils/lock.py``) or left incomplete.
+kinds, and a folder that a generator is writing (``dataset/datagen/lock.py``) or left incomplete.
 
 Empty clients are kept, so client numbering and ``-nc`` stay those of the files: a client without
 training samples takes no local step (``main.py`` warns, naming it, and refuses a run in which no
@@ -215,7 +215,7 @@ def load_config(path: Path, name: str) -> dict:
 
 # ---------------------------------------------------------------- a generator writing the folder
 #: the marker a generator holds an exclusive ``flock`` on while it writes a dataset folder (its pid
-#: inside); written by ``dataset/utils/lock.py``, whose name it must match
+#: inside); written by ``dataset/datagen/lock.py``, whose name it must match
 WRITER_LOCK = ".writing.lock"
 
 

@@ -11,9 +11,9 @@ import pytest
 from conftest import PFLLIB_SAMPLE, REPO
 from datagen_helpers import load_client, read_config
 
-from dataset.utils.convert import convert_pfllib_folder
-from dataset.utils.errors import DatasetError, ReadError
-from dataset.utils.legacy import load_pfllib_npz
+from datagen.convert import convert_pfllib_folder
+from datagen.errors import DatasetError, ReadError
+from datagen.legacy import load_pfllib_npz
 
 SAMPLE_IDS = [1, 2, 6, 7]
 STATS_KEY = "Size of samples for labels in clients"
@@ -150,3 +150,26 @@ def test_in_place_conversion_of_a_copy_resumes_and_then_is_a_noop(tmp_path):
         assert config["train_samples"][client] == len(y_tr)
     again = convert_script(src, "--trust-pickle", "--in-place")
     assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+@pytest.mark.parametrize("where,needle", [
+    ("file", "--out-dir {tmp}/file is a file; pass a folder"),
+    ("file/sub", "--out-dir {tmp}/file/sub is inside {tmp}/file, which is a file"),
+    ("", "--out-dir is empty"),
+    ("mine", "--out-dir {tmp}/mine holds files no generator wrote (notes.txt)"),
+])
+def test_an_out_dir_that_cannot_take_the_copy_is_one_line(tmp_path, capsys, monkeypatch, where, needle):
+    import convert_pfllib
+
+    write_pfllib_folder(tmp_path / "src", [0, 1])
+    (tmp_path / "file").write_text("mine\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
+    monkeypatch.chdir(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    code = convert_pfllib.main([str(tmp_path / "src"), "--out-dir",
+                                where and str(tmp_path / where), "--trust-pickle"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("error: " + needle.format(tmp=tmp_path)), err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

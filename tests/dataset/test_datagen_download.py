@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from datagen_helpers import LocalServer, all_labels, closed_port_url, make_idx_dataset, md5, read_config
 
-from dataset.utils import dataset_utils, download, sources
-from dataset.utils.errors import ChecksumError, DownloadError
+from datagen import dataset_utils, download, sources
+from datagen.errors import ChecksumError, DownloadError
 
 FAST = dict(attempts=2, backoff=0.01, timeout=5)
 

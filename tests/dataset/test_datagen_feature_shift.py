@@ -8,8 +8,8 @@ import pytest
 from conftest import REPO
 from datagen_helpers import load_client, make_digit5, read_config
 
-from dataset.utils import digit5
-from dataset.utils.errors import ReadError
+from datagen import digit5
+from datagen.errors import ReadError
 
 
 def run_script(script, *args):
@@ -116,7 +116,7 @@ def test_amazon_review_npz_domains_as_clients(tmp_path):
     assert config["input_shape"] == [5000] and config["num_classes"] == 2
     # Largest domain first (6, 5, 5, 4 documents; ties keep the domain order).
     assert config["client_domains"] == ["electronics", "dvd", "kitchen", "books"]
-    from dataset.utils import misc_sources
+    from datagen import misc_sources
     data = misc_sources.read_amazon_review(tmp_path)
     np.testing.assert_array_equal(data.x, dense[:, :5000].astype(np.float32))
     assert data.y.tolist() == [1 if i % 3 == 0 else 0 for i in range(docs)]

@@ -9,7 +9,7 @@ import pytest
 from conftest import FASHION_RAW, MNIST_RAW, REPO
 from datagen_helpers import all_labels, closed_port_url, load_client, make_cifar_bin, read_config
 
-from dataset.utils import dataset_utils, sources
+from datagen import dataset_utils, sources
 
 DIGITS_ARGS = ["noniid", "-", "dir", "--num-clients", "5"]
 PFLLIB_KEYS = {"num_clients", "num_classes", "non_iid", "balance", "partition",

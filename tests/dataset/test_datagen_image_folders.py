@@ -12,8 +12,8 @@ from conftest import REPO
 from datagen_helpers import (LocalServer, all_labels, image_bytes, load_client, md5, read_config,
                              write_tgz, write_tree, write_zip)
 
-from dataset.utils import download, image_datasets, image_folders
-from dataset.utils.errors import ReadError
+from datagen import download, image_datasets, image_folders
+from datagen.errors import ReadError
 
 
 def run_script(script, *args, env=None):
@@ -194,13 +194,13 @@ def test_camelyon17_wilds_folder_hospitals_as_clients(tmp_path):
     y = np.concatenate([load_client(out, s, 0)[1] for s in ("train", "test")])
     assert sorted(y.tolist()) == [0, 1, 1]
     (root / next(iter(members))).unlink()
-    from dataset.utils import wilds_sources
+    from datagen import wilds_sources
     with pytest.raises(ReadError, match="image listed in metadata.csv not found"):
         wilds_sources.read_camelyon17(tmp_path)
 
 
 def test_iwildcam_wilds_folder_locations_as_clients(tmp_path):
-    from dataset.utils import wilds_sources
+    from datagen import wilds_sources
     root = tmp_path / "iwildcam_v2.0"
     rows = ["split,location_remapped,y,filename"]
     members = {}
@@ -219,7 +219,7 @@ def test_iwildcam_wilds_folder_locations_as_clients(tmp_path):
 def test_stanford_cars_kaggle_folder(tmp_path):
     from scipy.io import savemat
 
-    from dataset.utils import misc_sources
+    from datagen import misc_sources
     root = tmp_path / "stanford_cars"
     for split, labels in (("train", [196, 1, 5]), ("test", [2])):
         folder = "cars_train" if split == "train" else "cars_test"

@@ -11,8 +11,8 @@ from conftest import REPO
 from datagen_helpers import (LocalServer, all_labels, load_client, make_cifar100_bin,
                              make_cifar100_py, make_emnist_zip, md5, read_config, tar_folder)
 
-from dataset.utils import dataset_utils, download, image_sources
-from dataset.utils.errors import ChecksumError, ReadError
+from datagen import dataset_utils, download, image_sources
+from datagen.errors import ChecksumError, ReadError
 
 
 def run_script(script, *args, env=None):

@@ -13,8 +13,8 @@ from datagen_helpers import (LocalServer, all_labels, load_client, make_ag_news_
                              make_femnist_users, make_har_zip, md5, read_config,
                              tar_folder, write_leaf_json)
 
-from dataset.utils import download, har, leaf, text
-from dataset.utils.errors import ReadError
+from datagen import download, har, leaf, text
+from datagen.errors import ReadError
 
 
 def run_script(script, *args, env=None):
@@ -261,7 +261,7 @@ def write_dat(table):
 
 def test_pamap2_windows_subjects_and_activities(tmp_path):
     from datagen_helpers import write_zip
-    from dataset.utils import pamap2
+    from datagen import pamap2
     a = pamap2_rows([1] * 20 + [0] * 5 + [4] * 17)
     a[30, pamap2.CHANNELS[4]] = np.nan  # a dropped gyro packet spoils the windows holding it
     b = pamap2_rows([24] * 16, seed=1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from datagen_helpers import all_labels, load_client, make_idx_dataset, read_config
 
-from dataset.utils import dataset_utils, feature_skew, sources
+from datagen import dataset_utils, feature_skew, sources
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -1,9 +1,9 @@
-"""Partition strategies of dataset/utils/partition.py: coverage, label structure, skew, determinism, errors."""
+"""Partition strategies of dataset/datagen/partition.py: coverage, label structure, skew, determinism, errors."""
 
 import numpy as np
 import pytest
 
-from dataset.utils import partition as P
+from datagen import partition as P
 
 NUM_CLASSES = 10
 

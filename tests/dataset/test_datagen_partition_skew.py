@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from conftest import MNIST_RAW
 
-from dataset.utils import partition as P
-from dataset.utils import readers
+from datagen import partition as P
+from datagen import readers
 
 
 def assert_exact_cover(parts, n):
@@ -201,12 +201,18 @@ PROPERTY = settings(max_examples=80, deadline=timedelta(seconds=10), derandomize
 @given(partition_settings(feasible=True))
 def test_property_every_partition_covers_each_sample_once(case):
     """Feasible random settings: every sample goes to exactly one client; only the documented
-    rejection loops (exdir's label sets, shard's label clashes) may give up, with one line."""
+    rejection loops (exdir's label sets, shard's label clashes) and pat's refusal of a class with
+    fewer samples than clients holding it may give up, with one line."""
     y, kwargs = case
     try:
         parts = P.make_partition(y, **kwargs)
     except P.PartitionError as exc:
-        assert kwargs["partition"] in ("exdir", "shard") and "\n" not in str(exc)
+        assert "\n" not in str(exc)
+        if kwargs["partition"] == "pat":
+            most_holders = -(-kwargs["num_clients"] * kwargs["class_per_client"] // kwargs["num_classes"])
+            assert "clients that hold it" in str(exc) and np.bincount(y).min() < most_holders
+        else:
+            assert kwargs["partition"] in ("exdir", "shard")
         return
     assert len(parts) == kwargs["num_clients"]
     assert_exact_cover(parts, len(y))

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from datagen_helpers import CIFAR_FILES, idx_bytes, make_cifar_bin, make_cifar_py, make_idx_dataset
 
-from dataset.utils import readers
-from dataset.utils.errors import ChecksumError, ReadError
+from datagen import readers
+from datagen.errors import ChecksumError, ReadError
 
 
 @pytest.mark.parametrize("gz", [True, False])

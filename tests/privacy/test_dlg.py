@@ -55,7 +55,7 @@ def digit_like(side: int = 28, shift: int = 0) -> torch.Tensor:
 
 
 def mnist_image() -> tuple[torch.Tensor, int]:
-    from dataset.utils.readers import parse_idx
+    from datagen.readers import parse_idx
 
     images = parse_idx(gzip.decompress((MNIST_RAW / "t10k-images-idx3-ubyte.gz").read_bytes()))
     labels = parse_idx(gzip.decompress((MNIST_RAW / "t10k-labels-idx1-ubyte.gz").read_bytes()))

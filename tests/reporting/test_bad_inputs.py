@@ -90,7 +90,8 @@ def test_every_file_left_out_is_listed(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "results"
     folder.mkdir()
     write_ours(folder, "Digits", "FedAvg", "test", 0, [0.1, 0.5])
-    # The names -go '', -data '.' and a folder ending in '.h5' make: not <data>_<algo>_<goal>_<run>.h5.
+    write_ours(folder, "..", "FedAvg", "test", 0, [0.1, 0.5])  # -data .. : hidden, but a result
+    # The names -go '' and -data '.' make: not <data>_<algo>_<goal>_<run>.h5.
     write_pfllib(folder, "dg4", "FedAvg", "", 0, [0.1, 0.2])
     write_pfllib(folder, "", "FedAvg", "dot", 0, [0.1, 0.2])
     (folder / "Digits_FedAvg_test_1.h5").mkdir()
@@ -99,10 +100,12 @@ def test_every_file_left_out_is_listed(tmp_path: Path, capsys) -> None:
     misnamed = "dg4_FedAvg__0.h5"
     for main, argv in ((summarize.main, ["--csv", "", "--md", ""]), (report.main, ["--out", str(tmp_path / "r.html")])):
         assert main(["--results_dir", str(folder), *argv]) == 0
-        err = capsys.readouterr().err
-        listed = lines_with(err, "left out 3 file(s)")
-        assert len(listed) == 1 and all(n in listed[0] for n in (misnamed, "_FedAvg_dot_0.h5", "Digits_FedAvg_test_1.h5"))
+        out, err = capsys.readouterr()
+        listed = lines_with(err, "left out 2 file(s)")
+        assert len(listed) == 1 and misnamed in listed[0] and "_FedAvg_dot_0.h5" in listed[0]
+        assert len(lines_with(err, "Digits_FedAvg_test_1.h5: not a file; left out")) == 1
         assert len(lines_with(err, "Digits_FedAvg_test_2.h5: not a readable HDF5 result file")) == 1
+        assert ".. (goal: test)" in out or "<h2>..</h2>" in (tmp_path / "r.html").read_text()
     # plot.py: a folder with a run's name, a file whose attributes name another algorithm.
     (folder / "Digits_FedAvg_test_2.h5").unlink()
     write_ours(folder, "Digits", "FedProx", "test", 0, [0.1, 0.5], attrs={"algorithm": "FedAvg"})

@@ -17,7 +17,7 @@ from toydata import make_dataset
 
 import main
 from conftest import REPO
-from dataset.utils import lock
+from datagen import lock
 from utils import data_utils, result_utils
 from utils.data_utils import load_federated_dataset
 from utils.errors import FLError
@@ -296,7 +296,7 @@ def test_a_generator_starting_during_the_load_is_noticed(toy, monkeypatch):
 
 
 def test_generators_write_under_the_lock_and_remove_it(tmp_path, monkeypatch):
-    from dataset.utils import dataset_utils, sources
+    from datagen import dataset_utils, sources
 
     seen = []
     save = dataset_utils._save_npz

@@ -33,17 +33,17 @@ def layer_table() -> list[tuple[int, list[str]]]:
 
 
 def project_modules() -> dict[str, Path]:
-    """Dotted name -> file of every module importable from system/ (and the dataset package)."""
+    """Dotted name -> file of every module importable from system/ (and the generators' package,
+    ``datagen``, importable from dataset/)."""
     modules = {}
-    for root, prefix in ((SYSTEM, ""), (REPO / "dataset", "dataset.")):
+    for root in (SYSTEM, REPO / "dataset"):
         for path in root.rglob("*.py"):
             if "__pycache__" in path.parts:
                 continue
             parts = path.relative_to(root).with_suffix("").parts
-            if prefix and len(parts) == 1:
+            if root.name == "dataset" and len(parts) == 1:
                 continue  # dataset/generate_*.py are scripts, not modules anything imports
-            name = prefix + ".".join(parts)
-            modules[name.removesuffix(".__init__")] = path
+            modules[".".join(parts).removesuffix(".__init__")] = path
     return modules
 
 

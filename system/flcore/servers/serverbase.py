@@ -2,7 +2,7 @@
 
 One round (PFLlib's order), :meth:`Server.run_round`::
 
-    plug-ins: before_selection(t)
+    plug-ins: before_selection(t, selecting)   the clock waits for an available client
     cohort  = select_clients(t)
     evaluate(t)                      every -eg rounds, before training, so entry 0 is the initial model
     package = make_package(t, cohort)
@@ -12,7 +12,7 @@ One round (PFLlib's order), :meth:`Server.run_round`::
     aggregate(updates, package)                or the one plug-in that takes it over (DP-FedAvg);
                                                then the private part of the model is restored
     after_round(t, package, updates)
-    plug-ins: after_round(...)                 per-round series (virtual time, ε)
+    plug-ins: after_round(...)                 per-round series (ε of the privacy spent)
 
 Round plug-ins (``flcore/plugins``: the virtual clock, differential privacy) are built from the
 flags through their registry, here, so every way of building a server gets the same ones.

@@ -14,6 +14,7 @@ from .dataset_utils import CONFIG_NAME, FORMAT, STATS_KEY, _save_npz, write_json
 from .errors import DatasetError, ReadError
 from .legacy import load_pfllib_npz
 from .lock import writing
+from .out_dir import output_folder
 
 PICKLE_WARNING = ("warning: PFLlib npz files are pickles; loading them can execute code "
                   "from the file. Convert only folders you trust.")
@@ -46,7 +47,7 @@ def convert_pfllib_folder(source: str | Path, out_dir: str | Path | None = None,
     if (out_dir is None) == (not in_place):
         raise DatasetError("pass either --out-dir DIR (write a converted copy) or --in-place "
                            "(replace the PFLlib files in the source folder)")
-    out_dir = source if in_place else Path(out_dir).resolve()
+    out_dir = source if in_place else output_folder(out_dir)
     if out_dir == source and not in_place:
         raise DatasetError("--out-dir is the source folder; pass --in-place instead to "
                            "replace the PFLlib files")

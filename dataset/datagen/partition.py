@@ -119,11 +119,15 @@ def _balanced_sizes(n: int, k: int, offset: int) -> np.ndarray:
 
 def _unbalanced_sizes(n: int, k: int, least: int, num_classes: int,
                       rng: np.random.Generator) -> np.ndarray:
-    """PFLlib's unbalanced ``pat`` sizes: ``k-1`` draws in [max(n/k/10, least/K), n/k), rest last."""
+    """PFLlib's unbalanced ``pat`` sizes: ``k-1`` draws in [max(n/k/10, least/K), n/k), rest last.
+
+    Unlike PFLlib, a draw is at least 1: with fewer than 10 samples per holder PFLlib's lower
+    bound rounds to 0 and a class could go whole to its last holder, leaving the others
+    without it (and, in ``pat``, without any sample)."""
     if k == 1:
         return np.array([n], dtype=np.int64)
     num_per = n / k
-    low, high = int(max(num_per / 10, least / num_classes)), int(num_per)
+    low, high = max(1, int(max(num_per / 10, least / num_classes))), int(num_per)
     if low >= high:
         # Too few samples for a random range (tiny classes): fall back to equal sizes.
         return _balanced_sizes(n, k, 0)
@@ -194,10 +198,20 @@ def pat(labels: np.ndarray, num_clients: int, num_classes: int, class_per_client
     order = sorted(range(num_clients), key=lambda c: (start[c], c))
     label_sets = [[(start[c] + j) % num_classes for j in range(class_per_client)] for c in order]
     holders = [[c for c in range(num_clients) if k in label_sets[c]] for k in range(num_classes)]
+    class_idx = _class_indices(labels, num_classes)
+    if class_per_client < num_classes:  # pat proper; IID (every class everywhere) may spread thin
+        short = [k for k in range(num_classes) if len(class_idx[k]) < len(holders[k])]
+        if short:
+            k = short[0]
+            raise PartitionError(
+                f"pat: class {k} has {len(class_idx[k])} samples for the {len(holders[k])} clients "
+                f"that hold it ({num_clients} clients x {class_per_client} classes; {len(short)} "
+                f"classes are that short), so some clients would lack a class; lower --num-clients "
+                f"or --class-per-client")
 
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     offset = 0
-    for k, idx_k in enumerate(_class_indices(labels, num_classes)):
+    for k, idx_k in enumerate(class_idx):
         idx_k = rng.permutation(idx_k)
         clients = holders[k]
         if balance:

@@ -39,6 +39,7 @@ import numpy as np
 from .errors import DatasetError
 from . import feature_skew
 from .lock import writing
+from .out_dir import output_folder
 from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, label_counts,
                         make_partition, train_test_split)
 from .picture import count_matrix, save_partition_png, summary_lines
@@ -51,6 +52,8 @@ STATS_KEY = "Size of samples for labels in clients"
 PICTURE_NAME = "partition.png"
 NATURAL = "natural"
 TEST_SPLITS = ("client", "global")
+#: seeds are 32-bit, as in main.py (whose streams keep 32 bits of the seed): one rule for both tools
+MAX_SEED = 2**32 - 1
 
 
 def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: int | None,
@@ -65,15 +68,18 @@ def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: 
     parser.add_argument("--train-ratio", type=float, default=0.75,
                         help="share of each client's samples used for training (default 0.75)")
     parser.add_argument("--seed", type=int, default=1,
-                        help="seed of the partition, split and sample cap (default 1)")
+                        help=f"seed of the partition, split and sample cap, 0 to {MAX_SEED} "
+                             f"(default 1)")
     parser.add_argument("--samples-per-client", type=int, default=None, metavar="N",
                         help="keep at most N training samples per client, chosen at random "
                              "after the train/test split (default: keep all)")
     parser.add_argument("--batch-size", type=int, default=10,
                         help="batch size of the minimum-client-size rule, stored in "
                              "config.json as PFLlib does (default 10)")
-    parser.add_argument("--out-dir", type=Path, default=None,
-                        help="output folder (default: dataset/<Name> next to the script)")
+    # a str, not a Path: Path("") is ".", and an empty --out-dir (an unset variable) must be refused
+    parser.add_argument("--out-dir", default=None,
+                        help="output folder, new or written by a generator before (default: "
+                             "dataset/<Name> next to the script)")
     parser.add_argument("--force", action="store_true",
                         help="regenerate even if the folder already holds this configuration")
 
@@ -143,6 +149,8 @@ def _check_shared(args: argparse.Namespace) -> None:
         raise DatasetError(f"--samples-per-client must be at least 1, got {args.samples_per_client}")
     if args.batch_size < 1:
         raise DatasetError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise DatasetError(f"--seed must be between 0 and {MAX_SEED}, got {args.seed}")
 
 
 def partition_options(args: argparse.Namespace, name: str,
@@ -271,32 +279,66 @@ def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
     return train_parts, list(test_parts)
 
 
+def _named(clients: Sequence[int]) -> str:
+    return ", ".join(map(str, clients[:5])) + (f" and {len(clients) - 5} more" if len(clients) > 5 else "")
+
+
+def check_client_sizes(parts: Sequence[np.ndarray], train_parts: Sequence[np.ndarray],
+                       test_parts: Sequence[np.ndarray], options: dict[str, Any]) -> None:
+    """Refuse a dataset in which a client holds nothing, or no client can train or be tested;
+    warn (one line each) when only some clients lack training or test samples.
+
+    A natural partition can hold a writer or a role of one or two samples, which the split
+    leaves with nothing to train on: legitimate, and ``main.py`` skips such clients."""
+    num = len(parts)
+    empty = [c for c, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise DatasetError(f"the {options['partition'] or 'iid'} partition leaves {len(empty)} of "
+                           f"{num} clients without samples ({_named(empty)}); lower --num-clients")
+    ratio = options["train_ratio"]
+    no_train = [c for c, t in enumerate(train_parts) if len(t) == 0]
+    no_test = [c for c, t in enumerate(test_parts) if len(t) == 0]
+    for missing, split, fix in ((no_train, "training", "raise --train-ratio"),
+                                (no_test, "test", "lower --train-ratio")):
+        if len(missing) == num:
+            raise DatasetError(f"--train-ratio {ratio:g} leaves every client without {split} "
+                               f"samples (a client of n samples trains on floor({ratio:g} x n)); "
+                               f"{fix} or lower --num-clients")
+        if missing:
+            print(f"warning: --train-ratio {ratio:g} leaves {len(missing)} of {num} clients "
+                  f"without {split} samples ({_named(missing)}); {fix} or lower --num-clients",
+                  file=sys.stderr)
+
+
 def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray],
                     options: dict[str, Any], rng: np.random.Generator, *,
                     shared_test: np.ndarray | None = None,
                     client_domains: Sequence[str] | None = None) -> dict[str, Any]:
-    """:func:`_write_federated` under the folder's writer marker (``lock.py``): a run started
-    meanwhile refuses the folder instead of reading half-written files."""
+    """Split each client's samples (train/test, few-shot, the cap), check the clients' sizes,
+    then write under the folder's writer marker (``lock.py``): a run started meanwhile refuses
+    the folder instead of reading half-written files. Nothing in ``out_dir`` changes before the
+    checks pass."""
+    train_parts, test_parts = _split_clients(parts, shared_test, options, data.y, rng)
+    check_client_sizes(parts, train_parts, test_parts, options)
     with writing(out_dir):
-        return _write_federated(out_dir, data, parts, options, rng, shared_test=shared_test,
-                                client_domains=client_domains)
+        try:
+            return _write_federated(out_dir, data, train_parts, test_parts, options,
+                                    client_domains=client_domains)
+        except OSError as exc:  # a full disk, a folder made read-only meanwhile
+            raise DatasetError(f"cannot write {exc.filename or out_dir} ({exc.strerror or exc}); "
+                               f"free some space or pass another --out-dir") from None
 
 
-def _write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray],
-                     options: dict[str, Any], rng: np.random.Generator, *,
-                     shared_test: np.ndarray | None = None,
+def _write_federated(out_dir: Path, data: RawDataset, train_parts: list[np.ndarray],
+                     test_parts: list[np.ndarray], options: dict[str, Any], *,
                      client_domains: Sequence[str] | None = None) -> dict[str, Any]:
-    """Split each client's samples, apply few-shot, the cap and the feature skew, print
-    statistics and write the folder with its partition picture.
+    """Apply the feature skew, print statistics and write the folder with its partition picture.
 
     ``options`` (from :func:`partition_options` or the Synthetic generator) is
     stored in ``config.json`` next to the derived keys: PFLlib's statistic over
     train+test, ``class_names``, ``input_shape`` and per-client sample counts.
-    ``shared_test`` holds the indices of a test set shared by all clients
-    (``--test-split global``); ``client_domains`` names each client's domain
-    (feature-shift datasets).
+    ``client_domains`` names each client's domain (feature-shift datasets).
     """
-    train_parts, test_parts = _split_clients(parts, shared_test, options, data.y, rng)
     held = [np.concatenate([tr, te]) for tr, te in zip(train_parts, test_parts)]
     stats = label_counts(data.y, held)
     print_client_stats(stats, [len(h) for h in held])
@@ -397,7 +439,7 @@ def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path
     dataset's vocabulary size...), stored in config.json and compared on reruns.
     """
     options = {**partition_options(args, name, num_classes), **(extra_options or {})}
-    out_dir = (args.out_dir or Path(script_dir) / name).resolve()
+    out_dir = output_folder(args.out_dir, Path(script_dir) / name)
     if not args.force and is_generated(out_dir, options):
         print(f"Dataset already generated in {out_dir} with these options; "
               f"skipped (pass --force to regenerate).")
@@ -514,7 +556,7 @@ def generate_synthetic_dataset(args: argparse.Namespace, script_dir: Path) -> in
         "synthetic_alpha": args.synthetic_alpha, "synthetic_beta": args.synthetic_beta,
         "dim": args.dim, "iid": args.iid,
     }
-    out_dir = (args.out_dir or Path(script_dir) / name).resolve()
+    out_dir = output_folder(args.out_dir, Path(script_dir) / name)
     if not args.force and is_generated(out_dir, options):
         print(f"Dataset already generated in {out_dir} with these options; "
               f"skipped (pass --force to regenerate).")

@@ -5,8 +5,9 @@ it from the moment it starts replacing files until ``config.json`` (written last
 then the marker is removed. The simulator's loader (``system/utils/data_utils.py``,
 ``check_not_being_written``) refuses a folder whose marker is locked ("being written by a
 generator (pid N)"), and, as the kernel drops the lock of a process however it ends, tells a
-marker left by a killed generator (lock free, no ``config.json``) from a live one. A second
-generator on the same folder is refused the same way.
+marker left by a killed generator (lock free, no ``config.json``) from a live one. A generator
+that fails or is interrupted leaves its marker the same way. A second generator on the same
+folder is refused.
 """
 
 from __future__ import annotations
@@ -55,15 +56,23 @@ def _take(path: Path) -> int:
 @contextmanager
 def writing(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s writer marker (creating the folder) while the block writes it."""
-    folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
-    fd = _take(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = _take(path)
+    except OSError as exc:  # a file in the way, a read-only or virtual file system
+        raise DatasetError(f"cannot write {exc.filename or folder} ({exc.strerror or exc}); "
+                           f"pass another --out-dir") from None
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         yield
-    finally:
-        # Removed while still locked, so no other writer can take this inode after us; a
-        # generator killed before this line leaves the marker, unlocked, for the loader to see.
-        path.unlink(missing_ok=True)
+    except BaseException:
+        # A failed or interrupted write leaves the marker, unlocked, as a kill does: the loader
+        # then tells an incomplete folder (no config.json) from a live writer, and the next
+        # generator recognises its client files as a generator's (out_dir.py).
         os.close(fd)
+        raise
+    # Removed while still locked, so no other writer can take this inode after us.
+    path.unlink(missing_ok=True)
+    os.close(fd)
