@@ -5,6 +5,7 @@ One round (PFLlib's order), :meth:`Server.run_round`::
     plug-ins: before_selection(t, selecting)   the clock waits for an available client
     cohort  = select_clients(t)
     evaluate(t)                      every -eg rounds, before training, so entry 0 is the initial model
+    plug-ins: after_evaluation(...)            metrics of the evaluated model (the backdoor's success rate)
     package = make_package(t, cohort)
     updates = engine.train(clients, package)   the one seam to local training
     updates = drop_uploads(updates)            -cdr
