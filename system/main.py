@@ -33,6 +33,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, SEED_HIGH, accept_other_flags, check_ranges,
                            declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
     from utils.data_utils import FederatedDataset, load_federated_dataset
+    from utils.public_data import with_public_data
     from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
     from utils.errors import Diverged, FLError
     from utils.live import live_callbacks
@@ -321,6 +322,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
     dataset, new_clients = hold_out(dataset, args.num_new_clients, args.num_clients)
+    dataset = with_public_data(args, dataset)  # --public_data: the server's public set (utils/public_data.py)
     validate_with_data(args, dataset)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     server_cls = ALGORITHMS.get(args.algorithm)

@@ -399,6 +399,8 @@ def generic_parser() -> argparse.ArgumentParser:
                   f"else {PFLLIB_VOCAB_SIZE} (PFLlib's)")
     add_flag(g, "-ml", "--max_len", type=int, default=200, low=1, help="text length")
     add_flag(g, "-fs", "--few_shot", type=int, default=0, low=0, help="if > 0 keep at most fs training samples per label per client")
+    add_flag(g, "--public_data", type=str, default=None, help="a public dataset the server holds (KT-pFL): a fraction "
+             "of the training pool, removed from the clients (e.g. 0.02), or a generated dataset folder (utils/public_data.py)")
 
     p = parser.add_argument_group("practical (system heterogeneity, PFLlib)")
     add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0, low=0, below=1,
@@ -455,6 +457,45 @@ def generic_parser() -> argparse.ArgumentParser:
              help="DP-FedAvg noise multiplier z: N(0, (z*S)^2) added to the weighted sum of clipped updates")
     add_flag(d, "--dp_weight_cap", type=float, default=0.0, low=0,
              help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
+
+    # attacks, robust aggregation, stragglers: round plug-ins (flcore/plugins/attacks.py, robust.py, stragglers.py)
+    a = parser.add_argument_group("attacks, robust aggregation, stragglers (system/flcore/plugins/)")
+    add_flag(a, "--attack", type=str, default=None,
+             help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
+                  "backdoor (data poisoning)")
+    add_flag(a, "--attack_fraction", type=float, default=0.0,
+             help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
+    add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
+    add_flag(a, "--attack_scale", type=float, default=10.0, help="sign_flip: an attacker uploads -s x its update")
+    add_flag(a, "--attack_noise_std", type=float, default=1.0, help="gaussian: the std of the uploaded noise update")
+    add_flag(a, "--attack_z", type=float, default=0.0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
+    add_flag(a, "--attack_epsilon", type=float, default=0.5, help="ipm: attackers upload -epsilon x the benign mean")
+    add_flag(a, "--attack_direction", type=str, default="std", choices=["std", "unit", "sign"],
+             help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
+    add_flag(a, "--attack_label_map", type=str, default="",
+             help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
+    add_flag(a, "--backdoor_target", type=int, default=2, help="backdoor: the class triggered images are labelled")
+    add_flag(a, "--backdoor_fraction", type=float, default=0.3125,
+             help="backdoor: share of each attacker minibatch stamped and relabelled (Sageflow: 20 of 64)")
+    add_flag(a, "--backdoor_scale", type=float, default=10.0, help="backdoor: attackers scale their update by it ...")
+    add_flag(a, "--backdoor_from_round", type=int, default=10, help="... from this round on (Sageflow: x10 from 10)")
+    add_flag(a, "--backdoor_value", type=float, default=1.0,
+             help="backdoor: the trigger pixels' input value (1.0: white in PFLlib's [-1, 1] normalisation)")
+    add_flag(a, "--robust", type=str, default=None,
+             help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
+                  "trimmed_mean, rfa, bulyan, centered_clip (e.g. clip,multi_krum)")
+    add_flag(a, "--robust_f", type=int, default=-1,
+             help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
+    add_flag(a, "--robust_clip", type=float, default=0.0,
+             help="clip / centered_clip radius tau (0: the median update norm of the round)")
+    add_flag(a, "--robust_keep", type=int, default=0, help="multi_krum: updates averaged (0: n - f)")
+    add_flag(a, "--robust_iters", type=int, default=10,
+             help="rfa: most Weiszfeld iterations; centered_clip: clipping iterations")
+    add_flag(a, "--straggler_delay", type=int, default=0,
+             help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
+                  "flcore/plugins/stragglers.py)")
+    add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
+             help="late uploads: aggregated when they arrive (stale) or dropped (ignore)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")

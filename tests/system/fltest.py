@@ -18,6 +18,7 @@ from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 from toydata import make_dataset
 from utils.data_utils import ClientData, FederatedDataset
+from utils.public_data import with_public_data
 
 
 def make_args(algorithm: str = "FedAvg", *extra: str, **flags) -> "main.argparse.Namespace":
@@ -64,6 +65,7 @@ def build_server(args, dataset: FederatedDataset, module: nn.Module | None = Non
     if module is None:
         torch.manual_seed(0)
         module = TinyLinear(dataset.input_shape[0], dataset.num_classes)
+    dataset = with_public_data(args, dataset)  # --public_data, as main.py does
     return ALGORITHMS.get(args.algorithm)(args, dataset, module, torch.device("cpu"))
 
 
@@ -197,10 +199,15 @@ def run_main_two_rounds(tmp_path: Path, algorithm: str, *flags: str, num_clients
 
 
 # ---------------------------------------------------------------- comparing training engines
+#: flags without which an algorithm refuses to run (a public dataset: 10% of the toy training pool)
+REQUIRED_FLAGS = {"KT-pFL": ["--public_data", "0.1"]}
 #: flags that make an algorithm's extra terms non-trivial in engine comparisons (only if it has them)
 #: (FedGen: a small generator trained 20 steps a round keeps its term on at a test's cost)
 ENGINE_EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"], "MOON": ["-mu", "1"], "FedNTD": ["-bt", "1"], "FedLC": ["-tau", "2"],
-                      "FedDyn": ["-al", "0.1"], "FedGen": ["-se", "20", "-nd", "16", "-hd", "16"]}
+                      "FedDyn": ["-al", "0.1"], "FedGen": ["-se", "20", "-nd", "16", "-hd", "16"],
+                      # pruning in every round it may, whatever the toy accuracy
+                      "LotteryFL": ["--acc_threshold=-1", "--prune_rate", "0.5"],
+                      "Hermes": ["--acc_threshold=-1", "--prune_rate", "0.5"], **REQUIRED_FLAGS}
 #: ragged client sizes: with batch 5, 0 steps (3 < 5) and 2..8 steps
 ENGINE_SIZES = [3, 12, 25, 40, 17]
 

@@ -67,6 +67,7 @@ PLAIN_SGD = LocalStep()
 def local_step_for(args: Namespace) -> LocalStep:
     """The local-step strategy the run's flags ask for (plain SGD when none does)."""
     import_submodules("flcore.privacy")
+    import_submodules("flcore.plugins")  # data poisoning (plugins/attacks.py) is a local step too
     wanted = [LOCAL_STEPS.get(name) for name in LOCAL_STEPS if LOCAL_STEPS.get(name).wanted(args)]
     if len(wanted) > 1:
         raise FLError(f"these local-step options exclude each other: {', '.join(c.name for c in wanted)}; choose one")

@@ -10,6 +10,9 @@ calls them at fixed points, in ``order``::
     before_selection(rnd, selecting)      a training round begins (``selecting``: the server draws
                                           its cohort); the clock waits for an available client
     selectable(rnd) -> mask | None        who may be selected (every selection policy honours it)
+    after_evaluation(rnd, global_params, result)
+                                          the server evaluated ``global_params`` (every -eg rounds
+                                          and at the end): the backdoor's attack success rate
     after_training(package, trained, arrived, result) -> kept uploads
                                           the clock times the round; -tth drops late uploads
     aggregate(updates, package) -> new global parameters
@@ -66,6 +69,10 @@ class RoundPlugin:
     def selectable(self, rnd: int) -> np.ndarray | None:
         """Which clients may be selected (a boolean mask over client positions; None: any)."""
         return None
+
+    def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
+        """The server has evaluated the global model ``global_params`` of round ``rnd`` (the model
+        before that round's training; the final one after the last round): metrics of the same model."""
 
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:

@@ -5,6 +5,7 @@ One round (PFLlib's order), :meth:`Server.run_round`::
     plug-ins: before_selection(t, selecting)   the clock waits for an available client
     cohort  = select_clients(t)
     evaluate(t)                      every -eg rounds, before training, so entry 0 is the initial model
+    plug-ins: after_evaluation(...)            metrics of the evaluated model (the backdoor's success rate)
     package = make_package(t, cohort)
     updates = engine.train(clients, package)   the one seam to local training
     updates = drop_uploads(updates)            -cdr
@@ -200,6 +201,8 @@ class Server:
             result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
         if evaluate:
             result.evaluation = self.evaluate(rnd)
+            for plugin in plugins:  # metrics of the same model (the backdoor's success rate)
+                plugin.after_evaluation(rnd, self.global_params, result)
             result.eval_seconds = time.perf_counter() - start
         if train:
             package = result.package = self.make_package(rnd, result.cohort)

@@ -1,0 +1,104 @@
+"""APPLE client (Luo & Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated
+Learning", IJCAI 2022, arXiv:2110.08394).
+
+Every client i owns a core model c_i (uploaded) and a directed relationship (DR) vector p_i over
+all N clients' core models (state ``apple_p``, 1/N each at first, as in PFLlib). Its personalised
+model is w̃_i = Σ_j p_ij c_j. In a round it receives every core model (``extras["apple_cores"]``,
+N models, counted in ``rs_bytes_down``) and, on each local minibatch, with g = ∇L(w̃_i) (the
+gradient at the current w̃_i; the other cores are fixed during the round):
+
+    c_i  ← c_i − η_c · p_ii · g                                        (∂w̃_i/∂c_i = p_ii)
+    p_ij ← p_ij − η_p · (⟨g, c_j⟩ + λ(t) · μ · (p_ij − p0_j))   for every j
+
+with η_p = ``-dlr``, μ = ``-mu``, p0_j = n_j / n (the clients' sample shares, ``extras["apple_p0"]``)
+and the proximal schedule λ(t) = (cos(π t / L) + 1) / 2 for rounds t < L = ``-L``·``-gr``, then 0:
+the DR vectors start near p0 and are free later. The core model is uploaded; w̃_i after the last
+step is the client's personalised model (state ``personal``), which it is evaluated with.
+
+Deliberate choices where PFLlib differs (flags choose):
+* ``--apple_core_lr_scale`` (default True, PFLlib): η_c = N·η, which offsets p_ii ≈ 1/N; False
+  uses η (``-lr``) as it is;
+* ``--apple_p_grad inner`` (default, the paper's chain rule) uses ⟨g, c_j⟩ over the trainable
+  parameters; ``pfllib`` uses PFLlib's mean over parameter tensors of mean(g ⊙ c_j);
+* λ(t) uses the current round t (PFLlib computes it after round t and applies it in round t+1);
+* PFLlib replaces the trained core at the end of a round by the personalised model (its
+  ``model_c`` copy of ``self.model``), which discards the core's own updates; the core here keeps
+  them, as in the paper;
+* the mixtures cover float buffers (BatchNorm statistics) as well.
+"""
+from __future__ import annotations
+
+import math
+from argparse import ArgumentParser
+from typing import ClassVar
+
+import torch
+
+from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.flat import FlatModel
+from utils.cli import add_flag
+
+
+def proximal_weight(rnd: int, horizon: int) -> float:
+    """λ(t) = (cos(π t / L) + 1) / 2 while t < L, then 0."""
+    return (math.cos(math.pi * rnd / horizon) + 1.0) / 2.0 if rnd < horizon else 0.0
+
+
+class APPLEClient(Client):
+    """SGD on the personalised mixture, updating the own core model and the DR vector."""
+
+    vectorisable: ClassVar[bool] = False
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-dlr", "--dr_learning_rate", type=float, default=0.0,
+                 help="η_p, learning rate of the DR vector p_i (PFLlib default 0: p_i stays 1/N)")
+        add_flag(parser, "-L", "--L", type=float, default=1.0,
+                 help="the proximal weight λ(t) decays over the first L·gr rounds (cosine), then 0")
+        add_flag(parser, "-mu", "--mu", type=float, default=0.0,
+                 help="μ of the DR vector's proximal term λ(t)·μ/2·‖p_i − p0‖² (PFLlib default 0: none)")
+        add_flag(parser, "--apple_core_lr_scale", type=bool, default=True,
+                 help="the core model's learning rate is N·lr (PFLlib); False: lr")
+        add_flag(parser, "--apple_p_grad", type=str, default="inner", choices=["inner", "pfllib"],
+                 help="∂L/∂p_ij: ⟨g, c_j⟩ (paper) or PFLlib's mean over tensors of mean(g ⊙ c_j)")
+
+    def dr_gradient(self, g: torch.Tensor, cores: torch.Tensor, model: FlatModel) -> torch.Tensor:
+        """∂L/∂p_ij for every row c_j of ``cores`` (whole vectors; only the trainable part counts)."""
+        if self.hp.apple_p_grad == "inner":
+            return cores[:, : g.shape[0]].double() @ g.double()
+        means = [(cores[:, seg.start:seg.stop] * g[seg.start:seg.stop]).double().mean(dim=1)
+                 for seg in model.param_segments()]
+        return torch.stack(means).mean(dim=0)
+
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        package, lr, i, p_len = job.package, job.lr, self.index, model.num_params
+        cores, p0 = package.extras["apple_cores"], package.extras["apple_p0"]
+        n = cores.shape[0]
+        dr = self.state.get("apple_p", i, init=lambda: torch.full((n,), 1.0 / n, dtype=torch.float64)).clone()
+        own = cores[i].clone()
+        core_lr = lr * (n if self.hp.apple_core_lr_scale else 1)
+        horizon = int(self.hp.L * int(self.args.global_rounds))
+        prox = proximal_weight(package.round, horizon) * self.hp.mu
+
+        def personalised() -> torch.Tensor:
+            weights = dr.to(cores.dtype)
+            return weights @ cores + weights[i] * (own - cores[i])
+
+        model.module.train()
+        loss_sum = torch.zeros((), device=model.device)
+        for idx in job.plan:
+            model.load(personalised())
+            loss_sum += self.compute_gradient(model, idx)
+            g = model.grad
+            dr_grad = self.dr_gradient(g, cores, model)
+            dr_grad[i] = self.dr_gradient(g, own[None], model)[0]  # the own core as it is now
+            dr_grad += prox * (dr - p0.to(dr.dtype))
+            own[:p_len] -= core_lr * float(dr[i]) * g
+            dr -= self.hp.dr_learning_rate * dr_grad
+        loss = self.check_loss(loss_sum, len(job.plan), package.round)
+        self.state.set("apple_p", i, dr)
+        self.state.set("personal", i, personalised())
+        return own, loss
+
+    def end_round(self, params, package: RoundPackage, ctx, steps, loss) -> ClientUpdate:
+        return ClientUpdate(self.index, self.num_train, steps, params, loss)

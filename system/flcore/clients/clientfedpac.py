@@ -1,0 +1,114 @@
+"""FedPAC client (Xu, Tong, Huang, ICLR 2023, "Personalized Federated Learning with Feature
+Alignment and Classifier Collaboration", arXiv:2306.11867).
+
+In round t, with the global feature extractor (body) and its personal classifier (head) received,
+the client
+
+1. computes the statistics of the classifier-collaboration QP with the received body (before
+   training, as the paper and PFLlib do): its label distribution p(k), class means μ_k of the
+   representations, H = [p(k)·μ_k]_k (C x d) and V = (Σ_k p(k)·E_k‖f‖² − Σ_k p(k)²‖μ_k‖²) / n;
+2. trains the head for one epoch with the body frozen (cross-entropy);
+3. trains the body for E epochs with the head frozen, aligning its features to the global class
+   centroids c_y the server sent: CE + λ·MSE(f(x), c_y) (λ = ``-lam``; MSE as FedProto's, zero for
+   classes without a centroid);
+4. computes its class centroids with the trained body (eval mode, one pass).
+
+It uploads the body (the shared part), and as named tensors its head, V, H and its centroids
+with labels and sample counts. The procedure has three phases and passes over the data besides
+the steps, so this client runs its own ``train_job`` (the engines train it sequentially); it
+costs one epoch of gradients more than FedAvg, plus two forward passes.
+"""
+from __future__ import annotations
+
+from argparse import ArgumentParser
+
+import torch
+import torch.nn.functional as F
+
+from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
+from flcore.clients.labelmeans import body_class_sums, class_means, upload
+from flcore.flat import FlatModel, Net
+from utils.cli import add_flag
+
+
+class FedPACClient(Client):
+    """Head epoch, then aligned body epochs; uploads body, head, QP statistics and centroids."""
+
+    vectorisable = False  # three phases and statistics passes: its own train_job
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+                 help="FedPAC: weight λ of the feature alignment to the global centroids (PFLlib: 1)")
+
+    def expected_gradient_samples(self) -> float:
+        return super().expected_gradient_samples() * (self.local_epochs + 1) / max(self.local_epochs, 1)
+
+    def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
+        z = net.features(x)
+        loss = F.cross_entropy(net.head(z), y)
+        if "centroids" in ctx:
+            flat = z.flatten(1)
+            target = torch.where(ctx["centroid_present"][y].unsqueeze(1), ctx["centroids"][y], flat.detach())
+            loss = loss + self.hp.lamda * F.mse_loss(flat, target)
+        return loss
+
+    def begin_round(self, package, steps):
+        ctx = {}
+        if "centroids" in package.extras:
+            ctx = {"centroids": package.extras["centroids"], "centroid_present": package.extras["centroid_present"]}
+        head = package.payload(self.index).get("head")
+        if head is not None:
+            ctx["head"] = head
+        return ctx
+
+    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
+        job.ctx["head_mask"] = model.head_mask()
+        head = job.ctx["head_mask"][: model.num_params]
+        start = job.start.clone()
+        if "head" in job.ctx:  # the combined head the server formed for this client
+            start[job.ctx["head_mask"]] = job.ctx["head"]
+        model.load(start)
+        job.ctx["V"], job.ctx["H"] = self.statistics(model)
+        rnd = job.package.round
+        self.phase(model, self.batch_plan(rnd, epochs=1, purpose="fedpac-head"), {}, job.lr, head, rnd)
+        loss = self.phase(model, job.plan, job.ctx, job.lr, ~head, rnd)
+        job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
+        return model.snapshot(), loss
+
+    def phase(self, model: FlatModel, plan: list, ctx: dict, lr: float, trained: torch.Tensor, rnd: int) -> float:
+        """SGD over ``plan`` on ``local_loss`` changing only the ``trained`` entries."""
+        model.module.train()
+        loss_sum = torch.zeros((), device=model.device)
+        for idx in plan:
+            loss_sum += self.compute_gradient(model, idx, ctx)
+            model.params.sub_(torch.where(trained, model.grad, 0.0), alpha=lr)
+        return self.check_loss(loss_sum, len(plan), rnd)
+
+    def statistics(self, model: FlatModel) -> tuple[torch.Tensor, torch.Tensor]:
+        """(V, H) of the QP with the model as received (see the module docstring)."""
+        module = model.module
+        was_training = module.training
+        module.eval()
+        batch = int(self.args.eval_batch_size)
+        sums = squares = seen = None
+        with torch.no_grad():
+            for i in range(0, self.num_train, batch):
+                z = module.body(self.data.inputs("train", slice(i, i + batch))).flatten(1).double()
+                y = self.data.train_y[i : i + batch]
+                part = class_means(z, y, self.task.num_classes)
+                norms = z.new_zeros(self.task.num_classes).index_add_(0, y, z.pow(2).sum(1))
+                sums = part[0] if sums is None else sums + part[0]
+                seen = part[1] if seen is None else seen + part[1]
+                squares = norms if squares is None else squares + norms
+        module.train(was_training)
+        p = seen / seen.sum()
+        mu = sums / seen.clamp_min(1).unsqueeze(1)
+        v = (p * squares / seen.clamp_min(1)).sum() - (p.pow(2) * mu.pow(2).sum(1)).sum()
+        return (v / self.num_train).reshape(1).float(), (p.unsqueeze(1) * mu).float()
+
+    def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
+        counts = torch.bincount(self.data.train_y, minlength=self.task.num_classes)
+        extras = upload(ctx["class_sums"], ctx["class_seen"], counts.to(ctx["class_sums"].device))
+        extras.update(head=params[ctx["head_mask"]], V=ctx["V"], H=ctx["H"])
+        return ClientUpdate(self.index, self.num_train, steps, params, loss, extras=extras)

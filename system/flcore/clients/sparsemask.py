@@ -1,0 +1,164 @@
+"""Masks and sparse messages shared by the mask-based algorithms (pFedEff, LotteryFL, Hermes).
+
+* :func:`encode` / :func:`decode`: a sparse message, as it travels: the values sent and where they
+  go. What says *where* is the cheapest of three encodings, so the bytes counted
+  (``ClientUpdate.nbytes``, ``RoundPackage.nbytes``) are those an honest sender would send:
+  nothing (every entry is sent: a dense vector), int32 indices (4 bytes an entry sent) or a
+  bitmap (one bit an entry of the vector).
+* :func:`keep_largest`: the magnitude (or importance) rule, ``⌈fraction · size⌉`` largest scores
+  kept in each group (a layer's tensor), ties broken towards the lower position.
+* :func:`masked_average`: the aggregation over the entries each client sent.
+* :class:`SparseClient`: what the three clients share: the model's layout and the common initial
+  model, given once by the server (``configure``), the ``-kf`` flag, and the personal model and
+  mask kept in the state store (``personal``, ``mask``), which never leave the client.
+"""
+from __future__ import annotations
+
+import math
+from argparse import ArgumentParser
+from typing import ClassVar, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from flcore.clients.clientbase import Client, ClientUpdate
+from flcore.flat import Segment
+from utils.cli import add_flag
+
+INDEX_DTYPE = torch.int32
+_BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
+
+
+# ------------------------------------------------------------------ the sparse message
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """A boolean vector as ⌈n/8⌉ bytes, bit b of byte k holding entry 8k + b."""
+    padded = torch.zeros(math.ceil(mask.numel() / 8) * 8, dtype=torch.uint8, device=mask.device)
+    padded[: mask.numel()] = mask.to(torch.uint8)
+    return (padded.view(-1, 8) * _BIT_WEIGHTS.to(mask.device)).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_bits(bits: torch.Tensor, n: int) -> torch.Tensor:
+    return (bits[:, None] & _BIT_WEIGHTS.to(bits.device)).ne(0).view(-1)[:n]
+
+
+def encode(vector: torch.Tensor, keep: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The message sending ``vector``'s entries where ``keep`` holds: their values, and the int32
+    indices or the bitmap of ``keep``, whichever is smaller (neither when every entry is sent)."""
+    values = vector[keep]
+    n, k = keep.numel(), values.numel()
+    if k == n:
+        return {"values": values}
+    if k * torch.iinfo(INDEX_DTYPE).bits // 8 <= math.ceil(n / 8):
+        return {"values": values, "indices": keep.nonzero().view(-1).to(INDEX_DTYPE)}
+    return {"values": values, "bitmap": pack_bits(keep)}
+
+
+def decode(message: dict[str, torch.Tensor], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a length-``n`` vector with the values sent and zeros elsewhere, the mask of what was sent)."""
+    values = message["values"]
+    if "indices" in message:
+        keep = torch.zeros(n, dtype=torch.bool, device=values.device)
+        keep[message["indices"].long()] = True
+    elif "bitmap" in message:
+        keep = unpack_bits(message["bitmap"], n)
+    else:
+        keep = torch.ones(n, dtype=torch.bool, device=values.device)
+    dense = torch.zeros(n, dtype=values.dtype, device=values.device)
+    dense[keep] = values
+    return dense, keep
+
+
+def message_nbytes(message: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in message.values())
+
+
+# ------------------------------------------------------------------ mask rules
+def kept_count(size: int, fraction: float) -> int:
+    """How many of ``size`` entries a fraction keeps: ⌈fraction · size⌉ (so at least one)."""
+    return min(size, max(1, math.ceil(fraction * size - 1e-9)))
+
+
+def keep_largest(scores: torch.Tensor, groups: Iterable[tuple[int, int]], fraction: float,
+                 eligible: torch.Tensor | None = None, counts: Sequence[int] | None = None) -> torch.Tensor:
+    """True on the ``⌈fraction · m⌉`` largest ``scores`` of each group ``[start, stop)`` (m: the
+    group's eligible entries; ``counts`` gives the number per group instead); entries outside every
+    group are True, ineligible ones False. Ties go to the lower position (a stable sort)."""
+    keep = torch.ones(scores.numel(), dtype=torch.bool, device=scores.device)
+    for g, (start, stop) in enumerate(groups):
+        part = scores[start:stop]
+        allowed = torch.ones_like(part, dtype=torch.bool) if eligible is None else eligible[start:stop]
+        candidates = allowed.nonzero().view(-1)
+        keep[start:stop] = False
+        if candidates.numel() == 0:
+            continue
+        count = kept_count(candidates.numel(), fraction) if counts is None else min(counts[g], candidates.numel())
+        order = torch.argsort(part[candidates], descending=True, stable=True)[:count]
+        keep[start + candidates[order]] = True
+    return keep
+
+
+def param_groups(segments: Sequence[Segment]) -> list[tuple[int, int]]:
+    """One group per trainable tensor (layer-wise masks; float buffers are never masked)."""
+    return [(seg.start, seg.stop) for seg in segments if seg.is_param]
+
+
+def weight_groups(segments: Sequence[Segment]) -> list[tuple[int, int]]:
+    """One group per weight tensor (two or more dimensions: biases and norm scales are kept)."""
+    return [(seg.start, seg.stop) for seg in segments if seg.is_param and len(seg.shape) >= 2]
+
+
+def masked_average(messages: list[tuple[torch.Tensor, torch.Tensor]], num_samples: Sequence[int],
+                   previous: torch.Tensor) -> torch.Tensor:
+    """Per entry, the sample-weighted mean of the values the clients sent there (``messages``: one
+    (dense values, sent mask) per upload); an entry nobody sent keeps ``previous``.
+
+    The numerator is accumulated exactly as ``weighted_average`` does (weights n_k / Σ n_k, in
+    update order); where every upload sent the entry that is the answer (its coverage is 1 in exact
+    arithmetic and is not divided by), so dense uploads give FedAvg's model bit for bit."""
+    counts = np.asarray(num_samples, dtype=np.float64)
+    weights = counts / counts.sum() if counts.sum() > 0 else np.full(len(messages), 1 / len(messages))
+    total = torch.zeros_like(previous)
+    coverage = torch.zeros_like(previous)
+    everyone = torch.ones_like(previous, dtype=torch.bool)
+    for (dense, sent), weight in zip(messages, weights):
+        total.add_(dense, alpha=float(weight))
+        coverage.add_(sent.to(previous.dtype), alpha=float(weight))
+        everyone &= sent
+    partial = torch.where(coverage > 0, total / coverage.clamp_min(torch.finfo(previous.dtype).tiny), previous)
+    return torch.where(everyone, total, partial)
+
+
+def sparse_update(client: Client, steps: int, loss: float, message: dict[str, torch.Tensor],
+                  like: torch.Tensor) -> ClientUpdate:
+    """An upload that carries only ``message`` (the model itself is not sent: ``params`` is empty)."""
+    empty = like.new_empty(0)
+    return ClientUpdate(client.index, client.data.num_train, steps, empty, loss, extras=message, uploads_params=False)
+
+
+class SparseClient(Client):
+    """What the mask-based clients share: ``-kf``, the model's layout and the common initial model
+    (set once by the server), and the personal model and mask in the state store."""
+
+    settable: ClassVar[tuple[str, ...]] = (*Client.settable, "segments", "initial_params")
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-kf", "--kept_fraction", type=float, default=0.5,
+                 help="fraction of the model each client keeps (0, 1]: pFedEff's magnitude masks and the exchanged "
+                      "share of what is kept; LotteryFL's and Hermes' pruning target (0.75/0.5/0.25 = the -75/-50/-25 "
+                      "variants; 1 = dense)")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.segments: tuple[Segment, ...] = ()
+        self.initial_params: torch.Tensor | None = None
+
+    def personal(self) -> torch.Tensor:
+        """This client's model (the common initial model before its first participation)."""
+        return self.state.get("personal", self.index, init=self.initial_params.clone)
+
+    def mask(self) -> torch.Tensor:
+        """This client's kept entries over the whole vector (all of it before its first pruning)."""
+        return self.state.get("mask", self.index,
+                              init=lambda: torch.ones(self.initial_params.numel(), dtype=torch.bool,
+                                                      device=self.initial_params.device))

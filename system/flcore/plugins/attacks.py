@@ -1,0 +1,380 @@
+"""Byzantine clients: model poisoning of the uploads and data poisoning of local training.
+
+``--attack NAME --attack_fraction f`` makes ``round(f · N)`` of the N training clients attackers
+(half rounds up), drawn from ``(seed, "attackers")`` once for the run, or from
+``(seed, "attackers", round)`` every round with ``--attack_resample`` (:func:`attacker_mask`).
+Attackers train as the algorithm says (on poisoned data for a data attack); what they upload is
+then replaced. Every attack works on the update ``u = params − global`` of the round's package,
+restricted to the shared part of the model (the private part never leaves a client).
+
+Model poisoning (this plug-in's ``after_training``, on the uploads that reach the server):
+
+* ``sign_flip``: ``u ← −s·u`` with ``s = --attack_scale`` (Sageflow's ``w ← −s·w``, s ∈ {0.1, 10};
+  applied to the update relative to the round's global model, the default s = 10).
+* ``gaussian``: ``u ← N(0, σ² I)``, σ = ``--attack_noise_std``, drawn from
+  ``(seed, "attack-noise", round, client)``.
+* ``alie`` (Baruch et al., NeurIPS 2019, "A Little Is Enough"): every attacker sends
+  ``μ − z·σ`` with μ, σ the coordinate-wise mean and (population) standard deviation of the
+  benign uploads of the round, and ``z = Φ⁻¹((n − s)/n)``, ``s = ⌊n/2 + 1⌋ − m`` for n uploads of
+  which m are attackers' (the paper's z_max); ``--attack_z`` > 0 sets z instead.
+* ``ipm`` (Xie et al., UAI 2020, inner-product manipulation): every attacker sends ``−ε·μ``,
+  ε = ``--attack_epsilon``.
+* ``minmax`` (Shejwalkar & Houmansadr, NDSS 2021): every attacker sends ``μ + γ·p`` with the
+  largest γ ≥ 0 whose greatest distance to a benign upload stays within the greatest distance
+  between two benign uploads; p = ``--attack_direction``: ``std`` (−σ, the paper's best),
+  ``unit`` (−μ/‖μ‖) or ``sign`` (−sign μ). Each constraint is a quadratic in γ, so γ is solved
+  exactly (the paper searches it by halving steps).
+
+The colluding attacks (alie, ipm, minmax) know the benign uploads of the round (the omniscient
+setting of Blades and ByzFL); in a round where every upload is an attacker's they use the
+attackers' own honestly trained updates instead.
+
+Data poisoning changes what an attacker trains on, through the clients' local-step strategy
+(:class:`PoisonedData`, ``flcore/clients/localstep.py``): every algorithm that trains by the base
+sequence computes its steps there, so no client class has a branch for it.
+
+* ``label_flip``: an attacker's labels y become ``C − 1 − y``, or those of
+  ``--attack_label_map "a:b,c:d"`` (classes not named keep their label).
+* ``backdoor`` (BadNets-style, with Sageflow's settings): in each of an attacker's minibatches the
+  first ``int(B × --backdoor_fraction)`` samples (20 of 64 by default) get the trigger and the label
+  ``--backdoor_target`` (2); from round ``--backdoor_from_round`` (10) on, the attacker's update is
+  also scaled by ``--backdoor_scale`` (10) before upload. The trigger is Sageflow's 12 pixels in the
+  top-left corner (:data:`TRIGGER_PIXELS`, every channel), set to ``--backdoor_value`` in the
+  model's input space (1.0: white for the [-1, 1] normalisation of PFLlib's image datasets;
+  Sageflow sets 1 after its own normalisation). ``rs_backdoor_asr``, one entry per evaluation
+  (aligned with ``rs_test_acc``): the share of the test images of the other classes, trigger
+  stamped, that the global model puts in the target class.
+
+Being a local-step strategy, data poisoning excludes DP-SGD (``-dp``, another strategy) and
+algorithms whose clients train their own way (they override ``train_job`` or the gradient).
+
+Results: ``rs_attack_uploads`` (how many of the uploads that reached the server in each round are
+attackers'; with ``--straggler_delay`` counted in the round they were trained) and ``rs_attackers``
+(their client indices, one row per round, NaN-padded).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
+
+import numpy as np
+import torch
+
+from flcore.capabilities import LOCAL_PROCEDURE
+from flcore.clients.localstep import LocalStep
+from flcore.plugins import RoundPlugin
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.registry import register_local_step, register_plugin
+from utils.data_utils import decode_inputs
+from utils.errors import FLError
+from utils.seeding import numpy_rng, torch_generator
+
+if TYPE_CHECKING:
+    from flcore.clients.clientbase import Client
+    from flcore.flat import FlatModel
+
+
+# ----------------------------------------------------------------------------- who attacks
+def attacker_count(fraction: float, num_clients: int) -> int:
+    """round(f · N), halves rounding up."""
+    return int(math.floor(fraction * num_clients + 0.5))
+
+
+@functools.lru_cache(maxsize=64)
+def attacker_mask(seed: int, fraction: float, resample: bool, num_clients: int, rnd: int) -> np.ndarray:
+    """Which client positions attack in round ``rnd`` (a read-only boolean mask): drawn once from
+    (seed, "attackers"), or per round from (seed, "attackers", rnd) when ``resample``."""
+    keys = (rnd,) if resample else ()
+    chosen = numpy_rng(seed, "attackers", *keys).choice(num_clients, size=attacker_count(fraction, num_clients),
+                                                         replace=False)
+    mask = np.zeros(num_clients, dtype=bool)
+    mask[chosen] = True
+    mask.setflags(write=False)
+    return mask
+
+
+def attackers_of(args: Any, rnd: int) -> np.ndarray:
+    """The run's attacker mask in round ``rnd`` (every client position; ``args.num_clients`` of them)."""
+    return attacker_mask(int(args.seed), float(args.attack_fraction), bool(args.attack_resample),
+                         int(args.num_clients), 0 if not args.attack_resample else int(rnd))
+
+
+# ----------------------------------------------------------------------------- model poisoning
+def sign_flip(update: torch.Tensor, scale: float) -> torch.Tensor:
+    return update * -scale
+
+
+def alie_z(uploads: int, attackers: int) -> float:
+    """Baruch et al.'s z_max for n uploads of which m are attackers'."""
+    supporters = math.floor(uploads / 2 + 1) - attackers
+    share = min(max((uploads - supporters) / uploads, 1e-6), 1 - 1e-6)
+    return NormalDist().inv_cdf(share)
+
+
+def alie(benign: torch.Tensor, z: float) -> torch.Tensor:
+    """μ − z·σ of the benign updates (rows), coordinate by coordinate."""
+    return benign.mean(0) - z * benign.std(0, correction=0)
+
+
+def ipm(benign: torch.Tensor, epsilon: float) -> torch.Tensor:
+    return benign.mean(0) * -epsilon
+
+
+MINMAX_DIRECTIONS = ("std", "unit", "sign")
+
+
+def minmax(benign: torch.Tensor, direction: str) -> torch.Tensor:
+    """μ + γ·p with the largest γ ≥ 0 such that max_i ‖μ + γp − b_i‖ ≤ max_ij ‖b_i − b_j‖.
+
+    For each i, ‖(μ − b_i) + γp‖² = T² is a quadratic aγ² + bγ + c = 0 with c ≤ 0 (μ lies in the
+    benign updates' hull, so ‖μ − b_i‖ ≤ T): its larger root bounds γ, and γ is the smallest bound."""
+    points = benign.double()
+    mean = points.mean(0)
+    if direction == "std":
+        push = -points.std(0, correction=0)
+    elif direction == "unit":
+        norm = mean.norm()
+        push = -mean / norm if norm > 0 else torch.zeros_like(mean)
+    else:
+        push = -mean.sign()
+    limit_sq = float(torch.cdist(points, points).max()) ** 2
+    a = float(push @ push)
+    if a == 0.0:
+        return mean.to(benign.dtype)
+    offsets = mean - points
+    b = 2 * (offsets @ push)
+    c = (offsets * offsets).sum(1) - limit_sq
+    roots = (-b + torch.sqrt(torch.clamp(b * b - 4 * a * c, min=0.0))) / (2 * a)
+    gamma = max(0.0, float(roots.min()))
+    return (mean + gamma * push).to(benign.dtype)
+
+
+# ----------------------------------------------------------------------------- data poisoning
+def parse_label_map(text: str, num_classes: int) -> dict[int, int]:
+    """``"a:b,c:d"`` as {a: b, c: d}; empty: y → C − 1 − y for every class."""
+    if not text:
+        return {y: num_classes - 1 - y for y in range(num_classes)}
+    mapping = {}
+    for pair in text.split(","):
+        try:
+            source, target = (int(part) for part in pair.split(":"))
+        except ValueError:
+            raise FLError(f"--attack_label_map {text!r}: write class pairs as 'from:to,from:to' (e.g. '1:7,7:1')") from None
+        if not (0 <= source < num_classes and 0 <= target < num_classes):
+            raise FLError(f"--attack_label_map {text!r}: classes must be in 0..{num_classes - 1}")
+        mapping[source] = target
+    return mapping
+
+
+@functools.lru_cache(maxsize=8)
+def label_table(text: str, num_classes: int) -> torch.Tensor:
+    """The label map as a lookup table (index y gives the poisoned label)."""
+    table = torch.arange(num_classes)
+    for source, target in parse_label_map(text, num_classes).items():
+        table[source] = target
+    return table
+
+
+#: Sageflow's MNIST trigger: (row, column) of its 12 pixels
+TRIGGER_PIXELS = ((0, 0), (1, 0), (2, 0), (0, 1), (1, 2), (2, 3), (0, 5), (1, 4), (4, 0), (4, 1), (4, 2), (4, 3))
+
+
+def stamp_trigger(x: torch.Tensor, value: float) -> torch.Tensor:
+    """A copy of the images ``x`` (N, C, H, W) with the trigger's pixels set to ``value`` in every channel."""
+    stamped = x.clone()
+    rows, cols = zip(*TRIGGER_PIXELS)
+    stamped[:, :, list(rows), list(cols)] = value
+    return stamped
+
+
+def backdoor_batch(args: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The minibatch with its first int(B × fraction) samples stamped and relabelled (Sageflow's)."""
+    count = int(len(y) * float(args.backdoor_fraction))
+    x, y = x.clone(), y.clone()
+    x[:count] = stamp_trigger(x[:count], float(args.backdoor_value))
+    y[:count] = int(args.backdoor_target)
+    return x, y
+
+
+#: data attacks: how an attacker's minibatch (x, y) is poisoned (``args``: the run's flags)
+DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]] = {
+    "label_flip": lambda args, x, y, classes: (x, label_table(str(args.attack_label_map or ""), classes).to(y.device)[y]),
+    "backdoor": lambda args, x, y, classes: backdoor_batch(args, x, y),
+}
+
+
+@register_local_step("data-poisoning")
+@dataclass(frozen=True)
+class PoisonedData(LocalStep):
+    """Plain SGD, except that an attacker computes its gradients on poisoned minibatches. Which
+    clients attack in a round is :func:`attackers_of` (a function of the flags), so Ray actors that
+    rebuild this strategy from the flags poison the same clients."""
+
+    args: Any
+
+    name: ClassVar[str] = "data poisoning (--attack label_flip or backdoor)"
+    plain: ClassVar[bool] = False  # the batched engine's own step would skip the poisoning
+
+    @classmethod
+    def wanted(cls, args) -> bool:
+        return getattr(args, "attack", None) in DATA_ATTACKS and float(args.attack_fraction) > 0
+
+    @classmethod
+    def from_args(cls, args) -> "PoisonedData":
+        return cls(args)
+
+    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, rnd: int,
+                 step: int) -> torch.Tensor:
+        if not attackers_of(self.args, rnd)[client.index]:
+            return client.compute_gradient(model, idx, ctx)
+        client.count_gradient_samples(idx)
+        x, y = DATA_ATTACKS[self.args.attack](self.args, client.data.inputs("train", idx), client.data.train_y[idx],
+                                              client.task.num_classes)
+        model.zero_grad()
+        loss = client.local_loss(model.net, x, y, ctx)
+        loss.backward()
+        return loss.detach()
+
+
+def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
+    """One line for a backdoor that cannot run: inputs that are not images large enough for the trigger,
+    a target outside the classes, a poisoned share outside (0, 1]."""
+    height = max(r for r, _ in TRIGGER_PIXELS) + 1
+    width = max(c for _, c in TRIGGER_PIXELS) + 1
+    if len(input_shape) != 3 or input_shape[1] < height or input_shape[2] < width:
+        raise FLError(f"--attack backdoor stamps a pixel trigger on images of at least {height}x{width} pixels; "
+                      f"this dataset's inputs have shape {tuple(input_shape)}")
+    if not 0 <= int(args.backdoor_target) < num_classes:
+        raise FLError(f"--backdoor_target must be a class in 0..{num_classes - 1}, got {args.backdoor_target}")
+    if not 0 < float(args.backdoor_fraction) <= 1:
+        raise FLError(f"--backdoor_fraction must be in (0, 1], got {args.backdoor_fraction}")
+
+
+# ----------------------------------------------------------------------------- the plug-in
+#: model attacks that transform each attacker's own update
+OWN_UPDATE_ATTACKS = ("sign_flip", "gaussian")
+#: model attacks every attacker of a round sends alike, computed from the benign updates
+COLLUDING_ATTACKS = ("alie", "ipm", "minmax")
+ATTACKS = (*OWN_UPDATE_ATTACKS, *COLLUDING_ATTACKS, *DATA_ATTACKS)
+
+
+@register_plugin("attack")
+class AttackPlugin(RoundPlugin):
+    """Chooses the attackers, poisons their uploads (model attacks) and records who attacked."""
+
+    order = 60  # after the clock (10) has kept the uploads that arrive in time
+
+    @classmethod
+    def wanted(cls, args) -> bool:
+        return bool(getattr(args, "attack", None))
+
+    def __init__(self, runtime: Runtime, server_cls: type):
+        super().__init__(runtime, server_cls)
+        args = runtime.args
+        self.name = str(args.attack)
+        if self.name not in ATTACKS:
+            raise FLError(f"--attack {self.name}: unknown attack; choose one of {', '.join(ATTACKS)}")
+        fraction = float(args.attack_fraction)
+        if not 0 <= fraction < 1:
+            raise FLError(f"--attack_fraction must be in [0, 1) (the share of clients that attack), got {fraction:g}")
+        if args.num_clients != len(runtime.clients):
+            raise FLError(f"--attack draws attackers among -nc clients: give -nc {len(runtime.clients)} "
+                          f"(the training clients), got {args.num_clients}")
+        if self.name == "minmax" and args.attack_direction not in MINMAX_DIRECTIONS:
+            raise FLError(f"--attack_direction {args.attack_direction}: choose one of {', '.join(MINMAX_DIRECTIONS)}")
+        if self.name in DATA_ATTACKS:
+            client_cls = server_cls.client_cls
+            if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE):
+                raise FLError(f"--attack {self.name} poisons the base local step, but {args.algorithm}'s clients "
+                              f"({client_cls.__name__}) train their own way; use a model-poisoning attack with it")
+        if self.name == "label_flip":
+            parse_label_map(str(args.attack_label_map or ""), runtime.num_classes)  # a bad map: one line now
+        if self.name == "backdoor":
+            check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
+        #: attackers' client indices among the uploads of the last round poisoned (for the history)
+        self.last_attackers: list[int] = []
+
+    def attackers(self, rnd: int) -> np.ndarray:
+        return attackers_of(self.args, rnd)
+
+    def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
+                       result: RoundResult) -> list[ClientUpdate]:
+        mask = self.attackers(package.round)
+        bad = [u for u in arrived if mask[u.index]]
+        self.last_attackers = [u.index for u in bad]
+        if bad and self.name not in DATA_ATTACKS:
+            self.poison(package, bad, [u for u in arrived if not mask[u.index]])
+        elif bad and self.name == "backdoor" and package.round >= int(self.args.backdoor_from_round):
+            start = package.global_params
+            for update in bad:  # model replacement's boost: the poisoned update survives averaging
+                update.params = start + (update.params - start) * float(self.args.backdoor_scale)
+        return arrived
+
+    def poison(self, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]) -> None:
+        """Replace the attackers' uploads in place (update objects keep their order and weights)."""
+        start = package.global_params
+        shared = package.shared
+
+        def delta(update: ClientUpdate) -> torch.Tensor:
+            return update.params - start
+
+        def upload(update: ClientUpdate, malicious: torch.Tensor) -> None:
+            if shared is not None:
+                malicious = torch.where(shared, malicious, torch.zeros_like(malicious))
+            update.params = start + malicious
+
+        args = self.args
+        if self.name == "sign_flip":
+            for update in bad:
+                upload(update, sign_flip(delta(update), float(args.attack_scale)))
+        elif self.name == "gaussian":
+            for update in bad:
+                noise = torch.randn(start.shape, generator=torch_generator(args.seed, "attack-noise", package.round,
+                                                                           update.index), dtype=start.dtype)
+                upload(update, noise.to(start.device) * float(args.attack_noise_std))
+        else:
+            reference = torch.stack([delta(u) for u in (good or bad)])
+            if self.name == "alie":
+                z = float(args.attack_z) or alie_z(len(bad) + len(good), len(bad))
+                malicious = alie(reference, z)
+            elif self.name == "ipm":
+                malicious = ipm(reference, float(args.attack_epsilon))
+            else:
+                malicious = minmax(reference, str(args.attack_direction))
+            for update in bad:
+                upload(update, malicious)
+
+    def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
+        if self.name == "backdoor":
+            self.runtime.history.add_series("backdoor_asr", self.attack_success_rate(global_params))
+
+    @torch.no_grad()
+    def attack_success_rate(self, params: torch.Tensor) -> float:
+        """The share of the test images of the other classes, trigger stamped, classified as the target."""
+        dataset, model = self.runtime.dataset, self.runtime.model
+        x, y, _ = dataset.split("test")
+        target = int(self.args.backdoor_target)
+        rows = torch.nonzero(y != target).flatten()
+        if not len(rows):
+            return float("nan")
+        model.load(params)
+        model.module.eval()
+        hits = 0
+        step = int(self.args.eval_batch_size)
+        for i in range(0, len(rows), step):
+            batch = decode_inputs(x[rows[i: i + step]], dataset.input_table)
+            logits = model.module(stamp_trigger(batch, float(self.args.backdoor_value)))
+            hits += int((logits.argmax(1) == target).sum())
+        return hits / len(rows)
+
+    def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
+        history = self.runtime.history
+        history.add_series("attack_uploads", len(self.last_attackers))
+        history.add_series("attackers", list(self.last_attackers))
+
+    def summary(self) -> dict[str, object]:
+        fixed = None if self.args.attack_resample else np.flatnonzero(self.attackers(0)).tolist()
+        return {"attack": self.name, "attack_fraction": float(self.args.attack_fraction), "attackers": fixed}

@@ -1,0 +1,331 @@
+"""Robust aggregation: pre-aggregation steps, then one aggregator, on the round's update vectors.
+
+``--robust NAME[,NAME]`` names the pre-steps then the aggregator (``--robust clip,multi_krum``;
+``--robust clip`` alone averages after clipping). The plug-in takes over aggregation: every upload
+becomes its update ``x_i = params_i − global`` (the private part of a partly shared model is zero
+there), the steps and the aggregator combine them, and the new global model is ``global + x``.
+Sample weights ``w_i = n_i / Σ n`` are FedAvg's. ``f`` is the number of attackers a defence assumes
+among n uploads: ``--robust_f``, or by default ``round(--attack_fraction × cohort size)``.
+
+Pre-step:
+
+* ``clip`` (norm bounding, Sun et al. 2019): ``x_i ← x_i · min(1, τ/‖x_i‖)``, τ = ``--robust_clip``;
+  0 (the default) takes the median of the round's update norms.
+
+Aggregators:
+
+* ``mean``: Σ w_i x_i; without a pre-step it is FedAvg's weighted mean of the uploaded models,
+  computed as FedAvg computes it (bit for bit).
+* ``krum`` (Blanchard et al., NeurIPS 2017): the update with the least score, the sum of squared
+  distances to its n − f − 2 nearest others (ties: the earliest upload). Needs n > 2f + 2.
+* ``multi_krum``: the m = ``--robust_keep`` (0: n − f) updates of least score, averaged with their
+  sample weights renormalised (with m = n, FedAvg's mean). Needs n > 2f + 2.
+* ``median``: the coordinate-wise median (the mean of the two middle values for even n).
+* ``trimmed_mean`` (Yin et al., ICML 2018): per coordinate, the f largest and f smallest values are
+  dropped and the rest averaged. Needs n > 2f.
+* ``rfa`` (Pillutla et al., 2022): the weighted geometric median argmin_z Σ w_i ‖z − x_i‖ by smoothed
+  Weiszfeld, ``z ← Σ β_i x_i / Σ β_i`` with ``β_i = w_i / max(ν, ‖z − x_i‖)``, ν = 1e-6, from the
+  weighted mean, at most ``--robust_iters`` iterations (10, the Sageflow paper's baseline), stopping
+  early once the objective improves by less than a relative 1e-6.
+* ``bulyan`` (El Mhamdi et al., ICML 2018): θ = n − 2f updates chosen one by one by Krum (with f)
+  among those not yet chosen; then per coordinate the β = θ − 2f chosen values closest to their
+  median are averaged. Needs n ≥ 4f + 3.
+* ``centered_clip`` (Karimireddy et al., ICML 2021): from the previous round's aggregate v (zero at
+  first; kept in the checkpoint), ``--robust_iters`` times ``v ← v + Σ w_i (x_i − v) min(1, τ/‖x_i − v‖)``;
+  τ = ``--robust_clip``, or the median distance to the starting v (the paper weighs uniformly, we
+  use the sample weights so that a large τ gives FedAvg's mean).
+
+The requirement on n is checked at start-up against the cohort size ``floor(nc × jr)``; a round
+with fewer uploads (drop-outs, ``-tth``) uses the largest f its uploads admit, with a warning.
+
+Filtering defences (krum, multi_krum, bulyan) record, when ``--attack`` is on, the precision and
+recall of the attackers among the uploads they leave out (``rs_robust_precision``,
+``rs_robust_recall``; NaN when nothing was left out, or no attacker uploaded).
+
+The plug-in refuses algorithms that aggregate their own way (their server overrides ``aggregate``),
+and, taking over aggregation, DP-FedAvg (``--dp_update_clip``): one line each.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from flcore.plugins import RoundPlugin
+from flcore.plugins.attacks import attacker_count, attackers_of
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.registry import register_plugin
+from utils.errors import FLError
+
+log = logging.getLogger("fl")
+
+#: Weiszfeld's smoothing: distances below it count as ν (no division by zero at a data point)
+WEISZFELD_NU = 1e-6
+WEISZFELD_TOL = 1e-6
+
+
+# ----------------------------------------------------------------------------- the vector rules
+def clip_norms(points: torch.Tensor, tau: float) -> torch.Tensor:
+    norms = points.norm(dim=1, keepdim=True)
+    return points * torch.clamp(tau / torch.clamp(norms, min=1e-12), max=1.0)
+
+
+def squared_distances(points: torch.Tensor) -> torch.Tensor:
+    """‖x_i − x_j‖² for every pair, in float64 (a Gram matrix: no n × n × d tensor)."""
+    x = points.double()
+    norms = (x * x).sum(1)
+    gram = x @ x.T
+    return torch.clamp(norms[:, None] + norms[None, :] - 2 * gram, min=0.0).fill_diagonal_(0.0)
+
+
+def krum_scores(points: torch.Tensor, f: int) -> torch.Tensor:
+    """Each point's sum of squared distances to its n − f − 2 nearest other points."""
+    n = points.shape[0]
+    neighbours = max(0, n - f - 2)
+    dist = squared_distances(points)
+    others = dist.masked_fill(torch.eye(n, dtype=torch.bool, device=dist.device), float("inf"))
+    return others.sort(dim=1).values[:, :neighbours].sum(1)
+
+
+def krum_order(points: torch.Tensor, f: int) -> list[int]:
+    """Indices by increasing Krum score (a stable sort: ties keep upload order)."""
+    return torch.sort(krum_scores(points, f), stable=True).indices.tolist()
+
+
+def weighted_mean(points: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    w = weights.to(points.dtype)
+    return (w[:, None] * points).sum(0) / w.sum()
+
+
+def coordinate_median(points: torch.Tensor) -> torch.Tensor:
+    ordered = points.sort(dim=0).values
+    n = points.shape[0]
+    return (ordered[(n - 1) // 2] + ordered[n // 2]) / 2
+
+
+def trimmed_mean(points: torch.Tensor, trim: int) -> torch.Tensor:
+    ordered = points.sort(dim=0).values
+    return ordered[trim: points.shape[0] - trim].mean(0)
+
+
+def geometric_median(points: torch.Tensor, weights: torch.Tensor, iters: int) -> torch.Tensor:
+    """Smoothed Weiszfeld (module docstring), in float64."""
+    x = points.double()
+    w = weights.double()
+    z = (w[:, None] * x).sum(0) / w.sum()
+
+    def objective(z: torch.Tensor) -> float:
+        return float((w * (x - z).norm(dim=1)).sum())
+    value = objective(z)
+    for _ in range(iters):
+        beta = w / torch.clamp((x - z).norm(dim=1), min=WEISZFELD_NU)
+        z = (beta[:, None] * x).sum(0) / beta.sum()
+        previous, value = value, objective(z)
+        if previous - value <= WEISZFELD_TOL * max(value, 1e-30):
+            break
+    return z.to(points.dtype)
+
+
+def bulyan_selection(points: torch.Tensor, f: int) -> list[int]:
+    """θ = n − 2f indices, each the Krum choice among those not yet chosen."""
+    remaining = list(range(points.shape[0]))
+    chosen = []
+    for _ in range(points.shape[0] - 2 * f):
+        best = remaining[krum_order(points[remaining], f)[0]]
+        chosen.append(best)
+        remaining.remove(best)
+    return chosen
+
+
+def bulyan(points: torch.Tensor, f: int) -> tuple[torch.Tensor, list[int]]:
+    chosen = bulyan_selection(points, f)
+    selected = points[chosen]
+    beta = len(chosen) - 2 * f
+    closest = (selected - coordinate_median(selected)).abs().sort(dim=0, stable=True).indices[:beta]
+    return selected.gather(0, closest).mean(0), chosen
+
+
+def centered_clip(points: torch.Tensor, weights: torch.Tensor, center: torch.Tensor, tau: float,
+                  iters: int) -> torch.Tensor:
+    w = (weights / weights.sum()).to(points.dtype)
+    v = center.to(points.dtype)
+    for _ in range(iters):
+        offsets = points - v
+        scale = torch.clamp(tau / torch.clamp(offsets.norm(dim=1), min=1e-12), max=1.0)
+        v = v + ((w * scale)[:, None] * offsets).sum(0)
+    return v
+
+
+# ----------------------------------------------------------------------------- the registry of rules
+@dataclass(frozen=True)
+class Rule:
+    """An aggregator: the least number of uploads it needs for f attackers, and whether it filters."""
+
+    least_uploads: Callable[[int], int]
+    requirement: str
+    filters: bool = False
+
+
+AGGREGATORS: dict[str, Rule] = {
+    "mean": Rule(lambda f: 1, ""),
+    "median": Rule(lambda f: 1, ""),
+    "rfa": Rule(lambda f: 1, ""),
+    "centered_clip": Rule(lambda f: 1, ""),
+    "trimmed_mean": Rule(lambda f: 2 * f + 1, "n > 2f"),
+    "krum": Rule(lambda f: 2 * f + 3, "n > 2f + 2", filters=True),
+    "multi_krum": Rule(lambda f: 2 * f + 3, "n > 2f + 2", filters=True),
+    "bulyan": Rule(lambda f: 4 * f + 3, "n >= 4f + 3", filters=True),
+}
+PRE_STEPS = ("clip",)
+
+
+def parse_robust(text: str) -> tuple[list[str], str]:
+    """``"clip,multi_krum"`` as (pre-steps, aggregator); one line on a bad list."""
+    names = [name.strip() for name in str(text).split(",") if name.strip()]
+    known = f"pre-steps: {', '.join(PRE_STEPS)}; aggregators: {', '.join(AGGREGATORS)}"
+    for name in names:
+        if name not in PRE_STEPS and name not in AGGREGATORS:
+            raise FLError(f"--robust {text}: unknown defence {name!r} ({known})")
+    if not names:
+        raise FLError(f"--robust {text!r} names no defence ({known})")
+    aggregator = names[-1] if names[-1] in AGGREGATORS else "mean"
+    pre = names[:-1] if names[-1] in AGGREGATORS else names
+    misplaced = [name for name in pre if name not in PRE_STEPS]
+    if misplaced:
+        raise FLError(f"--robust {text}: {misplaced[0]} is an aggregator; name the pre-steps first and one aggregator last")
+    return pre, aggregator
+
+
+def fedavg_mean(updates: list[ClientUpdate], weights: np.ndarray) -> torch.Tensor:
+    """Σ w_k · params_k accumulated in update order, as the base server's FedAvg mean."""
+    total = torch.zeros_like(updates[0].params)
+    for update, weight in zip(updates, weights):
+        total.add_(update.params, alpha=float(weight))
+    return total
+
+
+@register_plugin("robust")
+class RobustAggregation(RoundPlugin):
+    """The run's pre-aggregation steps and aggregator (module docstring)."""
+
+    order = 70
+
+    @classmethod
+    def wanted(cls, args) -> bool:
+        return bool(getattr(args, "robust", None))
+
+    def __init__(self, runtime: Runtime, server_cls: type):
+        super().__init__(runtime, server_cls)
+        args = runtime.args
+        self.pre, self.aggregator = parse_robust(args.robust)
+        if "aggregate" in server_cls.capabilities.overrides:
+            raise FLError(f"--robust replaces FedAvg's aggregation, but {args.algorithm} aggregates its own way; "
+                          f"use it with an algorithm that averages the uploads (FedAvg, FedProx, FedPer, ...)")
+        self.takes_aggregation = True
+        num_clients = len(runtime.clients)
+        cohort = max(1, min(num_clients, math.floor(num_clients * float(args.join_ratio) + 1e-9)))
+        self.f = int(args.robust_f) if int(args.robust_f) >= 0 else attacker_count(float(args.attack_fraction), cohort)
+        rule = AGGREGATORS[self.aggregator]
+        if cohort < rule.least_uploads(self.f):
+            raise FLError(f"--robust {self.aggregator} needs {rule.requirement} uploads for f = {self.f} attackers, "
+                          f"but a round has n = {cohort} (-jr {args.join_ratio} of {num_clients} clients); "
+                          f"select more clients or lower --robust_f")
+        for name, value in (("--robust_clip", args.robust_clip), ("--robust_keep", args.robust_keep)):
+            if value < 0:
+                raise FLError(f"{name} must be >= 0, got {value}")
+        if int(args.robust_iters) < 1:
+            raise FLError(f"--robust_iters must be >= 1, got {args.robust_iters}")
+        #: centered clipping's starting point: the previous round's aggregate update (checkpointed)
+        self.center: torch.Tensor | None = None
+        #: the uploads (client indices) the last filtering round kept and left out
+        self._filtered: tuple[list[int], list[int]] | None = None
+        self._warned = False
+
+    # ------------------------------------------------------------------ aggregation
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> torch.Tensor:
+        counts = np.asarray([u.num_samples for u in updates], dtype=np.float64)
+        weights = counts / counts.sum() if counts.sum() > 0 else np.full(len(updates), 1 / len(updates))
+        self._filtered = None
+        if not self.pre and self.aggregator == "mean":
+            return fedavg_mean(updates, weights)
+        start = package.global_params
+        points = torch.stack([u.params - start for u in updates])
+        w = torch.as_tensor(weights, device=points.device)
+        if "clip" in self.pre:
+            tau = float(self.args.robust_clip) or float(points.norm(dim=1).median())
+            points = clip_norms(points, tau)
+        delta, kept = self.combine(points, w, self.admissible_f(len(updates), package.round))
+        if kept is not None:
+            kept_set = set(kept)
+            self._filtered = ([updates[i].index for i in kept],
+                              [u.index for i, u in enumerate(updates) if i not in kept_set])
+        return start + delta.to(start.dtype)
+
+    def combine(self, points: torch.Tensor, weights: torch.Tensor, f: int) -> tuple[torch.Tensor, list[int] | None]:
+        """The aggregate update and, for a filtering rule, the rows it kept."""
+        name, n = self.aggregator, points.shape[0]
+        if name == "mean":
+            return weighted_mean(points, weights), None
+        if name == "median":
+            return coordinate_median(points), None
+        if name == "trimmed_mean":
+            return trimmed_mean(points, f), None
+        if name == "rfa":
+            return geometric_median(points, weights, int(self.args.robust_iters)), None
+        if name == "centered_clip":
+            center = torch.zeros_like(points[0]) if self.center is None else self.center.to(points.device)
+            tau = float(self.args.robust_clip) or float((points - center).norm(dim=1).median())
+            self.center = centered_clip(points, weights, center, tau, int(self.args.robust_iters))
+            return self.center, None
+        if name == "bulyan":
+            return bulyan(points, f)
+        order = krum_order(points, f)
+        keep = 1 if name == "krum" else (int(self.args.robust_keep) or n - f)
+        kept = sorted(order[: min(keep, n)])
+        if len(kept) == 1:  # Krum: exactly the chosen update
+            return points[kept[0]], kept
+        return weighted_mean(points[kept], weights[kept]), kept
+
+    def admissible_f(self, n: int, rnd: int) -> int:
+        """``f``, or the largest f that ``n`` uploads admit (with a warning, once per run)."""
+        rule = AGGREGATORS[self.aggregator]
+        f = self.f
+        while f > 0 and n < rule.least_uploads(f):
+            f -= 1
+        if n < rule.least_uploads(f):
+            raise FLError(f"round {rnd}: --robust {self.aggregator} needs {rule.requirement} uploads, and only "
+                          f"{n} arrived; lower -cdr or -tth's drops, or select more clients")
+        if f != self.f and not self._warned:
+            log.warning("warning: round %d has %d uploads, too few for --robust %s with f = %d (%s): f = %d for such "
+                        "rounds", rnd, n, self.aggregator, self.f, rule.requirement, f)
+            self._warned = True
+        return f
+
+    # ------------------------------------------------------------------ reports
+    def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
+        if not AGGREGATORS[self.aggregator].filters or not getattr(self.args, "attack", None):
+            return
+        precision = recall = float("nan")
+        if self._filtered is not None:
+            mask = attackers_of(self.args, rnd)
+            kept, dropped = self._filtered
+            caught = sum(1 for i in dropped if mask[i])
+            present = caught + sum(1 for i in kept if mask[i])
+            precision = caught / len(dropped) if dropped else float("nan")
+            recall = caught / present if present else float("nan")
+        self.runtime.history.add_series("robust_precision", precision)
+        self.runtime.history.add_series("robust_recall", recall)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"center": None if self.center is None else self.center.clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        center = state["center"]
+        self.center = None if center is None else torch.as_tensor(center).clone()
+
+    def summary(self) -> dict[str, object]:
+        return {"robust": [*self.pre, self.aggregator], "robust_f": self.f}

@@ -1,0 +1,68 @@
+"""FedAsync (Xie et al., 2019, "Asynchronous Federated Optimization"), in rounds.
+
+Every upload that reaches the server is mixed into the global model on its own, in the order the
+server receives them (``plugins/stragglers.py``: oldest start round first, then by client)::
+
+    x ← (1 − α_t) x + α_t x_new,      α_t = α · s(t − τ)
+
+where x_new was trained from the global model of round τ and t is the current round. Staleness
+functions ``--staleness_fn`` (the paper's): ``constant`` s = 1; ``polynomial``
+s = (t − τ + 1)^(−a); ``hinge`` s = 1 if t − τ ≤ b else 1 / (a (t − τ − b) + 1), with
+a = ``--staleness_a``, b = ``--staleness_b``. Defaults: the Sageflow paper's baseline (polynomial,
+a = 0.5, α = 0.8). Stragglers come from ``--straggler_delay S``; without it every upload is fresh
+(τ = t), and with α = 1 and one client a round FedAsync is sequential SGD in the server's order.
+The paper's optional proximal term on the client is not used (clients are FedAvg's).
+"""
+from __future__ import annotations
+
+from argparse import ArgumentParser
+
+from flcore.plugins.stragglers import origin_of
+from flcore.protocol import ClientUpdate, RoundPackage
+from flcore.registry import register_algorithm
+from flcore.servers.serverbase import Server
+from utils.cli import add_flag
+from utils.errors import FLError
+
+STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
+
+
+def staleness_weight(kind: str, staleness: int, a: float, b: float) -> float:
+    """s(t − τ) of the paper."""
+    if kind == "constant":
+        return 1.0
+    if kind == "polynomial":
+        return float((staleness + 1) ** (-a))
+    return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
+
+
+@register_algorithm("FedAsync")
+class FedAsync(Server):
+    """One mixing step per upload received (module docstring)."""
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "--async_alpha", type=float, default=0.8, help="FedAsync: mixing weight alpha in (0, 1]")
+        add_flag(parser, "--staleness_fn", type=str, default="polynomial", choices=list(STALENESS_FUNCTIONS),
+                 help="FedAsync: staleness function s(t - tau)")
+        add_flag(parser, "--staleness_a", type=float, default=0.5, help="FedAsync: a of the polynomial/hinge functions")
+        add_flag(parser, "--staleness_b", type=float, default=4.0, help="FedAsync: b of the hinge function (rounds)")
+
+    def setup(self) -> None:
+        if not 0 < self.hp.async_alpha <= 1:
+            raise FLError(f"--async_alpha must be in (0, 1], got {self.hp.async_alpha}")
+        if self.hp.staleness_a < 0 or self.hp.staleness_b < 0:
+            raise FLError("--staleness_a and --staleness_b must be >= 0")
+
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
+        model = self.global_params.clone()
+        for update in updates:
+            start, _ = origin_of(self.plugins, update, package)
+            weight = self.hp.async_alpha * staleness_weight(self.hp.staleness_fn, package.round - start,
+                                                            self.hp.staleness_a, self.hp.staleness_b)
+            model = model * (1 - weight) + update.params * weight
+        self.global_params = model
+
+    def summary(self) -> dict[str, object]:
+        return {"async_alpha": self.hp.async_alpha, "staleness_fn": self.hp.staleness_fn,
+                "staleness_a": self.hp.staleness_a, "staleness_b": self.hp.staleness_b}

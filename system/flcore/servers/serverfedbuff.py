@@ -1,0 +1,57 @@
+"""FedBuff (Nguyen et al., AISTATS 2022, "Federated Learning with Buffered Asynchronous
+Aggregation"), in rounds.
+
+The server adds every upload it receives to a buffer as its update from the model it started
+from, weighted by staleness, and once the buffer holds K = ``--buffer_size`` updates it takes a
+server step and empties it::
+
+    Δ_i = (x_i − x_{τ_i}) / √(1 + t − τ_i),      x ← x + η_g · (1/K) Σ_{i in buffer} Δ_i
+
+η_g = ``-slr``. Uploads are received in the stragglers plug-in's order (``plugins/stragglers.py``;
+``--straggler_delay S`` makes them late); the buffer lives across rounds (it is server state, so
+checkpoints keep it). With K = the cohort size, no delay and equal client sizes, FedBuff is FedAvg.
+"""
+from __future__ import annotations
+
+import math
+from argparse import ArgumentParser
+
+import torch
+
+from flcore.plugins.stragglers import origin_of
+from flcore.protocol import ClientUpdate, RoundPackage
+from flcore.registry import register_algorithm
+from flcore.servers.serverbase import Server
+from utils.cli import add_flag
+from utils.errors import FLError
+
+
+@register_algorithm("FedBuff")
+class FedBuff(Server):
+    """Buffered asynchronous aggregation (module docstring)."""
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "--buffer_size", type=int, default=10, help="FedBuff: updates per server step K")
+        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0, help="FedBuff: server learning rate")
+
+    def setup(self) -> None:
+        if self.hp.buffer_size < 1:
+            raise FLError(f"--buffer_size must be >= 1, got {self.hp.buffer_size}")
+        self.buffer_sum = torch.zeros_like(self.global_params)
+        self.buffer_count = 0
+
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
+        model = self.global_params
+        for update in updates:
+            start, origin = origin_of(self.plugins, update, package)
+            self.buffer_sum += (update.params - origin) / math.sqrt(1 + package.round - start)
+            self.buffer_count += 1
+            if self.buffer_count == self.hp.buffer_size:
+                model = model + self.buffer_sum * (self.hp.server_learning_rate / self.buffer_count)
+                self.buffer_sum = torch.zeros_like(self.buffer_sum)
+                self.buffer_count = 0
+        self.global_params = model
+
+    def summary(self) -> dict[str, object]:
+        return {"buffer_size": self.hp.buffer_size, "server_learning_rate": self.hp.server_learning_rate}

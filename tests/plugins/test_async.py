@@ -1,0 +1,116 @@
+"""Stragglers (flcore/plugins/stragglers.py), FedAsync and FedBuff: seeded delays, the staleness
+functions and the mixing by hand, the reductions to sequential SGD and FedAvg, the buffer across
+rounds, exact resume, and bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fltest import build_server, make_args, random_dataset, run_round
+from fltest import one_thread  # noqa: F401  (fixture)
+from flcore.plugins.stragglers import delay_of
+from flcore.servers.serverfedasync import staleness_weight
+from utils import checkpoint
+from utils.errors import FLError
+
+CLIENTS = 6
+
+
+def server(algorithm: str = "FedAvg", **flags):
+    data = random_dataset(num_clients=CLIENTS, dim=4, num_classes=3, seed=4, sizes=[10] * CLIENTS)
+    flags = {"batch_size": 5, "global_rounds": 4, **flags}
+    return build_server(make_args(algorithm, engine="sequential", num_clients=CLIENTS, **flags), data)
+
+
+def test_delays_are_seeded_per_round_and_client_and_late_uploads_arrive_later():
+    assert [delay_of(0, 2, 3, c) for c in range(CLIENTS)] == [delay_of(0, 2, 3, c) for c in range(CLIENTS)]
+    draws = [delay_of(0, 2, t, c) for t in range(20) for c in range(CLIENTS)]
+    assert set(draws) == {0, 1, 2}
+    srv = server(straggler_delay=2)
+    arrivals = {}
+    for rnd in range(4):
+        result = srv.run_round(rnd, evaluate=False)
+        for update, late in zip(result.updates, srv.history.extra_series["staleness"][-1]):
+            arrivals.setdefault(rnd - late, []).append((update.index, rnd))
+    for start, got in arrivals.items():  # every upload arrives exactly its drawn delay later
+        assert all(rnd == start + delay_of(0, 2, start, index) for index, rnd in got)
+    ignoring = server(straggler_delay=2, straggler_policy="ignore")
+    kept = ignoring.run_round(0, evaluate=False).updates
+    assert [u.index for u in kept] == [c for c in range(CLIENTS) if delay_of(0, 2, 0, c) == 0]
+
+
+def test_the_staleness_functions_by_hand():
+    assert staleness_weight("constant", 5, 0.5, 4) == 1.0
+    assert staleness_weight("polynomial", 3, 0.5, 4) == pytest.approx(0.5)  # (3 + 1)^-0.5
+    assert staleness_weight("hinge", 4, 0.5, 4) == 1.0
+    assert staleness_weight("hinge", 6, 0.5, 4) == pytest.approx(0.5)  # 1 / (0.5 (6 - 4) + 1)
+
+
+def test_fedasync_with_alpha_one_and_no_staleness_is_sequential_sgd():
+    srv = server("FedAsync", async_alpha=1.0, staleness_fn="constant")
+    for rnd, client in enumerate([2, 0, 5]):  # one client a round: the global model is its upload
+        before = srv.global_params.clone()
+        (update,) = run_round(srv, rnd, cohort=[client]).updates
+        assert torch.equal(srv.global_params, update.params) and not torch.equal(before, update.params)
+
+
+def test_fedasync_mixes_each_upload_by_its_staleness():
+    srv = server("FedAsync", straggler_delay=2, async_alpha=0.8, staleness_fn="polynomial", staleness_a=0.5)
+    for rnd in range(3):
+        model = srv.global_params.clone()
+        result = srv.run_round(rnd, evaluate=False)
+        for update, late in zip(result.updates, srv.history.extra_series["staleness"][-1]):
+            weight = 0.8 * (late + 1) ** -0.5
+            model = model * (1 - weight) + update.params * weight
+        assert torch.allclose(srv.global_params, model, atol=1e-7)
+    assert any(late > 0 for row in srv.history.extra_series["staleness"] for late in row)
+
+
+def test_fedbuff_with_the_cohort_as_buffer_and_no_delay_is_fedavg():
+    fedavg, fedbuff = server("FedAvg"), server("FedBuff", buffer_size=CLIENTS)
+    for rnd in range(2):
+        run_round(fedavg, rnd)
+        run_round(fedbuff, rnd)
+        assert torch.allclose(fedavg.global_params, fedbuff.global_params, atol=1e-6)
+
+
+def test_fedbuff_steps_once_its_buffer_is_full_and_keeps_the_rest():
+    srv = server("FedBuff", buffer_size=4, server_learning_rate=0.5, join_ratio=0.5)  # 3 uploads a round
+    start = srv.global_params.clone()
+    first = run_round(srv, 0).updates
+    assert torch.equal(srv.global_params, start) and srv.buffer_count == 3
+    second = run_round(srv, 1).updates
+    buffered = sum(u.params - start for u in first) + (second[0].params - start)
+    assert torch.allclose(srv.global_params, start + 0.5 * buffered / 4, atol=1e-7)
+    # the two uploads left over wait in the buffer, as updates from the model they started from
+    assert srv.buffer_count == 2
+    assert torch.allclose(srv.buffer_sum, sum(u.params - start for u in second[1:]), atol=1e-7)
+
+
+@pytest.mark.parametrize("algorithm", ["FedAsync", "FedBuff"])
+def test_an_asynchronous_run_resumes_exactly(algorithm):
+    flags = dict(straggler_delay=2, buffer_size=4) if algorithm == "FedBuff" else dict(straggler_delay=2)
+    whole = server(algorithm, **flags)
+    for rnd in range(4):
+        run_round(whole, rnd)
+    first = server(algorithm, **flags)
+    for rnd in range(2):
+        run_round(first, rnd)
+    saved = checkpoint.server_state(first, 2)
+    assert first.plugin("stragglers").pending  # uploads in flight are part of the checkpoint
+    resumed = server(algorithm, **flags)
+    assert checkpoint.load_server_state(resumed, saved) == 2
+    for rnd in (2, 3):
+        run_round(resumed, rnd)
+    assert torch.equal(resumed.global_params, whole.global_params)
+
+
+@pytest.mark.parametrize("algorithm, flags, message", [
+    ("FedAvg", dict(straggler_delay=-1), "--straggler_delay must be >= 0 rounds"),
+    ("FedAsync", dict(async_alpha=0.0), "--async_alpha must be in \\(0, 1\\]"),
+    ("FedBuff", dict(buffer_size=0), "--buffer_size must be >= 1"),
+    ("FedAsync", dict(robust="median"), "FedAsync aggregates its own way"),
+])
+def test_bad_asynchronous_settings_are_refused_in_one_line(algorithm, flags, message):
+    with pytest.raises(FLError, match=message):
+        server(algorithm, **flags)
