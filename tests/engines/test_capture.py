@@ -54,7 +54,8 @@ def test_static_runner_matches_eager_on_ragged_cohorts(drop_last):
         torch.testing.assert_close(s.params, e.params, atol=ATOL, rtol=RTOL)
         assert s.loss == pytest.approx(e.loss, rel=1e-4, abs=1e-5)
         assert torch.equal(a.params, s.params)
-    assert len(server.engine.runner.slots) >= 3
+    (slot,) = server.engine.runner.slots.values()  # one set of buffers for the chunk, reused next round
+    assert len(slot.replays) >= 3  # a replay per bucket of rows (5, 4, 2, 1 clients)
 
 
 def test_retired_rows_are_untouched_exactly():

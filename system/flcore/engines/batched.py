@@ -432,46 +432,37 @@ class BatchedEngine(Engine):
         ctx_values, ctx_dims = stack_contexts(ctxs, device)
         lr_col = torch.tensor(lrs, dtype=weights.dtype, device=device).unsqueeze(1)
 
-        def rows(value, n):
-            return value if value is None else value[:n]
-
-        def consts_for(n: int) -> dict:
-            ctx = {k: (v[:n] if ctx_dims[k] == 0 else v) for k, v in ctx_values.items() if k not in per_step}
-            return {"lr": lr_col[:n], "ctx": ctx}
-
         flat.module.train()
         runner = self.runner
-        segment, seg_rows = None, 0
+        # one segment for the chunk: the step function trains the first n rows of these tensors
+        consts = {"lr": lr_col, "ctx": {k: v for k, v in ctx_values.items() if k not in per_step}}
+        segment = runner.open({"weights": weights, "losses": losses}, consts)
         with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
             for t in range(max_steps):
                 n = runner.rows_for(active[t], count)
-                if n != seg_rows:
-                    if segment is not None:
-                        segment.close()
-                    segment = runner.open({"weights": weights[:n], "losses": losses[:n]}, consts_for(n))
-                    seg_rows = n
                 masked = t in partial_steps
                 inputs: dict[str, Any] = {"rows": index[:n, t]}
                 if n > active[t]:
                     inputs["active"] = alive[:n, t]
                 if masked:
-                    inputs["mask"] = rows(mask, n)[:, t]
+                    inputs["mask"] = mask[:n, t]  # type: ignore[index]
                 if per_step:
                     inputs["ctx"] = {k: _at_step(v[:n] if ctx_dims[k] == 0 else v, t, ctx_dims[k])
                                      for k, v in ctx_values.items() if k in per_step}
                 segment.step(self._cohort_step(owner, masked, n > 1, ctx_dims, "active" in inputs), inputs)
-            if segment is not None:
-                segment.close()
+        segment.close()
 
     def _cohort_step(self, owner: Client, masked: bool, batched: bool, ctx_dims: dict, retire: bool) -> Callable:
-        """One local step of every row: ``fn(state, inputs, consts)`` updating ``state["weights"]``
-        ([n, D]) and adding to ``state["losses"]`` ([n]) in place; the function a step runner
-        runs or captures (cached, so that captured graphs are found again next round).
+        """One local step of the first n rows (n = the rows of ``inputs["rows"]``):
+        ``fn(state, inputs, consts)`` updating ``state["weights"][:n]`` and adding to
+        ``state["losses"][:n]`` in place; the function a step runner runs or captures (cached, so
+        that captured graphs are found again next round). ``state`` and ``consts`` hold the whole
+        chunk (K rows), so one set of static buffers serves every bucket of rows.
 
         ``inputs``: ``rows`` [n, B] rows of the training data, ``mask`` [n, B] (partial batches),
         ``active`` [n] (with ``retire``: rows whose client has no batch left keep their weights
-        and loss exactly), ``ctx`` the per-step context entries. ``consts``: ``lr`` [n, 1] and the
-        rest of the context."""
+        and loss exactly), ``ctx`` the per-step context entries. ``consts``: ``lr`` [K, 1] and the
+        rest of the context (per-client entries [K, ...])."""
         cls = type(owner)
         own_loss = cls.capabilities.own_loss
         adjust = owner.adjust_grad if "adjust_grad" in cls.capabilities.overrides else None
@@ -493,12 +484,13 @@ class BatchedEngine(Engine):
         segments = flat.param_segments()
 
         def step(state: dict, inputs: dict, consts: dict) -> None:
-            weights, losses = state["weights"], state["losses"]
-            n = weights.shape[0]
+            index = inputs["rows"]
+            n = index.shape[0]
+            weights, losses = state["weights"][:n], state["losses"][:n]
             params = weights[:, :num_params]
             views = {s.name: params[:, s.start : s.stop].view(n, *s.shape) for s in segments}
-            ctx = {**consts["ctx"], **inputs.get("ctx", {})}
-            index = inputs["rows"]
+            ctx = {k: (v[:n] if ctx_dims[k] == 0 else v) for k, v in consts["ctx"].items()}
+            ctx.update(inputs.get("ctx", {}))
             if batched:
                 x, y = decode_inputs(x_all[index.t()], table), y_all[index]  # x: [B, n, ...] (client axis second)
                 extra: tuple = (ctx,) if own_loss else ((inputs["mask"],) if masked else ())
@@ -513,7 +505,7 @@ class BatchedEngine(Engine):
                 grads, loss = {k: g.unsqueeze(0) for k, g in grads.items()}, loss.unsqueeze(0)
                 ctx = one_ctx
             keep = inputs["active"] if retire else None
-            lr = consts["lr"]
+            lr = consts["lr"][:n]
             if vadjust is not None:
                 # the algorithm's term works on flat vectors: one [n, P] gradient, one fused update
                 flat_grad = torch.cat([grads[s.name].reshape(n, -1) for s in segments], dim=1)

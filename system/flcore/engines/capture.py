@@ -8,10 +8,11 @@ it runs:
 * :class:`EagerStepRunner` calls it directly on the engine's tensors (``--step_runner eager``,
   and ``auto`` on a CPU). It trains exactly the clients that still have a batch (``rows_for``
   returns the active count), so no FLOPs are spent on retired clients.
-* :class:`StaticStepRunner` keeps *static* buffers: the rows of the state it trains, the
-  constants of the chunk (learning rates, context) and the per-step inputs (batch rows, masks).
-  A segment of steps copies the state in once (``open``), each step copies its few inputs in and
-  replays, and ``close`` copies the state back. On CUDA (``graph``, ``auto`` on a GPU) the replay
+* :class:`StaticStepRunner` keeps *static* buffers: the state of the chunk, its constants
+  (learning rates, context) and the per-step inputs (batch rows, masks). A chunk copies the
+  state in once (``open``), each step copies its few inputs in and replays, and ``close``
+  copies the state back; the step function trains the first n rows of the buffers, so one set
+  of buffers serves every row count. On CUDA (``graph``, ``auto`` on a GPU) the replay
   is a CUDA graph captured on first use per (function, shapes): one launch instead of hundreds
   of kernel launches and the Python of vmap, which dominate a batch-10 step (issue 28: 4.8 ms
   eager, 1.1 ms replayed for P1's 20 clients on an H200). ``compiled`` replays a
@@ -21,8 +22,9 @@ it runs:
 * **Shapes.** A graph has fixed shapes, and in a ragged cohort the number of clients that still
   have a batch shrinks. The static runner therefore trains a *bucket* of rows: the active count
   rounded up to a power of two (at most the chunk), with a per-row ``active`` mask that keeps the
-  retired clients' rows exactly as they are (``torch.where``). So a chunk of K clients needs at
-  most log2(K) + 2 graphs, reused across rounds while K and the batch size stay.
+  retired clients' rows exactly as they are (``torch.where``). So a chunk of K clients needs
+  about 2 log2(K) graphs (with and without retired rows), reused across rounds while K and the
+  batch size stay; they share the chunk's buffers and one memory pool.
 * **Fallback.** A step that cannot be captured (data-dependent control flow, a host sync such as
   ``.item()`` in a loss hook) is run eagerly from then on, with one notice. DP-SGD's clients
   (Poisson batches, per-sample clipping) never reach the batched step: the engine trains them
@@ -88,7 +90,7 @@ def _copy_into(dest: Any, src: Any) -> None:
 
 
 class Segment:
-    """Consecutive steps on the same rows: ``step(fn, inputs)`` each, then ``close()``."""
+    """The steps of one chunk: ``step(fn, inputs)`` each, then ``close()``."""
 
     def step(self, fn: StepFn, inputs: dict) -> None:
         raise NotImplementedError
@@ -127,7 +129,7 @@ class EagerStepRunner(StepRunner):
 
 
 class _Slot:
-    """Static state and constants of one row count, with the replays captured on them."""
+    """Static state and constants of one chunk shape, with the replays captured on them."""
 
     def __init__(self, state: dict, consts: dict):
         self.state = _static_copy(state)

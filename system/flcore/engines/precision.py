@@ -10,9 +10,13 @@
   operation and returns fp32 gradients for fp32 parameters), so only the products round to bf16.
 
 Only local training is affected: evaluation, aggregation and the servers' own optimisation
-(FedGen's generator, ...) run in fp32. The engines apply it around each client's training (the
-sequential and threaded engines) or inside the vmapped step (the batched engine, where it is
-captured with the step). DP-SGD (``-dp``) is refused: its per-sample gradients and clipping bound
+(FedGen's generator, ...) run in fp32. The engines apply it around each client's local sequence
+(the sequential engine, and clients any engine trains sequentially: their hooks run inside it
+too), around the SGD loop in each worker thread (the threaded engine; autocast is per thread), or
+inside the vmapped step (the batched engine, captured with it). The Ray engine does not apply it
+yet. Measured on P1 (20 rounds, batched engine, H200): accuracy 91.49% in bf16 vs 91.44% in
+fp32, but 0.68 vs 0.61 s per round: the batch-10 CNN is launch-bound there, and autocast adds casts.
+On the project's CPU (AVX512-BF16) one CNN step at B=10 took 5.9 vs 7.0 ms. DP-SGD (``-dp``) is refused: its per-sample gradients and clipping bound
 the sensitivity that the accountant's ε assumes, and we have not checked that bound in bf16.
 """
 from __future__ import annotations
