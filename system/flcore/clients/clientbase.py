@@ -201,7 +201,7 @@ class Client:
         """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         self.count_gradient_samples(idx)
         model.zero_grad()
-        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx or {})
+        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], {} if ctx is None else ctx)
         loss.backward()
         return loss.detach()
 
