@@ -463,35 +463,35 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(a, "--attack", type=str, default=None,
              help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
                   "backdoor (data poisoning)")
-    add_flag(a, "--attack_fraction", type=float, default=0.0,
+    add_flag(a, "--attack_fraction", type=float, default=0.0, low=0, below=1,
              help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
     add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
-    add_flag(a, "--attack_scale", type=float, default=10.0, help="sign_flip: an attacker uploads -s x its update")
-    add_flag(a, "--attack_noise_std", type=float, default=1.0, help="gaussian: the std of the uploaded noise update")
-    add_flag(a, "--attack_z", type=float, default=0.0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
-    add_flag(a, "--attack_epsilon", type=float, default=0.5, help="ipm: attackers upload -epsilon x the benign mean")
+    add_flag(a, "--attack_scale", type=float, default=10.0, low=0, help="sign_flip: an attacker uploads -s x its update")
+    add_flag(a, "--attack_noise_std", type=float, default=1.0, low=0, help="gaussian: the std of the uploaded noise update")
+    add_flag(a, "--attack_z", type=float, default=0.0, low=0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
+    add_flag(a, "--attack_epsilon", type=float, default=0.5, low=0, help="ipm: attackers upload -epsilon x the benign mean")
     add_flag(a, "--attack_direction", type=str, default="std", choices=["std", "unit", "sign"],
              help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
     add_flag(a, "--attack_label_map", type=str, default="",
              help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
-    add_flag(a, "--backdoor_target", type=int, default=2, help="backdoor: the class triggered images are labelled")
-    add_flag(a, "--backdoor_fraction", type=float, default=0.3125,
+    add_flag(a, "--backdoor_target", type=int, default=2, low=0, help="backdoor: the class triggered images are labelled")
+    add_flag(a, "--backdoor_fraction", type=float, default=0.3125, above=0, high=1,
              help="backdoor: share of each attacker minibatch stamped and relabelled (Sageflow: 20 of 64)")
-    add_flag(a, "--backdoor_scale", type=float, default=10.0, help="backdoor: attackers scale their update by it ...")
-    add_flag(a, "--backdoor_from_round", type=int, default=10, help="... from this round on (Sageflow: x10 from 10)")
+    add_flag(a, "--backdoor_scale", type=float, default=10.0, low=0, help="backdoor: attackers scale their update by it ...")
+    add_flag(a, "--backdoor_from_round", type=int, default=10, low=0, help="... from this round on (Sageflow: x10 from 10)")
     add_flag(a, "--backdoor_value", type=float, default=1.0,
              help="backdoor: the trigger pixels' input value (1.0: white in PFLlib's [-1, 1] normalisation)")
     add_flag(a, "--robust", type=str, default=None,
              help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
                   "trimmed_mean, rfa, bulyan, centered_clip (e.g. clip,multi_krum)")
-    add_flag(a, "--robust_f", type=int, default=-1,
+    add_flag(a, "--robust_f", type=int, default=-1, low=-1,
              help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
-    add_flag(a, "--robust_clip", type=float, default=0.0,
+    add_flag(a, "--robust_clip", type=float, default=0.0, low=0,
              help="clip / centered_clip radius tau (0: the median update norm of the round)")
-    add_flag(a, "--robust_keep", type=int, default=0, help="multi_krum: updates averaged (0: n - f)")
-    add_flag(a, "--robust_iters", type=int, default=10,
+    add_flag(a, "--robust_keep", type=int, default=0, low=0, help="multi_krum: updates averaged (0: n - f)")
+    add_flag(a, "--robust_iters", type=int, default=10, low=1,
              help="rfa: most Weiszfeld iterations; centered_clip: clipping iterations")
-    add_flag(a, "--straggler_delay", type=int, default=0,
+    add_flag(a, "--straggler_delay", type=int, default=0, low=0,
              help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
                   "flcore/plugins/stragglers.py)")
     add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],

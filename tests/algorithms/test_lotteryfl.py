@@ -171,8 +171,8 @@ def test_partial_participation_keeps_state_and_first_timers_get_the_dense_model(
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     folder = make_dataset(tmp_path, num_clients=2, input_shape=(1, 8, 8))
-    for algorithm, flag, said in (("LotteryFL", "--kept_fraction=0", "--kept_fraction must be in (0, 1]"),
-                                  ("Hermes", "-kf=2", "--kept_fraction must be in (0, 1]"),
+    for algorithm, flag, said in (("LotteryFL", "--kept_fraction=0", "-kf must be in (0, 1]"),
+                                  ("Hermes", "-kf=2", "-kf must be in (0, 1]"),
                                   ("LotteryFL", "--prune_rate=1.5", "--prune_rate must be in [0, 1]")):
         rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "r"), "-dev", "cpu", "-gr", "1",
                         "-m", "DNN", "-algo", algorithm, flag, "--progress", "False", "-q", "True"])

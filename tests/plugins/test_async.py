@@ -106,7 +106,7 @@ def test_an_asynchronous_run_resumes_exactly(algorithm):
 
 
 @pytest.mark.parametrize("algorithm, flags, message", [
-    ("FedAvg", dict(straggler_delay=-1), "--straggler_delay must be >= 0 rounds"),
+    ("FedAvg", dict(straggler_delay=-1), "--straggler_delay must be >= 0"),
     ("FedAsync", dict(async_alpha=0.0), "--async_alpha must be in \\(0, 1\\]"),
     ("FedBuff", dict(buffer_size=0), "--buffer_size must be >= 1"),
     ("FedAsync", dict(robust="median"), "FedAsync aggregates its own way"),

@@ -51,11 +51,11 @@ class APPLEClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-dlr", "--dr_learning_rate", type=float, default=0.0,
+        add_flag(parser, "-dlr", "--dr_learning_rate", type=float, default=0.0, low=0,
                  help="η_p, learning rate of the DR vector p_i (PFLlib default 0: p_i stays 1/N)")
-        add_flag(parser, "-L", "--L", type=float, default=1.0,
+        add_flag(parser, "-L", "--L", type=float, default=1.0, low=0,
                  help="the proximal weight λ(t) decays over the first L·gr rounds (cosine), then 0")
-        add_flag(parser, "-mu", "--mu", type=float, default=0.0,
+        add_flag(parser, "-mu", "--mu", type=float, default=0.0, low=0,
                  help="μ of the DR vector's proximal term λ(t)·μ/2·‖p_i − p0‖² (PFLlib default 0: none)")
         add_flag(parser, "--apple_core_lr_scale", type=bool, default=True,
                  help="the core model's learning rate is N·lr (PFLlib); False: lr")

@@ -41,7 +41,7 @@ class FDClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="FD: weight λ of the distillation term (PFLlib: 1)")
         add_flag(parser, "--fd_target", type=str, default="softmax", choices=["softmax", "pfllib"],
                  help="FD's distillation target: the teacher logits' softmax (soft labels) or, as PFLlib, the raw "

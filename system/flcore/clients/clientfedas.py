@@ -49,9 +49,9 @@ class FedASClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--fedas_align_epochs", type=int, default=1, help="epochs of parameter alignment (PFLlib 1)")
-        add_flag(parser, "--fedas_align_batch", type=int, default=16, help="minibatch size of the alignment (PFLlib 16)")
-        add_flag(parser, "--fedas_align_lr", type=float, default=0.01, help="learning rate of the alignment (PFLlib 0.01)")
+        add_flag(parser, "--fedas_align_epochs", type=int, default=1, low=0, help="epochs of parameter alignment (PFLlib 1)")
+        add_flag(parser, "--fedas_align_batch", type=int, default=16, low=1, help="minibatch size of the alignment (PFLlib 16)")
+        add_flag(parser, "--fedas_align_lr", type=float, default=0.01, low=0, help="learning rate of the alignment (PFLlib 0.01)")
 
     def expected_gradient_samples(self) -> float:
         """The alignment epochs and the Fisher pass come on top of local training."""

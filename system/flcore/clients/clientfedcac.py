@@ -47,9 +47,9 @@ class FedCACClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-tau", "--tau", type=float, default=0.5,
+        add_flag(parser, "-tau", "--tau", type=float, default=0.5, low=0, high=1,
                  help="τ: fraction of each parameter tensor marked critical (PFLlib default 1: all of it)")
-        add_flag(parser, "-bt", "--beta", type=float, default=50.0,
+        add_flag(parser, "-bt", "--beta", type=float, default=50.0, above=0,
                  help="β: after β rounds only the most similar clients collaborate on critical parameters "
                       "(PFLlib default 0 fails its own check)")
 

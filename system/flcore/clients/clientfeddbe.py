@@ -45,9 +45,9 @@ class FedDBEClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-mo", "--momentum", type=float, default=0.1,
+        add_flag(parser, "-mo", "--momentum", type=float, default=0.1, low=0, high=1,
                  help="m of the running mean r ← (1 − m)·r + m·mean(z) of the representations")
-        add_flag(parser, "-klw", "--kl_weight", type=float, default=0.0,
+        add_flag(parser, "-klw", "--kl_weight", type=float, default=0.0, low=0,
                  help="κ of the mean regulariser κ·mean(½(r − z̄ᵍ)²) (PFLlib default 0 switches it off)")
         add_flag(parser, "--dbe_prbm", type=bool, default=True,
                  help="learn the personalised representation bias b_i (False: frozen at zero, MR only)")

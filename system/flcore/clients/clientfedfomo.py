@@ -46,8 +46,8 @@ class FedFomoClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-M", "--M", type=int, default=5, help="models each selected client downloads")
-        add_flag(parser, "--fedfomo_val_ratio", type=float, default=0.2,
+        add_flag(parser, "-M", "--M", type=int, default=5, low=0, help="models each selected client downloads")
+        add_flag(parser, "--fedfomo_val_ratio", type=float, default=0.2, low=0, below=1,
                  help="fraction of a client's training rows (the last ones) held out to weigh the models")
         add_flag(parser, "--fedfomo_reference", type=str, default="trained", choices=["trained", "aggregate"],
                  help="model the gains and distances are measured from: the client's trained model (paper) "

@@ -95,11 +95,11 @@ class FedKDClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-mlr", "--mentee_learning_rate", type=float, default=0.005,
+        add_flag(parser, "-mlr", "--mentee_learning_rate", type=float, default=0.005, above=0,
                  help="FedKD: SGD learning rate of the mentee (PFLlib: 0.005)")
-        add_flag(parser, "-Ts", "--T_start", type=float, default=0.95,
+        add_flag(parser, "-Ts", "--T_start", type=float, default=0.95, above=0, high=1,
                  help="FedKD: SVD energy threshold in the first round")
-        add_flag(parser, "-Te", "--T_end", type=float, default=0.98,
+        add_flag(parser, "-Te", "--T_end", type=float, default=0.98, above=0, high=1,
                  help="FedKD: SVD energy threshold reached in the last round")
 
     def expected_gradient_samples(self) -> float:

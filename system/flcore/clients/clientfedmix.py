@@ -46,8 +46,8 @@ class FedMixClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--fedmix_lambda", type=float, default=0.1, help="FedMix: mixup ratio λ (0: FedAvg)")
-        add_flag(parser, "--fedmix_mean_size", type=int, default=10,
+        add_flag(parser, "--fedmix_lambda", type=float, default=0.1, low=0, high=1, help="FedMix: mixup ratio λ (0: FedAvg)")
+        add_flag(parser, "--fedmix_mean_size", type=int, default=10, low=1,
                  help="FedMix: samples averaged into one shared mean (M)")
         add_flag(parser, "--fedmix_variant", type=str, default="fedmix", choices=["fedmix", "naive"],
                  help="FedMix's approximated global Mixup, or NaiveMix (Mixup with the received means)")

@@ -35,11 +35,11 @@ class FedMTLClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-itk", "--itk", type=int, default=4000,
+        add_flag(parser, "-itk", "--itk", type=int, default=4000, low=0,
                  help="PFLlib's iterations of MOCHA's quadratic subproblem: accepted, unused (as in PFLlib)")
-        add_flag(parser, "--fedmtl_lambda_mean", type=float, default=0.05,
+        add_flag(parser, "--fedmtl_lambda_mean", type=float, default=0.05, low=0,
                  help="λ₁ of λ₁·tr(WΩWᵀ) = λ₁·Σ_s‖w_s − w̄‖², Ω = (I − 11ᵀ/m)² (0 with λ₂ = 0: Local)")
-        add_flag(parser, "--fedmtl_lambda_norm", type=float, default=0.0,
+        add_flag(parser, "--fedmtl_lambda_norm", type=float, default=0.0, low=0,
                  help="λ₂ of λ₂·‖W‖_F² (weight decay of every personal model)")
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:

@@ -38,7 +38,7 @@ class FedPACClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="FedPAC: weight λ of the feature alignment to the global centroids (PFLlib: 1)")
 
     def expected_gradient_samples(self) -> float:

@@ -42,7 +42,7 @@ class FedPCLClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-tau", "--tau", type=float, default=1.0,
+        add_flag(parser, "-tau", "--tau", type=float, default=1.0, above=0,
                  help="FedPCL: temperature τ of the prototype contrastive loss (PFLlib: 1)")
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:

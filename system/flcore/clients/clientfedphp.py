@@ -62,9 +62,9 @@ class FedPHPClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=0.5,
+        add_flag(parser, "-lam", "--lamda", type=float, default=0.5, low=0, high=1,
                  help="λ of (1 − λ)·CE + λ·MMD(features, HPM features) (PFLlib default 1: no CE)")
-        add_flag(parser, "-mu", "--mu", type=float, default=0.9,
+        add_flag(parser, "-mu", "--mu", type=float, default=0.9, low=0, high=1,
                  help="μ of the HPM's moving average weight μ_t = μ·t/T (PFLlib default 0: no ensembling)")
         add_flag(parser, "--fedphp_eval", type=str, default="local", choices=["local", "inherited"],
                  help="evaluated model: the last personalised (trained) model, or the HPM")

@@ -37,7 +37,7 @@ class FedProtoClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="FedProto: weight λ of the distance to the global prototypes (PFLlib: 1)")
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:

@@ -71,15 +71,15 @@ class FMLClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-al", "--alpha", type=float, default=0.5,
+        add_flag(parser, "-al", "--alpha", type=float, default=0.5, low=0, high=1,
                  help="FML: α, the personal model's weight of cross-entropy against KL to the meme model "
                       "(paper 0.5; PFLlib 1)")
-        add_flag(parser, "-bt", "--beta", type=float, default=0.5,
+        add_flag(parser, "-bt", "--beta", type=float, default=0.5, low=0, high=1,
                  help="FML: β, the meme model's weight of cross-entropy against KL to the personal model "
                       "(paper 0.5; PFLlib 0)")
         add_flag(parser, "--fml_kl", type=str, default="batchmean", choices=["batchmean", "mean"],
                  help="FML's KL reduction: per sample, averaged over the batch (paper) or also over classes (PFLlib)")
-        add_flag(parser, "--fml_clip", type=float, default=0.0,
+        add_flag(parser, "--fml_clip", type=float, default=0.0, low=0,
                  help="FML: clip each model's gradient to this L2 norm (0: no clipping, paper; PFLlib: 10)")
 
     def expected_gradient_samples(self) -> float:

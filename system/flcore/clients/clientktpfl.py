@@ -37,10 +37,10 @@ class KTpFLClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--ktpfl_lambda", type=float, default=1.0, help="KT-pFL: weight λ of the distillation loss")
-        add_flag(parser, "--ktpfl_temperature", type=float, default=1.0,
+        add_flag(parser, "--ktpfl_lambda", type=float, default=1.0, low=0, help="KT-pFL: weight λ of the distillation loss")
+        add_flag(parser, "--ktpfl_temperature", type=float, default=1.0, above=0,
                  help="KT-pFL: softmax temperature T of the soft predictions")
-        add_flag(parser, "--ktpfl_steps", type=int, default=5,
+        add_flag(parser, "--ktpfl_steps", type=int, default=5, low=0,
                  help="KT-pFL: distillation steps R on public minibatches per participation")
 
     def expected_gradient_samples(self) -> float:

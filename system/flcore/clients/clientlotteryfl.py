@@ -48,9 +48,9 @@ class LotteryFLClient(SparseClient):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--prune_rate", type=float, default=0.2,
+        add_flag(parser, "--prune_rate", type=float, default=0.2, low=0, high=1,
                  help="r_p: share of the still-kept weights (LotteryFL) or channels (Hermes) one pruning step drops")
-        add_flag(parser, "--acc_threshold", type=float, default=0.5,
+        add_flag(parser, "--acc_threshold", type=float, default=0.5, high=1,
                  help="a client prunes only when its accuracy on its training data exceeds this")
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:

@@ -42,7 +42,7 @@ class PFedEffClient(SparseClient):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--magnitude_decay", type=float, default=1e-3,
+        add_flag(parser, "--magnitude_decay", type=float, default=1e-3, low=0,
                  help="λ of pFedEff's approximated regulariser λ·sign(w) on the entries outside the pre-training "
                       "magnitude mask")
 

@@ -54,7 +54,7 @@ class PFLDAClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="λ of the personal head's regulariser R towards the global head")
         add_flag(parser, "--pflda_penalty", type=str, default="norm", choices=["norm", "squared", "none"],
                  help="R: λ‖h_i − h_g‖ (PFLlib's written term), λ/2‖h_i − h_g‖², or none (what PFLlib's "

@@ -143,7 +143,7 @@ class SparseClient(Client):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-kf", "--kept_fraction", type=float, default=0.5,
+        add_flag(parser, "-kf", "--kept_fraction", type=float, default=0.5, above=0, high=1,
                  help="fraction of the model each client keeps (0, 1]: pFedEff's magnitude masks and the exchanged "
                       "share of what is kept; LotteryFL's and Hermes' pruning target (0.75/0.5/0.25 = the -75/-50/-25 "
                       "variants; 1 = dense)")

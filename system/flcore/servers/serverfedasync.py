@@ -42,11 +42,11 @@ class FedAsync(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--async_alpha", type=float, default=0.8, help="FedAsync: mixing weight alpha in (0, 1]")
+        add_flag(parser, "--async_alpha", type=float, default=0.8, above=0, high=1, help="FedAsync: mixing weight alpha in (0, 1]")
         add_flag(parser, "--staleness_fn", type=str, default="polynomial", choices=list(STALENESS_FUNCTIONS),
                  help="FedAsync: staleness function s(t - tau)")
-        add_flag(parser, "--staleness_a", type=float, default=0.5, help="FedAsync: a of the polynomial/hinge functions")
-        add_flag(parser, "--staleness_b", type=float, default=4.0, help="FedAsync: b of the hinge function (rounds)")
+        add_flag(parser, "--staleness_a", type=float, default=0.5, low=0, help="FedAsync: a of the polynomial/hinge functions")
+        add_flag(parser, "--staleness_b", type=float, default=4.0, low=0, help="FedAsync: b of the hinge function (rounds)")
 
     def setup(self) -> None:
         if not 0 < self.hp.async_alpha <= 1:

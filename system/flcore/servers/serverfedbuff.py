@@ -32,8 +32,8 @@ class FedBuff(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--buffer_size", type=int, default=10, help="FedBuff: updates per server step K")
-        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0, help="FedBuff: server learning rate")
+        add_flag(parser, "--buffer_size", type=int, default=10, low=1, help="FedBuff: updates per server step K")
+        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0, above=0, help="FedBuff: server learning rate")
 
     def setup(self) -> None:
         if self.hp.buffer_size < 1:

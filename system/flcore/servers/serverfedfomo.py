@@ -38,10 +38,10 @@ class FedFomoServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--fedfomo_epsilon", type=float, default=0.0,
+        add_flag(parser, "--fedfomo_epsilon", type=float, default=0.0, low=0, high=1,
                  help="ε: probability that a client's M models are drawn at random instead of the top M "
                       "by affinity (0: PFLlib's top M only)")
-        add_flag(parser, "--fedfomo_epsilon_decay", type=float, default=0.0,
+        add_flag(parser, "--fedfomo_epsilon_decay", type=float, default=0.0, low=0, high=1,
                  help="δ: ε decreases by δ per round (ε_t = max(0, ε − t·δ))")
 
     def setup(self) -> None:

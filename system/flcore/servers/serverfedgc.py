@@ -60,7 +60,7 @@ class FedGCServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-lam", "--lamda", type=float, default=1.0,
+        add_flag(parser, "-lam", "--lamda", type=float, default=1.0, low=0,
                  help="the server's correction step has learning rate -lr·λ (0: no correction)")
 
     def setup(self) -> None:

@@ -48,7 +48,7 @@ class FedGHServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0,
+        add_flag(parser, "-slr", "--server_learning_rate", type=float, default=1.0, above=0,
                  help="FedGH: SGD learning rate of the server's head training (PFLlib: 1)")
 
     def setup(self) -> None:

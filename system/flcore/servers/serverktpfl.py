@@ -68,11 +68,11 @@ class KTpFLServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "--ktpfl_rho", type=float, default=0.1,
+        add_flag(parser, "--ktpfl_rho", type=float, default=0.1, low=0,
                  help="KT-pFL: ρ of the regulariser ρ‖c − 1/N‖² on the knowledge coefficients")
-        add_flag(parser, "--ktpfl_coef_lr", type=float, default=0.1,
+        add_flag(parser, "--ktpfl_coef_lr", type=float, default=0.1, low=0,
                  help="KT-pFL: learning rate of the knowledge coefficients c")
-        add_flag(parser, "--ktpfl_coef_steps", type=int, default=1,
+        add_flag(parser, "--ktpfl_coef_steps", type=int, default=1, low=0,
                  help="KT-pFL: gradient steps on c per round")
 
     def setup(self) -> None:
