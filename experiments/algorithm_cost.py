@@ -1,0 +1,87 @@
+"""The cost of a round of every registered algorithm, relative to FedAvg's on the same data, model and
+engine (issue 28's "every pFL algorithm within 1.3x FedAvg"; issues 24 and 25 ask the same).
+
+Each algorithm runs ``-gr 4`` rounds through ``main.main`` with evaluation only before the first and
+after the last round (``-eg 100``), so the rounds timed (the 2nd to 4th, after a warm-up round) are
+training and aggregation only; the figure is their median ``rs_round_time``. Every algorithm sees
+the same partition and flags; those that need more (KT-pFL's public data) get it from ``NEEDS``.
+
+    python experiments/algorithm_cost.py                      # every algorithm, MNIST CNN, 20 clients
+    python experiments/algorithm_cost.py --only FedAvg Ditto --engine threaded
+
+The table (slowest first) is printed and written to ``experiments/out/algorithm_cost.md``. Times
+are wall-clock seconds: run it on an otherwise idle machine, and compare ratios from one run only.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import time
+from pathlib import Path
+
+import h5py
+
+from common import MNIST_RAW, OUT, REPO, generate_data, main, write_table
+from flcore.registry import ALGORITHMS, load_all
+
+#: flags an algorithm cannot run without, on top of the common ones
+NEEDS = {"KT-pFL": ["--public_data", "0.05"]}
+
+
+def round_seconds(algorithm: str, data: Path, args: argparse.Namespace) -> float:
+    """Median seconds of rounds 2..N of one run of ``algorithm`` (rounds without evaluation)."""
+    folder = OUT / "results" / "algorithm_cost" / args.engine
+    argv = ["-data", str(data), "-m", args.model, "-algo", algorithm, "-gr", str(args.rounds), "-eg", "100",
+            "-lbs", "10", "-ls", "1", "-lr", "0.01", "-jr", "1", "-dev", "cpu", "--engine", args.engine,
+            "--num_threads", str(args.threads), "--results_dir", str(folder), "-go", "cost", "--overwrite",
+            "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, [])]
+    with contextlib.redirect_stdout(io.StringIO()):
+        code = main.main(argv)
+    if code != 0:
+        raise RuntimeError(f"{algorithm}: main.py exited with {code}")
+    path = folder / f"{data.name}_{algorithm}_cost_0.h5"
+    with h5py.File(path) as f:
+        times = list(f["rs_round_time"][()])
+    return statistics.median(times[1:])
+
+
+def main_(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", default=None, help="algorithms to time (FedAvg is always timed)")
+    parser.add_argument("--engine", default="sequential", choices=["sequential", "threaded", "batched", "auto"])
+    parser.add_argument("--threads", type=int, default=1, help="--num_threads of each run")
+    parser.add_argument("--model", default="CNN")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per run (the first is not timed)")
+    parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: MNIST, 20 clients x 300)")
+    args = parser.parse_args(argv)
+    data = args.data
+    if data is None:
+        data = OUT / "data" / "cost_MNIST"
+        generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--num-clients", "20", "--samples-per-client",
+                                            "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
+    load_all()
+    names = args.only or ALGORITHMS.names()
+    names = ["FedAvg", *[n for n in names if n != "FedAvg"]]
+    seconds, failed = {}, {}
+    for name in names:
+        started = time.perf_counter()
+        try:
+            seconds[name] = round_seconds(name, data, args)
+        except Exception as exc:  # noqa: BLE001 - one algorithm's failure is reported, the table goes on
+            failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        print(f"{name:>14}: {seconds.get(name, float('nan')):.3f} s/round "
+              f"({time.perf_counter() - started:.0f} s for the run)", flush=True)
+    base = seconds["FedAvg"]
+    lines = [f"Seconds per training round ({args.model}, MNIST 20 clients x 300 samples, B = 10, E = 1, all clients, "
+             f"engine {args.engine}, {args.threads} thread(s); median of rounds 2-{args.rounds})", "",
+             "| algorithm | s/round | x FedAvg |", "|---|---:|---:|"]
+    for name in sorted(seconds, key=seconds.get, reverse=True):
+        lines.append(f"| {name} | {seconds[name]:.3f} | {seconds[name] / base:.2f} |")
+    lines += [f"| {name} | failed: {why} | |" for name, why in failed.items()]
+    write_table("algorithm_cost", lines)
+
+
+if __name__ == "__main__":
+    main_()
