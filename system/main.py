@@ -348,6 +348,9 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
             run_index + 1, args.times, args.algorithm, args.dataset, len(server.clients), args.model,
             server.model.num_params, device, json.dumps(server.summary()) if server.summary() else "",
         )
+        for name, plugin in server.plugins.items():  # attacks, defences, stragglers: what the run faces
+            if plugin.summary():
+                log.info("  %s: %s", name, json.dumps(plugin.summary(), default=str))
         try:
             summary, path = train_one(server, run_args, run_index, claimed, device, new_clients)
         finally:

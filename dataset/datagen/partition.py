@@ -255,17 +255,30 @@ def dirichlet(labels: np.ndarray, num_clients: int, num_classes: int, alpha: flo
         raise PartitionError(
             f"dir: {num_clients} clients x {least} samples each need more than the "
             f"{labels.size} samples; lower --num-clients")
+    return _draw_until_filled("dir", labels, num_clients, num_classes, alpha, rng, least=least,
+                              max_tries=max_tries, fallback=fallback,
+                              hint="raise --alpha or lower --num-clients")
+
+
+def _draw_until_filled(name: str, labels: np.ndarray, num_clients: int, num_classes: int,
+                       alpha: float, rng: np.random.Generator, *, least: int, max_tries: int,
+                       fallback: str, hint: str, holders: np.ndarray | None = None) -> list[np.ndarray]:
+    """``dir``'s and ``exdir``'s outer loop: redraw until every client has ``least`` samples.
+
+    PFLlib loops forever here; we stop after ``max_tries`` draws and then either top the
+    short clients up from the last draw (``fallback="repair"``, within their own labels
+    when ``holders`` restricts them) or raise (``"error"``)."""
     class_idx = _class_indices(labels, num_classes)
     owner = np.empty(0, dtype=np.int64)
     for _ in range(max(max_tries, 1)):
-        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng)
+        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng, holders=holders)
         if sizes.min() >= least:
             return _parts_from_owner(owner, num_clients, rng)
     if fallback == "error":
         raise PartitionError(
-            f"dir: no draw in {max_tries} tries gave every client at least {least} samples; "
-            f"raise --alpha or lower --num-clients")
-    _top_up(owner, labels, num_clients, num_classes, least, rng)
+            f"{name}: no draw in {max_tries} tries gave every client at least {least} samples; {hint}")
+    _top_up(owner, labels, num_clients, num_classes, least, rng,
+            allowed=None if holders is None else holders.T)
     return _parts_from_owner(owner, num_clients, rng)
 
 
@@ -425,19 +438,9 @@ def exdir(labels: np.ndarray, num_clients: int, num_classes: int, class_per_clie
             f"exdir: no label assignment in {LABEL_ASSIGN_TRIES} tries gave every label {need} "
             f"clients; raise --num-clients or --class-per-client")
 
-    class_idx = _class_indices(labels, num_classes)
-    owner = np.empty(0, dtype=np.int64)
-    for _ in range(max(max_tries, 1)):
-        owner, sizes = _dirichlet_draw(class_idx, labels.size, num_clients, alpha, rng,
-                                       holders=holders)
-        if sizes.min() >= min_size:
-            return _parts_from_owner(owner, num_clients, rng)
-    if fallback == "error":
-        raise PartitionError(
-            f"exdir: no draw in {max_tries} tries gave every client at least {min_size} samples; "
-            f"raise --alpha, --class-per-client or lower --num-clients")
-    _top_up(owner, labels, num_clients, num_classes, min_size, rng, allowed=holders.T)
-    return _parts_from_owner(owner, num_clients, rng)
+    return _draw_until_filled("exdir", labels, num_clients, num_classes, alpha, rng, least=min_size,
+                              max_tries=max_tries, fallback=fallback, holders=holders,
+                              hint="raise --alpha, --class-per-client or lower --num-clients")
 
 
 def shard(labels: np.ndarray, num_clients: int, rng: np.random.Generator, *,

@@ -159,3 +159,18 @@ def test_an_old_checkpoint_is_refused_in_one_line(tmp_path):
     torch.save({"format": checkpoint.FORMAT, "version": 1}, path)
     with pytest.raises(checkpoint.CheckpointError, match="has format version 1, this version reads 2"):
         checkpoint.load_checkpoint(path, make_args("FedAvg"))
+
+
+def test_main_logs_each_plugins_settings_at_the_start(tmp_path, capsys):
+    """A reader of the log sees what the run faced (attack, defence), not only the algorithm."""
+    import main
+    from toydata import make_dataset
+
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "1",
+                    "-m", "DNN", "-algo", "FedAvg", "--attack", "sign_flip", "--attack_fraction", "0.25",
+                    "--robust", "median", "--progress", "False", "--save_model", "False"])
+    assert rc == 0
+    captured = capsys.readouterr()
+    log = captured.out + captured.err
+    assert '"attack": "sign_flip"' in log and '"robust": ["median"]' in log
