@@ -115,7 +115,10 @@ class ClientStateStore:
     def get(self, name: str, index: int, init: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
         """The stored tensor, or ``init()`` stored and returned on first use (None without init).
 
-        The first get returns what was stored (already rounded to the storage dtype)."""
+        The first get returns what was stored (already rounded to the storage dtype). Where the
+        device and dtype match, the tensor returned is the store's own (no copy per client): a
+        later ``set`` of the same entry overwrites it in place, so a caller that needs the old
+        value after setting a new one clones it first."""
         table = self._entries.setdefault(name, {})
         if index not in table:
             if init is None:
