@@ -19,7 +19,8 @@ and every local step takes SGD (learning rate ``-lr``) on the body, W_i and Θ (
     CE(out, y) + λ · MMD²(h, h^g),          λ = ``-lam``,
 
 h^g the features of the received (frozen) global body, MMD² the biased estimate over the
-minibatch with the kernel Σ_σ exp(−‖a − b‖² / (2σ)), σ ∈ {10, 15, 20, 50} (the authors' code).
+minibatch with the kernel Σ_σ exp(−‖a − b‖² / (2σ)), σ ∈ {10, 15, 20, 50} (the authors' code;
+FedPHP's ``mmd``).
 The noise is drawn per step from (seed, round, client) before training (``per_step_context``),
 so every engine draws the same. The upload carries the body, Θ and, in the global head's place,
 m·W_i + (1 − m)·W^g (m = ``--fedcp_head_mix``); the server averages them all sample-weighted, so
@@ -49,12 +50,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientfedphp import mmd  # the authors' MMD², as FedPHP uses it
 from flcore.flat import Net
 from utils.cli import add_flag
 from utils.seeding import torch_generator
 
-#: the RBF kernel's bandwidths σ in exp(−d² / (2σ)) (the authors' MMD)
-MMD_BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
 #: τ of the Gumbel softmax (fixed to 1 in the authors' code)
 TEMPERATURE = 1.0
 
@@ -113,16 +113,6 @@ class FedCPLayout:
     dim: int
 
 
-def mmd_squared(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Biased MMD² between the rows of ``a`` and ``b`` with the summed RBF kernels (MMD_BANDWIDTHS)."""
-    both = torch.cat([a.flatten(1), b.flatten(1)])
-    sq = (both * both).sum(-1)
-    distances = sq[:, None] + sq[None, :] - 2 * both @ both.T
-    kernel = sum(torch.exp(-0.5 * distances / sigma) for sigma in MMD_BANDWIDTHS)
-    n = a.shape[0]
-    return kernel[:n, :n].mean() + kernel[n:, n:].mean() - 2 * kernel[:n, n:].mean()
-
-
 class FedCPClient(Client):
     """SGD on the split-feature output plus λ·MMD² to the global body's features."""
 
@@ -153,7 +143,7 @@ class FedCPClient(Client):
         h = net.features(x)
         share = net.part("policy", h * ctx["condition"], ctx["fedcp_noise"][: x.shape[0]])
         out = net.head(h * share) + net.part("global_head", h * (1 - share))
-        return F.cross_entropy(out, y) + self.hp.lamda * mmd_squared(h, net.at(ctx["global"]).features(x))
+        return F.cross_entropy(out, y) + self.hp.lamda * mmd(h, net.at(ctx["global"]).features(x))
 
     def end_round(self, params, package: RoundPackage, ctx, steps, loss) -> ClientUpdate:
         update = super().end_round(params, package, ctx, steps, loss)
