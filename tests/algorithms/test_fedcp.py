@@ -97,7 +97,9 @@ def test_two_rounds_by_hand(mix):
             assert torch.allclose(flat.module(x.float()).double(), expected, atol=1e-5)
 
 
-def test_personal_heads_never_leave_the_client_and_partial_participation():
+def test_the_personal_head_is_uploaded_only_in_the_mixture_and_partial_participation():
+    """The head's own place in the upload carries the server's values (W_i reaches the server only
+    through m·W_i + (1 − m)·W^g in the global head's place, by the method's design)."""
     data, server = two_layer_server("FedCP", num_clients=4, join_ratio=0.5)
     private = ~server.shared_mask
     assert {seg.name for seg in server.model.segments if bool(private[seg.start])} == set(HEAD)

@@ -21,11 +21,13 @@ and every local step takes SGD (learning rate ``-lr``) on the body, W_i and Θ (
 h^g the features of the received (frozen) global body, MMD² the biased estimate over the
 minibatch with the kernel Σ_σ exp(−‖a − b‖² / (2σ)), σ ∈ {10, 15, 20, 50} (the authors' code;
 FedPHP's ``mmd``).
-The noise is drawn per step from (seed, round, client) before training (``per_step_context``),
-so every engine draws the same. The upload carries the body, Θ and, in the global head's place,
+The noise is drawn per step from (seed, round, client) before training (``per_step_context``:
+steps × B × D numbers a client and round, 1.2 MB for the MNIST CNN's 60 steps), so every engine
+draws the same. The upload carries the body, Θ and, in the global head's place,
 m·W_i + (1 − m)·W^g (m = ``--fedcp_head_mix``); the server averages them all sample-weighted, so
-the new global head is the weighted mean of these (``serverfedcp.py``). W_i itself stays with
-the client. The client is evaluated with its W_i, v_i from it, and the noise-free policy
+the new global head is the weighted mean of these (``serverfedcp.py``). W_i is the client's
+private part, never overwritten by the server; note that it reaches the server through that
+mixture by the method's design (the server knows W^g, so m > 0 reveals W_i). The client is evaluated with its W_i, v_i from it, and the noise-free policy
 (L = 0).
 
 Choices where PFLlib (the authors' code) departs from the paper or leaves a gap:
