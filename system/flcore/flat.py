@@ -190,16 +190,17 @@ class Net:
         self.flat = flat
         self.params = params
 
-    def part(self, sub: str, x: torch.Tensor) -> torch.Tensor:
-        """Submodule ``sub`` of the model (``""`` = the whole model) applied to ``x``."""
+    def part(self, sub: str, *inputs: torch.Tensor) -> torch.Tensor:
+        """Submodule ``sub`` of the model (``""`` = the whole model) applied to ``inputs`` (several
+        for a submodule that takes them: GPFL's valve gets the features and a condition)."""
         target = self.module if not sub else getattr(self.module, sub)
         if self.params is None:
-            return target(x)
+            return target(*inputs)
         if not sub:
-            return functional_call(target, self.params, (x,))
+            return functional_call(target, self.params, inputs)
         prefix = f"{sub}."
         named = {k[len(prefix):]: v for k, v in self.params.items() if k.startswith(prefix)}
-        return functional_call(target, named, (x,))
+        return functional_call(target, named, inputs)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.part("", x)

@@ -101,7 +101,7 @@ class Server:
         self.num_classes = dataset.num_classes
         if resolve_conv_layout(args.conv_layout, device) == "channels_last":
             use_channels_last(module)
-        self.model = FlatModel(module, device)
+        self.model = FlatModel(self.build_module(module), device)
         self.global_params = self.model.snapshot()
         self.shared_mask = self.model.shared_mask(self.shared_parts())
         state = make_state_store(args, device)
@@ -124,6 +124,14 @@ class Server:
         """Declare this algorithm's server flags (called once per class in the MRO)."""
 
     # ------------------------------------------------------------------ hooks
+    def build_module(self, module: nn.Module) -> nn.Module:
+        """The module the run trains: ``module``, or one that holds it with the algorithm's own
+        layers (GPFL's category embedding and valve, FedCP's policy network and global head) and
+        per-client constants (GPFL's label shares). Called once, before the flat model is built
+        (``self.hp`` is ready), so these become parameters of the flat vector: sent, aggregated,
+        kept private (``shared``), checkpointed and evaluated like the rest of the model."""
+        return module
+
     def setup(self) -> None:
         """Create algorithm state (server momentum, controls, ...) after the base is built."""
 

@@ -1,0 +1,53 @@
+"""GPFL (Zhang et al., ICCV 2023, arXiv:2308.10279): PFLlib's ``-algo GPFL``.
+
+The server wraps the model with GPFL's global category embedding and conditional valve
+(:class:`~flcore.clients.clientgpfl.GPFLModel`, ``build_module``), so they are part of the flat
+vector; clients upload the body, GCE and CoV (``shared``), which are averaged sample-weighted as
+in FedAvg (PFLlib averages the three the same way), and keep their heads and label shares. Each
+client is evaluated with its head on the personalised route, its condition p_i computed from the
+current global GCE (``eval_params``); there is no meaningful global model (its head is the
+initial one). The client's side is in ``clientgpfl.py``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flcore.clients.clientgpfl import GPFLClient, GPFLLayout, GPFLModel
+from flcore.clients.labelmeans import require_body_head
+from flcore.registry import register_algorithm
+from flcore.servers.serverbase import Server
+from utils.errors import FLError
+
+
+@register_algorithm("GPFL")
+class GPFLServer(Server):
+    client_cls = GPFLClient
+    personalized = True
+    has_global_model = False
+    shared = ("body.", "gce.", "cov.")
+
+    def build_module(self, module: nn.Module) -> nn.Module:
+        require_body_head(module, "GPFL", self.args.model)
+        if not isinstance(module.head, nn.Linear):
+            raise FLError(f"GPFL needs a model whose head is one Linear layer; -m {self.args.model}'s is not")
+        return GPFLModel(module, self.num_classes)
+
+    def setup(self) -> None:
+        segments = {seg.name: seg for seg in self.model.segments}
+        gce, share = segments["gce.weight"], segments["label_share"]
+        cov = [seg for seg in self.model.segments if seg.name.startswith("cov.")]
+        layout = GPFLLayout(gce=(gce.start, gce.stop), decayed=(gce.start, cov[-1].stop),
+                            label_share=(share.start, share.stop), num_classes=self.num_classes,
+                            dim=self.model.module.head.in_features)
+        for client in self.clients:
+            client.configure(gpfl_layout=layout)
+
+    def summary(self) -> dict[str, object]:
+        return {"lamda": self.hp.lamda, "mu": self.hp.mu, "mlg": self.hp.gpfl_mlg}
+
+    def eval_params(self, index: int) -> torch.Tensor:
+        params = super().eval_params(index).clone()
+        a, b = self.clients[index].gpfl_layout.label_share
+        params[a:b] = self.clients[index].label_shares().to(params)
+        return params
