@@ -488,7 +488,8 @@ def generic_parser() -> argparse.ArgumentParser:
              help="backdoor: the trigger pixels' input value (1.0: white in PFLlib's [-1, 1] normalisation)")
     add_flag(a, "--robust", type=str, default=None,
              help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
-                  "trimmed_mean, rfa, bulyan, centered_clip (e.g. clip,multi_krum)")
+                  "trimmed_mean, rfa, bulyan, centered_clip, fltrust (needs --public_data) (e.g. clip,multi_krum "
+                  "or clip+multi_krum)")
     add_flag(a, "--robust_f", type=int, default=-1, low=-1,
              help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
     add_flag(a, "--robust_clip", type=float, default=0.0, low=0,
