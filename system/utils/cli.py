@@ -500,8 +500,14 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(a, "--straggler_delay", type=int, default=0, low=0,
              help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
                   "flcore/plugins/stragglers.py)")
+    add_flag(a, "--straggler_clock", type=bool, default=False,
+             help="stragglers: an upload is late by its client's virtual-clock time (device profiles, "
+                  "--client_trace) instead of --straggler_delay's rounds")
+    add_flag(a, "--straggler_wait", type=float, default=0.0, low=0, high=1,
+             help="share of a round's uploads the server waits for, the fastest first (1: wait for all; "
+                  "0: rounds: only the on-time ones, clock: the fastest one)")
     add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
-             help="late uploads: aggregated when they arrive (stale) or dropped (ignore)")
+             help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")
