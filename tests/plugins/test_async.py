@@ -3,15 +3,18 @@ functions and the mixing by hand, the reductions to sequential SGD and FedAvg, t
 rounds, exact resume, and bad input."""
 from __future__ import annotations
 
+import h5py
+import numpy as np
 import pytest
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_round
+from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.plugins.stragglers import awaited, delay_of
 from flcore.servers.serverfedasync import staleness_weight
 from utils import checkpoint
 from utils.errors import FLError
+from utils.result_utils import RunHistory, summarize
 
 CLIENTS = 6
 
@@ -194,3 +197,25 @@ def test_waiting_for_every_clock_upload_changes_nothing_and_runs_are_determinist
 def test_bad_asynchronous_settings_are_refused_in_one_line(algorithm, flags, message):
     with pytest.raises(FLError, match=message):
         server(algorithm, **flags)
+
+
+# ----------------------------------------------------------------------------- what the results hold
+def test_virtual_time_to_target_and_the_staleness_histogram_by_hand():
+    history = RunHistory(eval_rounds=[0, 1, 2, 3], test_acc=[0.1, 0.5, 0.7, 0.9], bytes_up=[5, 5, 5],
+                         round_time=[1.0] * 3)
+    history.extra_series["virtual_time"] = [2.0, 5.0, 9.0]  # the clock after rounds 0, 1, 2
+    history.extra_series["staleness"] = [[0, 0, 1], [2, 0], [float("nan"), 0]]  # NaN: a padded row's end
+    summary = summarize(history, 10, 0.7, model_bytes=5)
+    assert summary["rounds_to_target"] == 2 and summary["virtual_time_to_target"] == 5.0
+    assert summary["staleness_histogram"] == [4, 1, 1]
+    assert summarize(history, 10, 0.95, model_bytes=5)["virtual_time_to_target"] is None
+    assert summarize(history, 10, 0.05, model_bytes=5)["virtual_time_to_target"] == 0.0  # the untrained model
+
+
+def test_an_asynchronous_run_writes_both_into_its_results(tmp_path):
+    path = run_main_two_rounds(tmp_path, "FedAsync", "--straggler_delay", "1", "--target_acc", "0")
+    with h5py.File(path) as f:
+        rows = f["rs_staleness"][()]
+        counts = np.bincount(rows[np.isfinite(rows)].astype(int))
+        assert f.attrs["staleness_histogram"].tolist() == counts.tolist() and counts.sum() > 0
+        assert f.attrs["virtual_time_to_target"] == 0.0
