@@ -124,7 +124,7 @@ def format_grid(grid: Grid) -> str:
 def draw_grid(grid: Grid, title: str, out_path: Path, dpi: int = 150, flag: str = "--out") -> Path:
     """The heatmap, each cell annotated with its value (and its number of runs when > 1), written
     atomically."""
-    figure = Figure(figsize=(1.6 + 1.3 * len(grid.cols), 1.4 + 0.6 * len(grid.rows)), dpi=dpi)
+    figure = Figure(figsize=(max(6.5, 3.0 + 1.3 * len(grid.cols)), 1.6 + 0.6 * len(grid.rows)), dpi=dpi)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot(1, 1, 1)
     percent = np.ma.masked_invalid(100 * grid.values)
@@ -142,7 +142,7 @@ def draw_grid(grid: Grid, title: str, out_path: Path, dpi: int = 150, flag: str 
                 dark = percent[i, j] < 50 if grid.metric == "acc" else percent[i, j] > 50
                 axes.text(j, i, f"{percent[i, j]:.1f}{runs}", ha="center", va="center", fontsize="small",
                           color="white" if dark else "black")
-    axes.set_title(title)
+    axes.set_title(title, fontsize="medium")
     figure.tight_layout()
     write_atomically(out_path, lambda tmp: figure.savefig(tmp, dpi=dpi, format="png"), flag=flag)
     return out_path
