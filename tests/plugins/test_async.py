@@ -190,6 +190,8 @@ def test_waiting_for_every_clock_upload_changes_nothing_and_runs_are_determinist
     ("FedAvg", dict(straggler_delay=-1), "--straggler_delay must be >= 0"),
     ("FedAvg", dict(straggler_delay=2, straggler_clock=True), "two models of lateness; give one of them"),
     ("FedAvg", dict(straggler_delay=2, straggler_wait=1.5), "--straggler_wait must be in \\[0, 1\\]"),
+    ("FedAvg", dict(straggler_wait=0.5), "act on late uploads: give --straggler_delay S"),
+    ("FedAvg", dict(straggler_policy="ignore"), "act on late uploads: give --straggler_delay S"),
     ("FedAsync", dict(async_alpha=0.0), "--async_alpha must be in \\(0, 1\\]"),
     ("FedBuff", dict(buffer_size=0), "--buffer_size must be >= 1"),
     ("FedAsync", dict(robust="median"), "FedAsync aggregates its own way"),

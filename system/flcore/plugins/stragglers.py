@@ -91,7 +91,9 @@ class Stragglers(RoundPlugin):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return int(getattr(args, "straggler_delay", 0) or 0) != 0 or bool(getattr(args, "straggler_clock", False))
+        return (int(getattr(args, "straggler_delay", 0) or 0) != 0 or bool(getattr(args, "straggler_clock", False))
+                or float(getattr(args, "straggler_wait", 0) or 0) != 0
+                or getattr(args, "straggler_policy", "stale") != "stale")  # to refuse them alone
 
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
@@ -103,6 +105,9 @@ class Stragglers(RoundPlugin):
         if self.by_clock and self.most:
             raise FLError("--straggler_delay (Sageflow's delays in rounds) and --straggler_clock (the clock's device "
                           "times) are two models of lateness; give one of them")
+        if not self.by_clock and not self.most:
+            raise FLError("--straggler_wait and --straggler_policy act on late uploads: give --straggler_delay S "
+                          "(Sageflow's delays in rounds) or --straggler_clock True (the clock's device times)")
         self.policy = str(args.straggler_policy)
         if self.policy not in POLICIES:
             raise FLError(f"--straggler_policy {self.policy}: choose one of {', '.join(POLICIES)}")
