@@ -577,7 +577,10 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
             lines.append(
                 f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "
                 f"{summary['uploads_to_target']:.1f} model uploads ({summary['bytes_up_to_target'] / 1e6:.1f} MB)"
+                + (f", {summary['virtual_time_to_target']:.1f} virtual s" if "virtual_time_to_target" in summary else "")
             )
+    if "staleness_histogram" in summary:
+        lines.append(f"  staleness histogram (uploads aggregated 0, 1, ... rounds late): {summary['staleness_histogram']}")
     lines += privacy_lines(summary)
     lines.append(f"  results: {path}")
     print("\n".join(lines))

@@ -22,6 +22,16 @@ axes have whole-number ticks; ``--metric time`` plots the time of training round
 
 Files written by PFLlib itself (only ``rs_test_acc``, ``rs_test_auc``, ``rs_train_loss``) are
 plotted too, with one evaluation per round. Errors are one line on stderr and exit status 2.
+
+A sweep's attack × defence grid (``reporting/grid.py``): heatmaps of the final accuracy and the
+backdoor's attack success rate over two flags of the runs whose goal is ``-go`` or a sweep setting
+of it (``-go-...``)::
+
+    python sweep.py -data MNIST -m CNN -algo FedAvg --attack_fraction 0.2 -go grid \\
+        --grid attack=sign_flip,ipm,backdoor robust=median,multi_krum,clip+multi_krum -t 3
+    python plot.py -data MNIST -algo FedAvg -go grid --grid attack,robust
+
+writes ``MNIST_grid_FedAvg_grid_acc.png`` and ``..._grid_asr.png`` and prints both tables.
 """
 from __future__ import annotations
 
@@ -31,7 +41,9 @@ from pathlib import Path
 from typing import Sequence
 
 from reporting.cli import NotePrinter, add_results_dir_flag, one_line_errors, positive_int
-from reporting.loading import Note, PlotError, RunResult, load_algorithm_runs
+from reporting.grid import (GRID_METRICS, build_grid, cells_of, draw_grid, format_grid, grid_file_name, in_sweep,
+                            parse_grid_flags)
+from reporting.loading import Note, PlotError, RunResult, find_all_runs, load_algorithm_runs
 from reporting.names import (algorithms_with_results, creation_command, dataset_name,
                              search_pattern)
 from reporting.plots import plot_file_name, plot_metric
@@ -67,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "wall-clock seconds (needs rs_round_time), uploaded megabytes (needs "
                              "rs_bytes_up) or the virtual clock's seconds (rs_virtual_time); "
                              "default: rounds")
+    parser.add_argument("--grid", default=None, metavar="ROWS,COLUMNS",
+                        help="instead of curves: heatmaps of the final accuracy and attack success rate over "
+                             "two flags (e.g. attack,robust) of the runs whose goal is -go or -go-... "
+                             "(a sweep's settings)")
     return parser
 
 
@@ -115,6 +131,32 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, datas
     return written
 
 
+def plot_grid(args: argparse.Namespace, note: Note) -> list[Path]:
+    """The --grid heatmaps of every requested algorithm; prints their tables, returns the paths."""
+    row_flag, col_flag = parse_grid_flags(args.grid)
+    results_dir = Path(args.results_dir)
+    dataset = dataset_name(args.dataset)
+    found = find_all_runs(results_dir, [dataset], args.algorithms, note=note).get(dataset, {})
+    out_dir = Path(args.out) if args.out is not None else results_dir
+    written = []
+    for algo in args.algorithms:
+        runs = [run for (name, goal), group in found.items() if name == algo and in_sweep(goal, args.goal)
+                for run in group]
+        if not runs:
+            raise PlotError(f"no results for {algo} on {dataset} with goal {args.goal} or {args.goal}-...: "
+                            f"searched {search_pattern(results_dir, dataset, algo, args.goal + '*')}")
+        cells = cells_of(runs, row_flag, col_flag)
+        for metric in GRID_METRICS:
+            grid = build_grid(cells, row_flag, col_flag, metric)
+            if grid is None:
+                note(f"{algo}: no run records {GRID_METRICS[metric][0]}; no {metric} heatmap")
+                continue
+            title = f"{dataset}, {algo}: {GRID_METRICS[metric][1]} (goal: {args.goal})"
+            written.append(draw_grid(grid, title, out_dir / grid_file_name(dataset, args.goal, algo, metric)))
+            print(f"{algo}: {format_grid(grid)}\n")
+    return written
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 on success, 2 on a user-facing error)."""
     args = build_parser().parse_args(argv)
@@ -123,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         results_dir = Path(args.results_dir)
         note = NotePrinter()
+        if args.grid is not None:
+            for path in plot_grid(args, note):
+                print(path)
+            return
         loaded = load_all(results_dir, args.dataset, args.algorithms, args.goal, note)
         dataset = dataset_name(args.dataset)
         out_dir = Path(args.out) if args.out is not None else results_dir

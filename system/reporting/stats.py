@@ -114,6 +114,9 @@ SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
     SummaryColumn("mb_to_target", "MB up to {target}", "number",
                   "megabytes (10^6 bytes) uploaded by all clients in training rounds 0..r-1, "
                   "r the round reaching the target (sum of rs_bytes_up)", none_text="not reached"),
+    SummaryColumn("virtual_to_target", "virtual s to {target}", "number",
+                  "the virtual clock's reading (rs_virtual_time) after the training rounds 0..r-1, "
+                  "r the round reaching the target", none_text="not reached"),
     SummaryColumn("s_per_round", "s/round", "number",
                   "mean of rs_round_time, the wall-clock seconds of each training round (client "
                   "training, aggregation and the evaluation made at the start of the round)",
@@ -195,6 +198,10 @@ def run_figures(run: RunResult, avg_last: int = 10, target_acc: float | None = N
         # NaN: computable but not reached; None: not computable (no traffic recorded).
         figures["rounds_to_target"] = np.nan if reached is None else float(reached[0])
         figures["mb_to_target"] = None if bytes_up is None else np.nan if reached is None else reached[1] / 1e6
+        clock = run.get("rs_virtual_time")
+        if clock is not None:
+            at = None if reached is None else np.concatenate([[0.0], clock])[min(reached[0], len(clock))]
+            figures["virtual_to_target"] = np.nan if at is None else float(at)
     return figures
 
 

@@ -462,7 +462,7 @@ def generic_parser() -> argparse.ArgumentParser:
     a = parser.add_argument_group("attacks, robust aggregation, stragglers (system/flcore/plugins/)")
     add_flag(a, "--attack", type=str, default=None,
              help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
-                  "backdoor (data poisoning)")
+                  "backdoor, dba, model_replacement (data poisoning)")
     add_flag(a, "--attack_fraction", type=float, default=0.0, low=0, below=1,
              help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
     add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
@@ -474,16 +474,22 @@ def generic_parser() -> argparse.ArgumentParser:
              help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
     add_flag(a, "--attack_label_map", type=str, default="",
              help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
-    add_flag(a, "--backdoor_target", type=int, default=2, low=0, help="backdoor: the class triggered images are labelled")
+    add_flag(a, "--backdoor_target", type=int, default=2, low=0,
+             help="backdoor, dba, model_replacement: the class triggered images are labelled")
     add_flag(a, "--backdoor_fraction", type=float, default=0.3125, above=0, high=1,
              help="backdoor: share of each attacker minibatch stamped and relabelled (Sageflow: 20 of 64)")
-    add_flag(a, "--backdoor_scale", type=float, default=10.0, low=0, help="backdoor: attackers scale their update by it ...")
-    add_flag(a, "--backdoor_from_round", type=int, default=10, low=0, help="... from this round on (Sageflow: x10 from 10)")
+    add_flag(a, "--backdoor_scale", type=float, default=10.0, low=0, help="backdoor, dba: attackers scale their update by it ...")
+    add_flag(a, "--backdoor_from_round", type=int, default=10, low=0,
+             help="... from this round on (Sageflow: x10 from 10); model_replacement: its first scaled round")
+    add_flag(a, "--replacement_scale", type=float, default=0.0, low=0,
+             help="model_replacement: the attackers upload G + scale x (X - G) (0: the round's samples over the "
+                  "attackers', the paper's n/eta)")
     add_flag(a, "--backdoor_value", type=float, default=1.0,
              help="backdoor: the trigger pixels' input value (1.0: white in PFLlib's [-1, 1] normalisation)")
     add_flag(a, "--robust", type=str, default=None,
              help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
-                  "trimmed_mean, rfa, bulyan, centered_clip (e.g. clip,multi_krum)")
+                  "trimmed_mean, rfa, bulyan, centered_clip, fltrust (needs --public_data) (e.g. clip,multi_krum "
+                  "or clip+multi_krum)")
     add_flag(a, "--robust_f", type=int, default=-1, low=-1,
              help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
     add_flag(a, "--robust_clip", type=float, default=0.0, low=0,
@@ -494,8 +500,14 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(a, "--straggler_delay", type=int, default=0, low=0,
              help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
                   "flcore/plugins/stragglers.py)")
+    add_flag(a, "--straggler_clock", type=bool, default=False,
+             help="stragglers: an upload is late by its client's virtual-clock time (device profiles, "
+                  "--client_trace) instead of --straggler_delay's rounds")
+    add_flag(a, "--straggler_wait", type=float, default=0.0, low=0, high=1,
+             help="share of a round's uploads the server waits for, the fastest first (1: wait for all; "
+                  "0: rounds: only the on-time ones, clock: the fastest one)")
     add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
-             help="late uploads: aggregated when they arrive (stale) or dropped (ignore)")
+             help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")

@@ -3,15 +3,18 @@ functions and the mixing by hand, the reductions to sequential SGD and FedAvg, t
 rounds, exact resume, and bad input."""
 from __future__ import annotations
 
+import h5py
+import numpy as np
 import pytest
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_round
+from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
-from flcore.plugins.stragglers import delay_of
+from flcore.plugins.stragglers import awaited, delay_of
 from flcore.servers.serverfedasync import staleness_weight
 from utils import checkpoint
 from utils.errors import FLError
+from utils.result_utils import RunHistory, summarize
 
 CLIENTS = 6
 
@@ -105,8 +108,90 @@ def test_an_asynchronous_run_resumes_exactly(algorithm):
     assert torch.equal(resumed.global_params, whole.global_params)
 
 
+# ----------------------------------------------------------------------------- how long the server waits
+def test_the_awaited_lateness_by_hand():
+    assert awaited([2, 0, 1, 0, 2, 1], [0, 1, 2, 3, 4, 5], 0.5, 0) == 1  # 3 of 6: delays 0, 0, 1
+    assert awaited([2, 0, 1], [0, 1, 2], 0.0, 0) is None  # rounds, q = 0: nobody is awaited
+    assert awaited([2.5, 0.5, 1.5], [0, 1, 2], 0.0, 1) == 0.5  # the clock: at least the fastest
+    assert awaited([2.5, 0.5, 1.5], [0, 1, 2], 1.0, 1) == 2.5  # q = 1: everyone
+
+
+def test_waiting_for_all_delayed_uploads_is_fedavg_in_longer_rounds():
+    plain, waiting = server(), server(straggler_delay=2, straggler_wait=1.0)
+    for rnd in range(2):
+        before = plain.plugin("clock").now, waiting.plugin("clock").now
+        run_round(plain, rnd)
+        run_round(waiting, rnd)
+        assert torch.equal(plain.global_params, waiting.global_params)
+        assert waiting.history.extra_series["staleness"][-1] == [0] * CLIENTS
+        periods = 1 + max(delay_of(0, 2, rnd, c) for c in range(CLIENTS))
+        plain_round = plain.plugin("clock").now - before[0]
+        assert waiting.plugin("clock").now - before[1] == pytest.approx(periods * plain_round)
+
+
+def test_waiting_for_half_the_delayed_uploads():
+    srv = server(straggler_delay=3, straggler_wait=0.5)
+    arrivals = {}
+    for rnd in range(4):
+        result = srv.run_round(rnd, evaluate=False)
+        for update, late in zip(result.updates, srv.history.extra_series["staleness"][-1]):
+            arrivals.setdefault(rnd - late, []).append((update.index, rnd))
+    for start, got in arrivals.items():
+        delays = {c: delay_of(0, 3, start, c) for c in range(CLIENTS)}
+        waited = sorted((d, c) for c, d in delays.items())[2][0]  # the 3rd fastest of 6
+        for index, rnd in got:
+            assert rnd == start + max(0, delays[index] - waited)
+
+
+def clock_server(**flags):
+    return server(straggler_clock=True, clock_compute_spread=1.0, clock_link_spread=0.0, **flags)
+
+
+def test_the_clock_deadline_keeps_the_fastest_uploads_and_ends_the_round_there():
+    srv = clock_server(straggler_wait=0.5, straggler_policy="ignore")
+    clock = srv.plugin("clock")
+    result = srv.run_round(0, evaluate=False)
+    seconds = clock.upload_seconds
+    deadline = sorted(seconds.values())[2]  # the 3rd fastest of 6
+    assert sorted(u.index for u in result.updates) == sorted(c for c, s in seconds.items() if s <= deadline)
+    assert len(result.updates) == 3 and clock.now == pytest.approx(clock.round_start + deadline)
+
+
+def test_late_clock_uploads_arrive_in_the_round_that_ends_after_them():
+    srv = clock_server(straggler_wait=0.5)
+    clock = srv.plugin("clock")
+    due, ends = {}, {-1: 0.0}
+    for rnd in range(4):
+        result = srv.run_round(rnd, evaluate=False)
+        ends[rnd] = clock.now
+        for update, stale in zip(result.updates, srv.history.extra_series["staleness"][-1]):
+            if stale:  # arrived after the previous round ended, by the end of this one
+                assert ends[rnd - 1] < due[(rnd - stale, update.index)] <= ends[rnd]
+        for c, s in clock.upload_seconds.items():
+            due[(rnd, c)] = clock.round_start + s
+    assert any(x > 0 for row in srv.history.extra_series["staleness"] for x in row)
+
+
+def test_waiting_for_every_clock_upload_changes_nothing_and_runs_are_deterministic():
+    plain, waiting = server(), clock_server(straggler_wait=1.0)
+    again = clock_server(straggler_wait=0.5)
+    other = clock_server(straggler_wait=0.5)
+    plain_clock = server(clock_compute_spread=1.0, clock_link_spread=0.0)
+    for rnd in range(3):
+        for srv in (plain, waiting, again, other, plain_clock):
+            run_round(srv, rnd)
+        assert torch.equal(plain.global_params, waiting.global_params)
+        assert waiting.plugin("clock").now == plain_clock.plugin("clock").now
+        assert torch.equal(again.global_params, other.global_params)
+    assert again.history.extra_series["staleness"] == other.history.extra_series["staleness"]
+
+
 @pytest.mark.parametrize("algorithm, flags, message", [
     ("FedAvg", dict(straggler_delay=-1), "--straggler_delay must be >= 0"),
+    ("FedAvg", dict(straggler_delay=2, straggler_clock=True), "two models of lateness; give one of them"),
+    ("FedAvg", dict(straggler_delay=2, straggler_wait=1.5), "--straggler_wait must be in \\[0, 1\\]"),
+    ("FedAvg", dict(straggler_wait=0.5), "act on late uploads: give --straggler_delay S"),
+    ("FedAvg", dict(straggler_policy="ignore"), "act on late uploads: give --straggler_delay S"),
     ("FedAsync", dict(async_alpha=0.0), "--async_alpha must be in \\(0, 1\\]"),
     ("FedBuff", dict(buffer_size=0), "--buffer_size must be >= 1"),
     ("FedAsync", dict(robust="median"), "FedAsync aggregates its own way"),
@@ -114,3 +199,25 @@ def test_an_asynchronous_run_resumes_exactly(algorithm):
 def test_bad_asynchronous_settings_are_refused_in_one_line(algorithm, flags, message):
     with pytest.raises(FLError, match=message):
         server(algorithm, **flags)
+
+
+# ----------------------------------------------------------------------------- what the results hold
+def test_virtual_time_to_target_and_the_staleness_histogram_by_hand():
+    history = RunHistory(eval_rounds=[0, 1, 2, 3], test_acc=[0.1, 0.5, 0.7, 0.9], bytes_up=[5, 5, 5],
+                         round_time=[1.0] * 3)
+    history.extra_series["virtual_time"] = [2.0, 5.0, 9.0]  # the clock after rounds 0, 1, 2
+    history.extra_series["staleness"] = [[0, 0, 1], [2, 0], [float("nan"), 0]]  # NaN: a padded row's end
+    summary = summarize(history, 10, 0.7, model_bytes=5)
+    assert summary["rounds_to_target"] == 2 and summary["virtual_time_to_target"] == 5.0
+    assert summary["staleness_histogram"] == [4, 1, 1]
+    assert summarize(history, 10, 0.95, model_bytes=5)["virtual_time_to_target"] is None
+    assert summarize(history, 10, 0.05, model_bytes=5)["virtual_time_to_target"] == 0.0  # the untrained model
+
+
+def test_an_asynchronous_run_writes_both_into_its_results(tmp_path):
+    path = run_main_two_rounds(tmp_path, "FedAsync", "--straggler_delay", "1", "--target_acc", "0")
+    with h5py.File(path) as f:
+        rows = f["rs_staleness"][()]
+        counts = np.bincount(rows[np.isfinite(rows)].astype(int))
+        assert f.attrs["staleness_histogram"].tolist() == counts.tolist() and counts.sum() > 0
+        assert f.attrs["virtual_time_to_target"] == 0.0

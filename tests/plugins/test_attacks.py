@@ -13,6 +13,7 @@ import torch
 from fltest import build_server, image_dataset, make_args, random_dataset, run_main_two_rounds
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.plugins import attacks
+from flcore.protocol import ClientUpdate
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import torch_generator
@@ -257,3 +258,122 @@ def test_bad_backdoors_are_refused_in_one_line(flags, message):
 def test_a_backdoor_needs_images():
     with pytest.raises(FLError, match="stamps a pixel trigger on images of at least 5x6 pixels"):
         server(attack="backdoor", attack_fraction=0.25)
+
+
+# ----------------------------------------------------------------------------- DBA and model replacement
+def dba_server(**flags):
+    data = image_dataset([12] * 4, shape=(1, 5, 10), num_classes=4, seed=3)
+    flags = {"batch_size": 10, "global_rounds": 2, "attack": "dba", "attack_fraction": 0.5, **flags}
+    torch.manual_seed(0)
+    return build_server(make_args("FedAvg", engine="sequential", num_clients=4, **flags), data, FlatLinear(50, 4))
+
+
+def test_dbas_local_patterns_split_the_global_trigger_stamped_on_a_known_image():
+    bars = [[(0, 0), (0, 1), (0, 2), (0, 3)], [(0, 6), (0, 7), (0, 8), (0, 9)],
+            [(3, 0), (3, 1), (3, 2), (3, 3)], [(3, 6), (3, 7), (3, 8), (3, 9)]]
+    assert [list(part) for part in attacks.DBA_PARTS] == bars
+    image = torch.arange(50, dtype=torch.float32).view(1, 1, 5, 10) / 100  # a known image, not all zeros
+    stamped = attacks.stamp_trigger(image, -0.5, attacks.DBA_TRIGGER)
+    expected = image.clone()
+    for row, col in sum(bars, []):
+        expected[0, 0, row, col] = -0.5
+    assert torch.equal(stamped, expected)
+    # attacker k (by client index) of the round stamps bar k mod 4 only
+    args = make_args("FedAvg", num_clients=8, attack="dba", attack_fraction=0.75)
+    attackers = np.flatnonzero(attacks.attackers_of(args, 0)).tolist()
+    assert len(attackers) == 6
+    parts = [attacks.dba_part(args, c, 0) for c in attackers]
+    assert parts == [attacks.DBA_PARTS[k % 4] for k in range(6)]
+    x, y = torch.zeros(10, 1, 5, 10), torch.zeros(10, dtype=torch.long)
+    px, py = attacks.DATA_ATTACKS["dba"](args, x, y, 4, attackers[1], 0)
+    local = torch.zeros(5, 10)
+    local[0, 6:10] = 1.0
+    assert py.tolist() == [2, 2, 2] + [0] * 7 and torch.equal(px[:3], local.expand(3, 1, 5, 10))
+    assert not px[3:].any()
+
+
+def test_a_dba_attacker_trains_on_its_own_local_pattern():
+    srv = dba_server(backdoor_from_round=5)
+    attacker = int(np.flatnonzero(attacks.attacker_mask(0, 0.5, False, 4, 0))[1])  # the second: bar 1
+    client = srv.clients[attacker]
+    start = srv.global_params.clone()
+    w = start.clone().requires_grad_(True)
+    for idx in client.batch_plan(0):
+        x, y = attacks.backdoor_batch(srv.args, client.data.inputs("train", idx), client.data.train_y[idx],
+                                      attacks.DBA_PARTS[1])
+        logits = x.flatten(1) @ w[:200].view(4, 50).T + w[200:]
+        (grad,) = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, y), w)
+        w = (w - srv.args.local_learning_rate * grad).detach().requires_grad_(True)
+    uploads = {u.index: u for u in srv.run_round(0, evaluate=False).updates}
+    assert torch.allclose(uploads[attacker].params, w.detach(), atol=1e-6)  # round 0 < 5: not scaled
+
+
+def test_dbas_success_rate_uses_the_global_trigger():
+    srv = dba_server()
+    plugin = srv.plugin("attack")
+    detector = torch.zeros_like(srv.global_params)
+    # class 2 fires when the 16 trigger pixels sum above 15.5: all of them white (value 1); one local bar
+    # (4 white pixels, 12 standard normal ones) almost never does
+    for row, col in attacks.DBA_TRIGGER:
+        detector[2 * 50 + row * 10 + col] = 100.0
+    detector[200 + 2] = -1550.0
+    assert plugin.attack_success_rate(detector) == 1.0
+    x = srv.dataset.split("test")[0]
+    bar_only = attacks.stamp_trigger(x, 1.0, attacks.DBA_PARTS[0]).flatten(1) @ detector[100:150] - 1550
+    assert float((bar_only > 0).float().mean()) < 0.1
+
+
+def upload(index: int, samples: int, params: torch.Tensor) -> ClientUpdate:
+    return ClientUpdate(index=index, num_samples=samples, num_steps=1, params=params, loss=0.0)
+
+
+def test_model_replacement_scales_by_the_samples_over_the_attackers():
+    updates = [upload(i, n, torch.zeros(2)) for i, n in enumerate([10, 20, 30, 40])]
+    mask = np.array([False, True, False, True])
+    assert attacks.replacement_scale(updates, mask) == 100 / 60
+    # one attacker of n equal clients: the paper's n / eta with eta = 1
+    equal = [upload(i, 5, torch.zeros(2)) for i in range(4)]
+    assert attacks.replacement_scale(equal, np.array([False, False, True, False])) == 4.0
+
+
+def test_model_replacement_replaces_the_global_model_under_fedavg():
+    data = image_dataset([12, 12, 6, 10], shape=(1, 6, 8), num_classes=4, seed=3)
+    torch.manual_seed(0)
+    args = make_args("FedAvg", engine="sequential", num_clients=4, batch_size=10, global_rounds=1,
+                     attack="model_replacement", attack_fraction=0.25, backdoor_from_round=0)
+    srv = build_server(args, data, FlatLinear(48, 4))
+    attacker = int(np.flatnonzero(attacks.attacker_mask(0, 0.25, False, 4, 0))[0])
+    start = srv.global_params.clone()
+    torch.manual_seed(0)
+    plain = build_server(make_args("FedAvg", engine="sequential", num_clients=4, batch_size=10, global_rounds=1,
+                                   attack="backdoor", attack_fraction=0.25, backdoor_from_round=99),
+                         data, FlatLinear(48, 4))
+    trained = {u.index: u.params for u in plain.run_round(0, evaluate=False).updates}  # X: unscaled
+    uploads = {u.index: u for u in srv.run_round(0, evaluate=False).updates}
+    gamma = 40 / data.clients[attacker].num_train
+    assert torch.allclose(uploads[attacker].params, start + gamma * (trained[attacker] - start), atol=1e-6)
+    # FedAvg of G + Γ(X − G) with benign uploads equal to G gives X exactly (by hand, on small vectors)
+    g, x = torch.tensor([1.0, -2.0]), torch.tensor([3.0, 0.5])
+    sizes = [12, 12, 6, 10]
+    ups = [upload(i, n, g.clone()) for i, n in enumerate(sizes)]
+    ups[2].params = g + attacks.replacement_scale(ups, np.array([False, False, True, False])) * (x - g)
+    assert torch.allclose(sum(u.params * u.num_samples for u in ups) / sum(sizes), x)
+
+
+def test_model_replacement_honours_a_given_scale():
+    data = image_dataset([12] * 4, shape=(1, 6, 8), num_classes=4, seed=3)
+    flags = dict(engine="sequential", num_clients=4, batch_size=10, global_rounds=1, attack_fraction=0.25,
+                 backdoor_from_round=0)
+    torch.manual_seed(0)
+    fixed = build_server(make_args("FedAvg", attack="model_replacement", replacement_scale=3.0, **flags), data,
+                         FlatLinear(48, 4))
+    torch.manual_seed(0)
+    boosted = build_server(make_args("FedAvg", attack="backdoor", backdoor_scale=3.0, **flags), data, FlatLinear(48, 4))
+    a = {u.index: u.params for u in fixed.run_round(0, evaluate=False).updates}
+    b = {u.index: u.params for u in boosted.run_round(0, evaluate=False).updates}
+    assert all(torch.equal(a[i], b[i]) for i in a)  # a fixed Γ is the backdoor's boost
+
+
+def test_dba_needs_images_wide_enough_for_its_bars():
+    with pytest.raises(FLError, match="--attack dba stamps a pixel trigger on images of at least 4x10 pixels"):
+        backdoor_server(attack="dba")

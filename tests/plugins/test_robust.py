@@ -94,6 +94,30 @@ def test_the_defence_list_is_parsed_and_checked():
         robust.parse_robust("clip,krumm")
     with pytest.raises(FLError, match="krum is an aggregator; name the pre-steps first"):
         robust.parse_robust("krum,median")
+    assert robust.parse_robust("clip+fltrust") == (["clip"], "fltrust")  # a sweep axis cannot hold commas
+
+
+def test_fltrust_trust_scores_by_hand():
+    root = rows([1.0, 0.0])  # g0 = (1, 0), norm 1
+    points = rows([2.0, 0.0], [0.0, 3.0], [-1.0, 1.0], [1.0, 1.0])
+    aggregate, trust = robust.fltrust(points, root[0])
+    # cosines 1, 0, -1/sqrt 2, 1/sqrt 2; ReLU: 1, 0, 0, 1/sqrt 2
+    s = 1 / math.sqrt(2)
+    assert trust.tolist() == pytest.approx([1.0, 0.0, 0.0, s])
+    # rescaled to norm 1: (1, 0) and (s, s); weighted by trust over the trust sum
+    expected = [(1.0 + s * s) / (1 + s), (s * s) / (1 + s)]
+    assert aggregate.tolist() == pytest.approx(expected)
+    # no upload trusted: no update
+    none, zero = robust.fltrust(rows([-1.0, 0.0], [0.0, 2.0]), root[0])
+    assert none.tolist() == [0.0, 0.0] and zero.tolist() == [0.0, 0.0]
+
+
+def test_fltrust_of_identical_honest_updates_is_their_direction_at_the_root_norm():
+    update = torch.randn(20, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    root = update * 0.3 + torch.randn(20, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 0.01
+    aggregate, trust = robust.fltrust(update.repeat(5, 1), root)
+    assert bool((trust > 0).all())
+    assert torch.allclose(aggregate, update / update.norm() * root.norm())
 
 
 # ----------------------------------------------------------------------------- on a server
@@ -150,6 +174,36 @@ def test_filtering_defences_record_precision_and_recall_of_the_attackers_left_ou
     assert series["robust_recall"] == [1.0] * len(series["attack_uploads"])
 
 
+def test_fltrust_on_a_server_trains_the_root_data_like_a_client_and_aggregates_by_trust():
+    from fltest import gradient_descent
+    defended = server(robust="fltrust", public_data=0.1, local_epochs=2, batch_size=16)
+    public = defended.dataset.public
+    assert len(public) == 15  # <= -lbs: one full batch per epoch, so shuffling does not matter
+    start = defended.global_params.clone()
+    result = defended.run_round(0, evaluate=False)
+    root = gradient_descent(start.double(), public.x.double(), public.y, 3, steps=2,
+                            lr=defended.args.local_learning_rate) - start.double()
+    deltas = torch.stack([u.params - start for u in result.updates])
+    aggregate, _ = robust.fltrust(deltas, root.float())
+    assert torch.allclose(defended.global_params, start + aggregate, atol=1e-6)
+
+
+def test_fltrust_filters_and_records_precision_and_recall():
+    data = random_dataset(num_clients=8, dim=4, num_classes=3, sizes=[24] * 8, seed=1)
+    concept = torch.randn(4, 3, generator=torch.Generator().manual_seed(9))  # one labelling rule for all
+    for client in data.clients:
+        client.train_y.copy_((client.train_x @ concept).argmax(1))
+        client.test_y.copy_((client.test_x @ concept).argmax(1))
+    args = make_args("FedAvg", engine="sequential", num_clients=8, batch_size=4, global_rounds=2, robust="fltrust",
+                     public_data=0.1, attack="sign_flip", attack_fraction=0.25, attack_scale=5)
+    defended = build_server(args, data)
+    defended.train(progress=False)
+    series = defended.history.extra_series
+    # a sign-flipped update points against the honest ones, so against the root update: trust 0
+    assert series["robust_recall"] == [1.0] * len(series["attack_uploads"])
+    assert all(p == 1.0 or math.isnan(p) for p in series["robust_precision"])
+
+
 def test_centered_clipping_resumes_exactly_from_its_checkpointed_center():
     whole = server(robust="centered_clip", robust_iters=2)
     for rnd in range(3):
@@ -180,6 +234,7 @@ def test_a_round_with_too_few_uploads_uses_the_largest_f_they_admit(caplog):
     (dict(robust="trimmed_mean", robust_f=4), "trimmed_mean needs n > 2f uploads for f = 4"),
     (dict(robust="geomed"), "unknown defence 'geomed'"),
     (dict(robust="rfa", robust_iters=0), "--robust_iters must be >= 1"),
+    (dict(robust="clip,fltrust"), "--robust fltrust needs a public dataset held by the server: pass --public_data"),
 ])
 def test_bad_defences_are_refused_in_one_line(flags, message):
     with pytest.raises(FLError, match=message):
@@ -198,17 +253,22 @@ def test_an_algorithm_that_aggregates_its_own_way_is_refused():
         build_server(make_args("FedAvgM", robust="median", num_clients=4), data)
 
 
-def test_main_exits_with_status_2_and_one_line(tmp_path, capsys):
+@pytest.mark.parametrize("flags, message", [
+    (["--robust", "krum", "--robust_f", "1"], "krum needs n > 2f + 2 uploads for f = 1"),
+    (["--robust", "fltrust"], "--robust fltrust needs a public dataset held by the server: pass --public_data 0.02"),
+])
+def test_main_exits_with_status_2_and_one_line(tmp_path, capsys, flags, message):
     folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
     rc = main.main(["-data", str(folder), "--results_dir", str(tmp_path / "res"), "-dev", "cpu", "-gr", "1",
-                    "-m", "DNN", "--robust", "krum", "--robust_f", "1", "--progress", "False", "-q", "True"])
+                    "-m", "DNN", *flags, "--progress", "False", "-q", "True"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "krum needs n > 2f + 2 uploads for f = 1" in err[0]
+    assert rc == 2 and len(err) == 1 and message in err[0]
     assert not list((tmp_path / "res").glob("*.h5"))
 
 
 def test_every_rule_gives_a_finite_model_with_an_attack_on():
     for name in robust.AGGREGATORS:
-        defended = server(robust=f"clip,{name}", attack="alie", attack_fraction=0.125, robust_f=1)
+        more = {"public_data": 0.1} if name == "fltrust" else {}
+        defended = server(robust=f"clip,{name}", attack="alie", attack_fraction=0.125, robust_f=1, **more)
         run_round(defended, 0)
         assert math.isfinite(float(defended.global_params.sum())), name

@@ -112,9 +112,9 @@ def test_cli_tables_csv_and_markdown(results: Path, tmp_path: Path, capsys: pyte
     # The PFLlib file: accuracies from its rs_test_acc, "–" for what it does not store.
     prox = 100 * np.max(FEDPROX, axis=1)
     assert f"{prox.mean():.2f} ± {prox.std():.2f}" in fedprox
-    # global best and final, MB to the target (no traffic recorded), s/round, peak RSS, DP ε,
-    # virtual time
-    assert fedprox.count("–") == 7 and "not reached (0/2)" in fedprox  # rounds: computable
+    # global best and final, MB and virtual seconds to the target (no traffic or clock recorded),
+    # s/round, peak RSS, DP ε, virtual time
+    assert fedprox.count("–") == 8 and "not reached (0/2)" in fedprox  # rounds: computable
     assert "20 ± 0" in fedavg and "virtual time (s)" in out  # the clock's reading at the end
     assert "personal models" in ditto and "global model" in fedavg
     # The unfinished run is marked.

@@ -51,6 +51,8 @@ class RoundPlugin:
     order: ClassVar[int] = 100
     #: whether this plug-in replaces the algorithm's ``aggregate`` (set per run in ``__init__``)
     takes_aggregation: bool = False
+    #: every plug-in of the run by name, this one included (set once all are built)
+    peers: dict[str, "RoundPlugin"] = {}
 
     @classmethod
     def wanted(cls, args: Namespace) -> bool:
@@ -112,6 +114,8 @@ def plugins_for(runtime: Runtime, server_cls: type) -> dict[str, RoundPlugin]:
     classes = [PLUGINS.get(name) for name in PLUGINS]
     classes = sorted((cls for cls in classes if cls.wanted(runtime.args)), key=lambda c: (c.order, c.registered_name))
     built = {cls.registered_name: cls(runtime, server_cls) for cls in classes}
+    for plugin in built.values():  # the stragglers plug-in retimes the clock's round
+        plugin.peers = built
     takers = [name for name, plugin in built.items() if plugin.takes_aggregation]
     if len(takers) > 1:
         raise FLError(f"these options each replace the aggregation and exclude each other: {', '.join(takers)}")

@@ -44,6 +44,24 @@ sequence computes its steps there, so no client class has a branch for it.
   Sageflow sets 1 after its own normalisation). ``rs_backdoor_asr``, one entry per evaluation
   (aligned with ``rs_test_acc``): the share of the test images of the other classes, trigger
   stamped, that the global model puts in the target class.
+* ``dba`` (Xie et al., ICLR 2020, distributed backdoor): the global trigger is split into local
+  patterns, and each attacker poisons its batches (as ``backdoor`` does: share, target, value, the
+  ×``--backdoor_scale`` boost from ``--backdoor_from_round``) with its own local pattern only. The
+  patterns are the paper's MNIST setting as we read it (:data:`DBA_PARTS`): four 1×4 bars, rows 0
+  and 3, columns 0-3 and 6-9. The k-th attacker of a round (by client index) stamps pattern
+  k mod 4. ``rs_backdoor_asr`` is measured with the *global* trigger (all four bars), as the paper's
+  attack success rate.
+* ``model_replacement`` (Bagdasaryan et al., AISTATS 2020, "How to backdoor federated learning"):
+  the attacker trains as ``backdoor`` does (Sageflow's trigger) and, from ``--backdoor_from_round``
+  on, uploads ``Γ(X − G) + G`` (X its trained model, G the round's global model) so that its model
+  replaces the global one under averaging. Γ = ``--replacement_scale``, or by default
+  ``Σ n_k / Σ n_a`` over the uploads that reach the server (all k, attackers a): the paper's n/η
+  (η = 1, equal sizes, one attacker), generalised to FedAvg's sample weights and several attackers,
+  so that with benign updates near zero the new global model is the attackers' mean model.
+
+Every trigger is written into the model's input space as :func:`stamp_trigger` does it, i.e. the
+image the attacker feeds after decoding (for PFLlib's [-1, 1] images, value 1.0 is a white pixel
+in raw pixel space): the same for the three backdoors.
 
 Being a local-step strategy, data poisoning excludes DP-SGD (``-dp``, another strategy) and
 algorithms whose clients train their own way (they override ``train_job`` or the gradient).
@@ -182,28 +200,53 @@ def label_table(text: str, num_classes: int) -> torch.Tensor:
 TRIGGER_PIXELS = ((0, 0), (1, 0), (2, 0), (0, 1), (1, 2), (2, 3), (0, 5), (1, 4), (4, 0), (4, 1), (4, 2), (4, 3))
 
 
-def stamp_trigger(x: torch.Tensor, value: float) -> torch.Tensor:
-    """A copy of the images ``x`` (N, C, H, W) with the trigger's pixels set to ``value`` in every channel."""
+#: DBA's local patterns (MNIST setting): four 1x4 bars, rows 0 and 3, columns 0-3 and 6-9
+DBA_PARTS = tuple(tuple((row, col) for col in range(first, first + 4)) for row in (0, 3) for first in (0, 6))
+#: DBA's global trigger, stamped at test time: every local pattern
+DBA_TRIGGER = tuple(pixel for part in DBA_PARTS for pixel in part)
+Pixels = tuple[tuple[int, int], ...]
+
+
+def stamp_trigger(x: torch.Tensor, value: float, pixels: Pixels = TRIGGER_PIXELS) -> torch.Tensor:
+    """A copy of the images ``x`` (N, C, H, W) with ``pixels`` (row, column) set to ``value`` in every channel."""
     stamped = x.clone()
-    rows, cols = zip(*TRIGGER_PIXELS)
+    rows, cols = zip(*pixels)
     stamped[:, :, list(rows), list(cols)] = value
     return stamped
 
 
-def backdoor_batch(args: Any, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def backdoor_batch(args: Any, x: torch.Tensor, y: torch.Tensor,
+                   pixels: Pixels = TRIGGER_PIXELS) -> tuple[torch.Tensor, torch.Tensor]:
     """The minibatch with its first int(B × fraction) samples stamped and relabelled (Sageflow's)."""
     count = int(len(y) * float(args.backdoor_fraction))
     x, y = x.clone(), y.clone()
-    x[:count] = stamp_trigger(x[:count], float(args.backdoor_value))
+    x[:count] = stamp_trigger(x[:count], float(args.backdoor_value), pixels)
     y[:count] = int(args.backdoor_target)
     return x, y
 
 
-#: data attacks: how an attacker's minibatch (x, y) is poisoned (``args``: the run's flags)
-DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]] = {
-    "label_flip": lambda args, x, y, classes: (x, label_table(str(args.attack_label_map or ""), classes).to(y.device)[y]),
-    "backdoor": lambda args, x, y, classes: backdoor_batch(args, x, y),
+def dba_part(args: Any, client: int, rnd: int) -> Pixels:
+    """The local pattern of attacker ``client`` in round ``rnd``: the k-th attacker's (by index) is part k mod 4."""
+    rank = int(np.searchsorted(np.flatnonzero(attackers_of(args, rnd)), client))
+    return DBA_PARTS[rank % len(DBA_PARTS)]
+
+
+#: data attacks: how attacker ``client``'s minibatch (x, y) of round ``rnd`` is poisoned (``args``: the run's flags)
+DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int, int, int], tuple[torch.Tensor, torch.Tensor]]] = {
+    "label_flip": lambda args, x, y, classes, client, rnd:
+        (x, label_table(str(args.attack_label_map or ""), classes).to(y.device)[y]),
+    "backdoor": lambda args, x, y, classes, client, rnd: backdoor_batch(args, x, y),
+    "dba": lambda args, x, y, classes, client, rnd: backdoor_batch(args, x, y, dba_part(args, client, rnd)),
+    "model_replacement": lambda args, x, y, classes, client, rnd: backdoor_batch(args, x, y),
 }
+#: the backdoors, and the trigger their attack success rate stamps on the test images
+TEST_TRIGGERS: dict[str, Pixels] = {"backdoor": TRIGGER_PIXELS, "dba": DBA_TRIGGER, "model_replacement": TRIGGER_PIXELS}
+
+
+def replacement_scale(updates: list[ClientUpdate], attacker: np.ndarray) -> float:
+    """Model replacement's Γ: the samples of all uploads over the attackers' (module docstring)."""
+    bad = sum(u.num_samples for u in updates if attacker[u.index])
+    return sum(u.num_samples for u in updates) / bad if bad else 1.0
 
 
 @register_local_step("data-poisoning")
@@ -232,7 +275,7 @@ class PoisonedData(LocalStep):
             return client.compute_gradient(model, idx, ctx)
         client.count_gradient_samples(idx)
         x, y = DATA_ATTACKS[self.args.attack](self.args, client.data.inputs("train", idx), client.data.train_y[idx],
-                                              client.task.num_classes)
+                                              client.task.num_classes, client.index, rnd)
         model.zero_grad()
         loss = client.local_loss(model.net, x, y, ctx)
         loss.backward()
@@ -242,10 +285,11 @@ class PoisonedData(LocalStep):
 def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
     """One line for a backdoor that cannot run: inputs that are not images large enough for the trigger,
     a target outside the classes, a poisoned share outside (0, 1]."""
-    height = max(r for r, _ in TRIGGER_PIXELS) + 1
-    width = max(c for _, c in TRIGGER_PIXELS) + 1
+    pixels = TEST_TRIGGERS[args.attack]
+    height = max(r for r, _ in pixels) + 1
+    width = max(c for _, c in pixels) + 1
     if len(input_shape) != 3 or input_shape[1] < height or input_shape[2] < width:
-        raise FLError(f"--attack backdoor stamps a pixel trigger on images of at least {height}x{width} pixels; "
+        raise FLError(f"--attack {args.attack} stamps a pixel trigger on images of at least {height}x{width} pixels; "
                       f"this dataset's inputs have shape {tuple(input_shape)}")
     if not 0 <= int(args.backdoor_target) < num_classes:
         raise FLError(f"--backdoor_target must be a class in 0..{num_classes - 1}, got {args.backdoor_target}")
@@ -292,7 +336,7 @@ class AttackPlugin(RoundPlugin):
                               f"({client_cls.__name__}) train their own way; use a model-poisoning attack with it")
         if self.name == "label_flip":
             parse_label_map(str(args.attack_label_map or ""), runtime.num_classes)  # a bad map: one line now
-        if self.name == "backdoor":
+        if self.name in TEST_TRIGGERS:
             check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
@@ -307,10 +351,13 @@ class AttackPlugin(RoundPlugin):
         self.last_attackers = [u.index for u in bad]
         if bad and self.name not in DATA_ATTACKS:
             self.poison(package, bad, [u for u in arrived if not mask[u.index]])
-        elif bad and self.name == "backdoor" and package.round >= int(self.args.backdoor_from_round):
+        elif bad and self.name in TEST_TRIGGERS and package.round >= int(self.args.backdoor_from_round):
+            scale = float(self.args.backdoor_scale)
+            if self.name == "model_replacement":
+                scale = float(self.args.replacement_scale) or replacement_scale(arrived, mask)
             start = package.global_params
-            for update in bad:  # model replacement's boost: the poisoned update survives averaging
-                update.params = start + (update.params - start) * float(self.args.backdoor_scale)
+            for update in bad:  # the boost: Γ(X − G) + G, so the poisoned update survives averaging
+                update.params = start + (update.params - start) * scale
         return arrived
 
     def poison(self, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]) -> None:
@@ -348,12 +395,13 @@ class AttackPlugin(RoundPlugin):
                 upload(update, malicious)
 
     def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
-        if self.name == "backdoor":
+        if self.name in TEST_TRIGGERS:
             self.runtime.history.add_series("backdoor_asr", self.attack_success_rate(global_params))
 
     @torch.no_grad()
     def attack_success_rate(self, params: torch.Tensor) -> float:
-        """The share of the test images of the other classes, trigger stamped, classified as the target."""
+        """The share of the test images of the other classes, trigger stamped (DBA: the global trigger),
+        classified as the target."""
         dataset, model = self.runtime.dataset, self.runtime.model
         x, y, _ = dataset.split("test")
         target = int(self.args.backdoor_target)
@@ -366,7 +414,7 @@ class AttackPlugin(RoundPlugin):
         step = int(self.args.eval_batch_size)
         for i in range(0, len(rows), step):
             batch = decode_inputs(x[rows[i: i + step]], dataset.input_table)
-            logits = model.module(stamp_trigger(batch, float(self.args.backdoor_value)))
+            logits = model.module(stamp_trigger(batch, float(self.args.backdoor_value), TEST_TRIGGERS[self.name]))
             hits += int((logits.argmax(1) == target).sum())
         return hits / len(rows)
 

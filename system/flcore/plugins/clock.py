@@ -318,6 +318,9 @@ class VirtualClock(RoundPlugin):
         self.client_seconds = np.zeros(len(clients))
         self.client_rounds = np.zeros(len(clients), dtype=np.int64)
         self._round_began = 0.0
+        #: the virtual time the round's training began (after any wait), and each upload's seconds from it
+        self.round_start = 0.0
+        self.upload_seconds: dict[int, float] = {}
 
     def _predicted_seconds(self, runtime: Runtime) -> np.ndarray:
         """Each client's expected round time from what the server knows in advance (docstring)."""
@@ -335,10 +338,17 @@ class VirtualClock(RoundPlugin):
 
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
+        self.round_start = self.now  # after the wait for an available client
         kept, seconds = self.finish_round(package, trained, arrived)
         self.now += seconds
         result.virtual_seconds = self.now - self._round_began
         return kept
+
+    def retime_round(self, seconds: float, result: RoundResult) -> None:
+        """Let the round last ``seconds`` from its start instead: a server that stops waiting for
+        stragglers, or waits longer for them (plugins/stragglers.py)."""
+        self.now = self.round_start + seconds
+        result.virtual_seconds = self.now - self._round_began
 
     def record(self, result: RoundResult) -> None:
         self.runtime.history.add_series("virtual_time", self.now)
@@ -382,10 +392,12 @@ class VirtualClock(RoundPlugin):
         reached = {id(u) for u in arrived}
         duration = 0.0
         kept = []
+        self.upload_seconds = {}
         for update in trained:
             i = update.index
             down_and_train = float(package.nbytes(i) / self.down[i] + update.samples_processed / self.compute[i])
             seconds = down_and_train + float(update.nbytes() / self.up[i])
+            self.upload_seconds[i] = seconds
             self.client_seconds[i] += seconds
             self.client_rounds[i] += 1
             if id(update) not in reached:  # a drop-out: noticed when its upload should begin

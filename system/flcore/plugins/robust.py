@@ -1,7 +1,8 @@
 """Robust aggregation: pre-aggregation steps, then one aggregator, on the round's update vectors.
 
 ``--robust NAME[,NAME]`` names the pre-steps then the aggregator (``--robust clip,multi_krum``;
-``--robust clip`` alone averages after clipping). The plug-in takes over aggregation: every upload
+``--robust clip`` alone averages after clipping; ``+`` separates names too, ``clip+multi_krum``, so
+that a ``sweep.py`` axis, which splits values at commas, can hold a composition). The plug-in takes over aggregation: every upload
 becomes its update ``x_i = params_i − global`` (the private part of a partly shared model is zero
 there), the steps and the aggregator combine them, and the new global model is ``global + x``.
 Sample weights ``w_i = n_i / Σ n`` are FedAvg's. ``f`` is the number of attackers a defence assumes
@@ -34,12 +35,21 @@ Aggregators:
   first; kept in the checkpoint), ``--robust_iters`` times ``v ← v + Σ w_i (x_i − v) min(1, τ/‖x_i − v‖)``;
   τ = ``--robust_clip``, or the median distance to the starting v (the paper weighs uniformly, we
   use the sample weights so that a large τ gives FedAvg's mean).
+* ``fltrust`` (Cao et al., NDSS 2021): the server trains the round's global model on its root data
+  (``--public_data``, utils/public_data.py) as a client would (``-ls`` epochs of minibatch SGD with
+  ``-lbs`` and ``-lr``, batches shuffled from (seed, "fltrust", round), a trailing partial batch
+  dropped under ``--drop_last`` unless it is the only one), which gives the root update g₀
+  (restricted to the shared part). Each upload gets the trust score ``TS_i = ReLU(cos(x_i, g₀))``
+  and is rescaled to g₀'s norm, ``x̂_i = x_i · ‖g₀‖/‖x_i‖``; the aggregate is
+  ``Σ TS_i x̂_i / Σ TS_i`` (zero when every score is 0). The paper's global learning rate is 1 (the
+  aggregate is an update of the model, not a gradient). Sample weights play no part, as in the paper.
 
 The requirement on n is checked at start-up against the cohort size ``floor(nc × jr)``; a round
 with fewer uploads (drop-outs, ``-tth``) uses the largest f its uploads admit, with a warning.
 
-Filtering defences (krum, multi_krum, bulyan) record, when ``--attack`` is on, the precision and
-recall of the attackers among the uploads they leave out (``rs_robust_precision``,
+Filtering defences (krum, multi_krum, bulyan; fltrust, which leaves out the uploads of trust 0)
+record, when ``--attack`` is on, the precision and recall of the attackers among the uploads they
+leave out (``rs_robust_precision``,
 ``rs_robust_recall``; NaN when nothing was left out, or no attacker uploaded).
 
 The plug-in refuses algorithms that aggregate their own way (their server overrides ``aggregate``),
@@ -60,6 +70,8 @@ from flcore.plugins.attacks import attacker_count, attackers_of
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from utils.errors import FLError
+from utils.public_data import PublicData, require_public_data
+from utils.seeding import torch_generator
 
 log = logging.getLogger("fl")
 
@@ -160,6 +172,40 @@ def centered_clip(points: torch.Tensor, weights: torch.Tensor, center: torch.Ten
     return v
 
 
+def fltrust(points: torch.Tensor, root: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """FLTrust's aggregate of the update rows ``points`` given the root update, and the trust scores."""
+    x, g0 = points.double(), root.double()
+    norms = x.norm(dim=1)
+    root_norm = g0.norm()
+    trust = torch.relu((x @ g0) / torch.clamp(norms * root_norm, min=1e-30))
+    total = trust.sum()
+    if float(total) <= 0:
+        return torch.zeros_like(points[0]), trust
+    rescaled = x * (root_norm / torch.clamp(norms, min=1e-30))[:, None]
+    return ((trust[:, None] * rescaled).sum(0) / total).to(points.dtype), trust
+
+
+def root_update(runtime: Runtime, public: PublicData, start: torch.Tensor, rnd: int) -> torch.Tensor:
+    """The server's update g₀ on its root data from ``start`` (module docstring), on the working model."""
+    args, model = runtime.args, runtime.model
+    x_all, y_all = public.inputs().to(model.device), public.y.to(model.device)
+    size, batch, lr = len(y_all), int(args.batch_size), float(args.local_learning_rate)
+    generator = torch_generator(args.seed, "fltrust", rnd)
+    model.load(start)
+    model.module.train()
+    for _ in range(int(args.local_epochs)):
+        order = torch.randperm(size, generator=generator).to(model.device)
+        stops = range(batch, size + 1, batch) if args.drop_last and size >= batch else range(batch, size + batch, batch)
+        for stop in stops:
+            idx = order[stop - batch: min(stop, size)]
+            model.zero_grad()
+            torch.nn.functional.cross_entropy(model.module(x_all[idx]), y_all[idx]).backward()
+            with torch.no_grad():
+                model.params.sub_(model.grad, alpha=lr)
+    update = model.snapshot() - start
+    return update if runtime.shared is None else torch.where(runtime.shared, update, torch.zeros_like(update))
+
+
 # ----------------------------------------------------------------------------- the registry of rules
 @dataclass(frozen=True)
 class Rule:
@@ -179,13 +225,14 @@ AGGREGATORS: dict[str, Rule] = {
     "krum": Rule(lambda f: 2 * f + 3, "n > 2f + 2", filters=True),
     "multi_krum": Rule(lambda f: 2 * f + 3, "n > 2f + 2", filters=True),
     "bulyan": Rule(lambda f: 4 * f + 3, "n >= 4f + 3", filters=True),
+    "fltrust": Rule(lambda f: 1, "", filters=True),
 }
 PRE_STEPS = ("clip",)
 
 
 def parse_robust(text: str) -> tuple[list[str], str]:
     """``"clip,multi_krum"`` as (pre-steps, aggregator); one line on a bad list."""
-    names = [name.strip() for name in str(text).split(",") if name.strip()]
+    names = [name.strip() for name in str(text).replace("+", ",").split(",") if name.strip()]
     known = f"pre-steps: {', '.join(PRE_STEPS)}; aggregators: {', '.join(AGGREGATORS)}"
     for name in names:
         if name not in PRE_STEPS and name not in AGGREGATORS:
@@ -239,6 +286,8 @@ class RobustAggregation(RoundPlugin):
                 raise FLError(f"{name} must be >= 0, got {value}")
         if int(args.robust_iters) < 1:
             raise FLError(f"--robust_iters must be >= 1, got {args.robust_iters}")
+        #: FLTrust's root data: the server's public set
+        self.root = require_public_data(runtime.dataset, "--robust fltrust") if self.aggregator == "fltrust" else None
         #: centered clipping's starting point: the previous round's aggregate update (checkpointed)
         self.center: torch.Tensor | None = None
         #: the uploads (client indices) the last filtering round kept and left out
@@ -258,7 +307,11 @@ class RobustAggregation(RoundPlugin):
         if "clip" in self.pre:
             tau = float(self.args.robust_clip) or float(points.norm(dim=1).median())
             points = clip_norms(points, tau)
-        delta, kept = self.combine(points, w, self.admissible_f(len(updates), package.round))
+        if self.root is not None:  # FLTrust's reference: the server's own update this round
+            delta, trust = fltrust(points, root_update(self.runtime, self.root, start, package.round).to(points.dtype))
+            kept = torch.nonzero(trust > 0).flatten().tolist()
+        else:
+            delta, kept = self.combine(points, w, self.admissible_f(len(updates), package.round))
         if kept is not None:
             kept_set = set(kept)
             self._filtered = ([updates[i].index for i in kept],
