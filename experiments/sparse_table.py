@@ -70,6 +70,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=300,
                         help="training samples kept per client (0: all; the generator's --samples-per-client)")
     parser.add_argument("--engine", default="sequential", help="--engine of main.py")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads per run (--num_threads; 1 keeps a loaded machine from spinning)")
     add_training_flags(parser, lr=0.05, lr_help="client learning rate of every row", batch_size=10)
     return parser.parse_args()
 
@@ -105,7 +107,7 @@ def cell(dataset: str, split: str, args: argparse.Namespace, rows: list[tuple[st
     out: dict[str, dict] = {}
     for label, algo, flags in rows:
         run = run_variant(experiment, label, algo, flags, data, args, args.model, args.rounds,
-                          extra=["-jr", "1", "-eg", "1", "--engine", args.engine], quiet=True)
+                          extra=["-jr", "1", "-eg", "1", "--engine", args.engine, "--num_threads", str(args.threads)], quiet=True)
         if isinstance(run, str):
             out[label] = {"note": run}
             continue
