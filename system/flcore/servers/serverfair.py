@@ -16,8 +16,9 @@ Each round the server
 2. **recruits by reverse auction** under the round's budget (``--budget``): clients bid their
    cost (``flcore/auction.py``: seeded uniform costs in [``--cost_low``, ``--cost_high``]),
    winners are ranked by Q_i / b_i with a proportional-share budget rule and paid a critical unit
-   price per quality (``reverse_auction``); ``rs_budget_spent`` is what the round paid. -jr does
-   not apply: the budget decides how many clients train.
+   price per quality (``reverse_auction``); ``rs_budget_spent`` is what the round paid. -jr and
+   --select do not apply: the budget decides how many clients train (the budget and cost flags
+   belong to the ``budget_uniform`` policy, FAIR's fixed one, whose costs it reads).
 3. **aggregates by quality**: the uploads are weighted by n_i · q_i(t), the quality measured this
    round times the client's samples, so that equal qualities give FedAvg's weights; uploads that
    did not reduce their loss (q_i(t) = 0) are the paper's non-ideal updates and are left out
