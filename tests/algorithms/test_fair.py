@@ -2,6 +2,7 @@
 quality-weighted average, the reduction to FedAvg, the budgeted baselines, refusals, determinism."""
 from __future__ import annotations
 
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -82,6 +83,10 @@ def test_one_round_by_hand_and_equal_qualities_are_fedavg_over_the_selected():
     sizes = np.array([u.num_samples for u in updates])
     assert torch.allclose(fair.global_params, weighted_average(updates, quality_weights(sizes, quality)), atol=1e-6)
     assert fair.quality_estimates() == pytest.approx(quality, abs=1e-5)  # one record each
+    fair.last_record[3], fair.quality_denominator[3] = -1, 0.0  # forget client 3: the priors
+    assert fair.quality_estimates()[3] == pytest.approx(quality[:3].max(), abs=1e-5)
+    fair.hp = dataclasses.replace(fair.hp, fair_unknown="mean")
+    assert fair.quality_estimates()[3] == pytest.approx(quality[:3].mean(), abs=1e-5)
     # equal qualities: FedAvg's sample weights, and FedAvg's model on the same cohort bit for bit
     fedavg = build_server(make_args("FedAvg", **TINY), dataset)
     run_round(fedavg, 0, cohort=cohort)

@@ -11,8 +11,11 @@ Each round the server
        Q_i = Σ_τ ρ^(t−τ) q_i(τ) / Σ_τ ρ^(t−τ)          (τ: the rounds client i trained in)
 
    kept as a running numerator and denominator decayed by ρ^(rounds since the last record)
-   (``--fair_forgetting ρ``). A client without records gets the mean estimate of those with
-   records (1 before any): unknown clients are neither favoured nor shut out.
+   (``--fair_forgetting ρ``). Only winners get new records, so a client without any needs a
+   prior (``--fair_unknown``): ``optimistic`` (default) gives it the highest estimate of the
+   clients with records (1 before any), so every client is tried once it is cheap enough;
+   ``mean`` gives it their mean. With ``mean`` on MNIST (Dirichlet 0.1, 20 clients, budget 10)
+   12 of the 20 clients never trained in 30 rounds: the auction only ever buys known clients.
 2. **recruits by reverse auction** under the round's budget (``--budget``): clients bid their
    cost (``flcore/auction.py``: seeded uniform costs in [``--cost_low``, ``--cost_high``]),
    winners are ranked by Q_i / b_i with a proportional-share budget rule and paid a critical unit
@@ -26,13 +29,14 @@ Each round the server
 
 Choices where the paper's text was not at hand offline (read from its abstract and the spec):
 the quality sample is the client's own training-loss reduction; the aggregation weight multiplies
-it by the sample count; unknown clients get the mean estimate. Baselines at the same budget and
+it by the sample count; the prior of clients without records (``--fair_unknown``). Baselines at the same budget and
 costs: ``--select budget_uniform`` (random order) and ``--select budget_adafl`` (AdaFL's
 attention order), both paying bids (``flcore/selectors/budgeted.py``), with ``-algo FedAvg``.
 Series: ``rs_budget_spent``, ``rs_quality_estimate`` (every client's Q_i at selection).
 """
 from __future__ import annotations
 
+import logging
 from argparse import ArgumentParser
 
 import numpy as np
@@ -43,6 +47,8 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
+
+log = logging.getLogger("fl")
 
 
 def forgetting_update(numerator: float, denominator: float, last_round: int, rnd: int, sample: float,
@@ -75,6 +81,8 @@ class FAIR(Server):
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--fair_forgetting", type=float, default=0.9, above=0, high=1,
                  help="FAIR: forgetting factor rho of the quality records (1: every record counts alike)")
+        add_flag(parser, "--fair_unknown", type=str, default="optimistic", choices=["optimistic", "mean"],
+                 help="FAIR: quality estimate of a client without records: the highest or the mean of the known ones")
 
     def setup(self) -> None:
         n = len(self.clients)
@@ -92,7 +100,8 @@ class FAIR(Server):
         estimates = np.full(len(self.clients), 1.0)
         if known.any():
             estimates[known] = self.quality_numerator[known] / self.quality_denominator[known]
-            estimates[~known] = estimates[known].mean()
+            known_estimates = estimates[known]
+            estimates[~known] = known_estimates.max() if self.hp.fair_unknown == "optimistic" else known_estimates.mean()
         return estimates
 
     def select_clients(self, rnd: int) -> list[int]:
@@ -102,6 +111,9 @@ class FAIR(Server):
         winners, payments = reverse_auction(estimates[pool], self.selector.costs[pool], self.selector.hp.budget)
         self.history.add_series("quality_estimate", estimates)
         self.history.add_series("budget_spent", float(payments.sum()))
+        if not winners:
+            log.info("fair: round %d, the auction recruited no client (--budget %g; estimated qualities %s)",
+                     rnd, self.selector.hp.budget, np.round(estimates[pool], 4).tolist()[:10])
         return [int(pool[i]) for i in winners]
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
