@@ -76,9 +76,9 @@ def test_one_round_by_hand_and_equal_qualities_are_fedavg_over_the_selected():
     assert cohort == [0, 1, 2, 3]  # an unlimited budget recruits everyone
     before = [float(linear_loss(start.double(), c.train_x.double(), c.train_y, 3)) for c in dataset.clients]
     after = [float(linear_loss(u.params.double(), c.train_x.double(), c.train_y, 3)) for u, c in zip(updates, dataset.clients)]
-    for u, b, a in zip(updates, before, after):
-        assert float(u.extras["loss_before"]) == pytest.approx(b, abs=1e-5)
-        assert float(u.extras["loss_after"]) == pytest.approx(a, abs=1e-5)
+    for u, b, a in zip(updates, before, after):  # the client's loss over its rows, by hand
+        assert fair.training_loss(u.index, start) == pytest.approx(b, abs=1e-5)
+        assert fair.training_loss(u.index, u.params) == pytest.approx(a, abs=1e-5)
     quality = np.maximum(np.array(before) - np.array(after), 0)
     sizes = np.array([u.num_samples for u in updates])
     assert torch.allclose(fair.global_params, weighted_average(updates, quality_weights(sizes, quality)), atol=1e-6)
@@ -93,19 +93,17 @@ def test_one_round_by_hand_and_equal_qualities_are_fedavg_over_the_selected():
     assert torch.equal(fedavg.global_params, weighted_average(updates, quality_weights(sizes, np.ones(4))))
 
 
-def test_uploads_that_did_not_reduce_their_loss_are_left_out():
+def test_uploads_that_did_not_reduce_their_loss_are_left_out(monkeypatch):
     fair = build_server(make_args("FAIR", **TINY), data())
     w = fair.global_params
-
-    def upload(index, before, after, shift):
-        return ClientUpdate(index, 10, 1, w + shift, 0.0,
-                            extras={"loss_before": torch.tensor(before), "loss_after": torch.tensor(after)})
-
-    good, bad = upload(0, 1.0, 0.5, 1.0), upload(1, 1.0, 1.5, 7.0)
+    good, bad = ClientUpdate(0, 10, 1, w + 1.0, 0.0), ClientUpdate(1, 10, 1, w + 7.0, 0.0)
+    measured = {0: 0.5, 1: 0.0}  # client 1's loss went up: quality 0
+    monkeypatch.setattr(fair, "measured_qualities", lambda ups, package: np.array([measured[u.index] for u in ups]))
     fair.aggregate([good, bad], fair.package(0, [0, 1]))
     assert torch.equal(fair.global_params, w + 1.0)
     fair.aggregate([bad], fair.package(1, [1]))  # nothing ideal: the model stays
     assert torch.equal(fair.global_params, w + 1.0)
+    assert fair.quality_estimates()[:2].tolist() == [0.5, 0.0]
 
 
 def test_budget_is_kept_and_the_baselines_pay_the_same_costs():

@@ -5,7 +5,11 @@ Each round the server
 
 1. **estimates every client's learning quality** from its history. A client that trained in
    round τ measured the quality sample q_i(τ) = max(L_i(w(τ)) − L_i(w_i(τ+1)), 0), the reduction
-   of its training loss (``clientfair.py``); the estimate weighs the client's records with the
+   of its training loss by its local training: the mean cross-entropy over all its training rows,
+   model in eval mode, of the model it received and of the model it uploads. A client would
+   report these two numbers; the simulation computes them on the server from the client's own
+   rows (the same computation), so the client stays FedAvg's (vectorisable, and data-poisoning
+   attacks apply to it). The estimate weighs the client's records with the
    paper's exponential forgetting, newer ones more::
 
        Q_i = Σ_τ ρ^(t−τ) q_i(τ) / Σ_τ ρ^(t−τ)          (τ: the rounds client i trained in)
@@ -42,7 +46,10 @@ from argparse import ArgumentParser
 import numpy as np
 
 from flcore.auction import reverse_auction
-from flcore.clients.clientfair import FAIRClient
+import torch
+import torch.nn.functional as F
+
+from flcore.clients.clientfedavg import FedAvgClient
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
@@ -64,15 +71,11 @@ def quality_weights(samples: np.ndarray, qualities: np.ndarray) -> np.ndarray:
     return raw / raw.sum() if raw.sum() > 0 else np.zeros_like(raw)
 
 
-def quality_sample(update: ClientUpdate) -> float:
-    return max(float(update.extras["loss_before"]) - float(update.extras["loss_after"]), 0.0)
-
-
 @register_algorithm("FAIR")
 class FAIR(Server):
     """Quality estimation, a reverse auction under a budget, quality-weighted aggregation."""
 
-    client_cls = FAIRClient
+    client_cls = FedAvgClient
     #: the budgeted policy holds the budget and cost flags and the seeded costs (one declaration for
     #: FAIR and the baselines); FAIR replaces its selection by the auction
     selector_name = "budget_uniform"
@@ -116,19 +119,35 @@ class FAIR(Server):
                      rnd, self.selector.hp.budget, np.round(estimates[pool], 4).tolist()[:10])
         return [int(pool[i]) for i in winners]
 
+    def training_loss(self, index: int, params: torch.Tensor) -> float:
+        """Mean cross-entropy of ``params`` over client ``index``'s training rows, in eval mode (no
+        dropout; BatchNorm's running statistics used, not changed), --eval_batch_size rows a pass."""
+        data, model = self.clients[index].data, self.model
+        model.load(params)
+        was_training = model.module.training
+        model.module.eval()
+        total, chunk = 0.0, max(1, int(self.args.eval_batch_size))
+        with torch.no_grad():
+            for start in range(0, data.num_train, chunk):
+                rows = slice(start, min(start + chunk, data.num_train))
+                total += float(F.cross_entropy(model.module(data.inputs("train", rows)), data.train_y[rows], reduction="sum"))
+        model.module.train(was_training)
+        return total / data.num_train if data.num_train else 0.0
+
+    def measured_qualities(self, updates: list[ClientUpdate], package: RoundPackage) -> np.ndarray:
+        """q_i(t) = max(L_i(received) − L_i(uploaded), 0) of every upload (module docstring)."""
+        return np.asarray([max(self.training_loss(u.index, package.global_params) - self.training_loss(u.index, u.params), 0.0)
+                           for u in updates])
+
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        qualities = np.asarray([quality_sample(u) for u in updates])
+        """Quality-weighted mean of the uploads that reduced their loss; then every upload's quality
+        joins its client's records."""
+        qualities = self.measured_qualities(updates, package)
         weights = quality_weights(np.asarray([u.num_samples for u in updates]), qualities)
         if weights.sum() > 0:
             self.global_params = weighted_average(updates, weights)
-
-    def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate]) -> None:
-        """Every upload's quality joins its client's records (here, so that they are kept whoever
-        aggregated)."""
-        super().after_round(rnd, package, updates)
         rho = self.hp.fair_forgetting
-        for update in updates:
-            sample = quality_sample(update)
+        for update, sample in zip(updates, qualities):
             i = update.index
             last = self.last_record[i] if self.last_record[i] >= 0 else package.round
             self.quality_numerator[i], self.quality_denominator[i] = forgetting_update(
