@@ -496,6 +496,9 @@ def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> 
     try:
         if run_args.save_model:
             staged.update(stage_model(server, result))
+        for final, write in server.result_files(result).items():  # FLChain's ledger
+            write_atomically(staging_name(final), write)
+            staged[final] = staging_name(final)
         summary, staged[result] = save(True, to=staging_name(result))
         blocked = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from argparse import ArgumentParser, Namespace
+from pathlib import Path
 from typing import Callable, ClassVar, Sequence
 
 import numpy as np
@@ -194,6 +195,11 @@ class Server:
 
     def summary(self) -> dict[str, object]:
         """Algorithm hyperparameters logged at the start of a run."""
+        return {}
+
+    def result_files(self, result: Path) -> dict[Path, Callable[[str], None]]:
+        """Files this algorithm writes beside the finished results ``result`` (FLChain's ledger):
+        {final path: write(temporary path)}; main.py renames them into place with the results."""
         return {}
 
     # ------------------------------------------------------------- the loop
