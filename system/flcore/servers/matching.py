@@ -40,7 +40,7 @@ def bbp_map_cost(units: np.ndarray, sums: np.ndarray, counts: np.ndarray, num_cl
     the existing units (``sums`` of the other clients' matched units, ``counts`` of them), then
     ``new_units`` new ones; see the module docstring."""
     units = np.asarray(units, dtype=np.float64)
-    sums = np.asarray(sums, dtype=np.float64).reshape(len(counts), -1)
+    sums = np.asarray(sums, dtype=np.float64).reshape(len(counts), units.shape[1])
     counts = np.asarray(counts, dtype=np.float64)
     prior = 1.0 / sigma0_2
     # ‖(S_i + w_l)/σ²‖² expanded, so no L x n x D tensor is formed

@@ -1,6 +1,8 @@
 """FedMA: Federated Matched Averaging (Wang, Yurochkin, Sun, Papailiopoulos, Khazaeni, ICLR 2020,
-arXiv:2002.06440), for chain models: MLR, DNN, MLP (2NN), CNN (FedAvgCNN), CNN-BN and LeNet
-(``flcore/trainmodel/widths.py``); other models are refused. No VGG is registered here.
+arXiv:2002.06440), for chain models (``flcore/trainmodel/widths.py``): MLR, DNN, MLP (2NN), AmazonMLP,
+CNN (FedAvgCNN), CNN-BN, LeNet, HARCNN and Digit5CNN (a VGG-style stack of three convolutions with
+BatchNorm and two FC layers, the closest to the paper's VGG-9 here); other models (ResNets,
+GoogLeNet, MobileNet, GroupNorm variants, text models) are refused in one line.
 
 Rounds (one communication round each; H hidden layers, the head is layer H):
 
@@ -105,8 +107,8 @@ class FedMAServer(Server):
         try:
             chain = chain_of(self.model.module)
         except NotAChain as why:
-            raise FLError(f"FedMA matches the units of chain models (MLR, DNN, MLP, CNN, CNN-BN, LeNet); -m "
-                          f"{self.args.model} does not fit: {why}") from None
+            raise FLError(f"FedMA matches the units of chain models (MLR, DNN, MLP, AmazonMLP, CNN, CNN-BN, LeNet, "
+                          f"HARCNN, Digit5CNN); -m {self.args.model} does not fit: {why}") from None
         others = sorted(set(self.plugins) - COMPATIBLE_PLUGINS)
         if others or any(p.takes_aggregation for p in self.plugins.values()):
             raise FLError(f"FedMA aggregates by matching units and its global model changes widths, which "
