@@ -17,7 +17,7 @@ from flcore.clients.clientbase import ClientUpdate
 from flcore.servers.matching import bbp_map_cost, match_units, matched_average
 from flcore.trainmodel.models import SplitModel
 from flcore.trainmodel.widths import chain_of, gather, with_widths
-from fltest import build_server, make_args, random_dataset
+from fltest import assert_same_training, build_server, engine_run, make_args, random_dataset
 from test_resume import assert_same_results, read, run_main, stop_after_round
 from toydata import make_dataset
 from utils.errors import FLError
@@ -215,3 +215,22 @@ def test_unsupported_model_or_plugin_is_one_line_and_exit_2(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert code == 2 and err.count("\n") == 0 and "FedMA" in err, err
         assert not list(tmp_path.glob("r/*.h5"))
+
+
+def test_engines_agree_on_a_model_with_hidden_layers():
+    """The frozen layers and partial participation (60%) on a model with a hidden layer: the threaded
+    engine gives the sequential numbers exactly, the batched engine up to float rounding."""
+    def mlp(data):
+        return SplitModel(nn.Sequential(nn.Flatten(), nn.Linear(6, 8), nn.ReLU()), nn.Linear(8, 3))
+
+    ref = engine_run("FedMA", "sequential", module_fn=mlp, global_rounds=3)
+    assert ref.step == 3 and len(ref.history.extra_series["widths"]) == 3  # both phases
+    assert_same_training(ref, engine_run("FedMA", "threaded", module_fn=mlp, global_rounds=3, workers=2), exact=True)
+    # Matching is discrete: where opening a unit and joining one nearly tie (here every unit is small
+    # against σ = 1, so with 3 uploads each would open one, until the cap decides which), float
+    # rounding may pick another unit. With a small γ0 the choices are clear and the engines agree.
+    ref = engine_run("FedMA", "sequential", module_fn=mlp, global_rounds=3, fedma_gamma=0.01)
+    batched = engine_run("FedMA", "batched", module_fn=mlp, global_rounds=3, fedma_gamma=0.01)
+    assert batched.engine.stats["batched_clients"] > 0
+    assert batched.widths == ref.widths
+    assert_same_training(ref, batched, atol=2e-5, rtol=1e-4)
