@@ -150,7 +150,10 @@ class FedMAServer(Server):
         return len(self.original_widths)
 
     def phase(self) -> tuple[int, int]:
-        """(layers received, layers frozen) this round."""
+        """(layers received, layers frozen) this round. The first round sends the whole initial model
+        (what the clients start from, counted as FedAvg's first download is)."""
+        if self.step == 0:
+            return self.hidden + 1, 0
         if self.step <= self.hidden:
             return self.step, self.step
         return self.hidden + 1, 0
