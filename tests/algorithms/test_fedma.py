@@ -209,7 +209,7 @@ def test_models_that_are_not_chains_are_refused():
 
 def test_unsupported_model_or_plugin_is_one_line_and_exit_2(tmp_path, capsys):
     data = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 16, 16))
-    for flags in (["-m", "ResNet10"], ["-m", "DNN", "--robust", "median"]):
+    for flags in (["-m", "ResNet10"], ["-m", "DNN", "--robust", "median"], ["-m", "DNN", "-nnc", "1"]):
         code = main.main(["-data", str(data), "-algo", "FedMA", "-gr", "1", "-dev", "cpu", "--progress", "False",
                           "-q", "--results_dir", str(tmp_path / "r"), *flags])
         err = capsys.readouterr().err.strip()

@@ -114,6 +114,9 @@ class FedMAServer(Server):
             raise FLError(f"FedMA aggregates by matching units and its global model changes widths, which "
                           f"{', '.join(others) or 'DP-FedAvg'} cannot take; drop "
                           f"{'those flags' if others else '--dp_update_clip'}")
+        if self.args.num_new_clients or self.args.dlg_eval:  # both replay the global model in the working widths
+            raise FLError("FedMA's global model changes widths, which -nnc (new clients' fine-tuning) and -dlg "
+                          "cannot take; drop them")
         self.original_widths = chain.widths
         self.step = 0  # aggregations done: the layer-wise phase is steps 0..H
         self.widths = list(chain.widths)
