@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from common import MNIST_RAW, OUT, add_training_flags, generate_data, run_variant, write_table
+from flcore.registry import load_all  # importable once common has put system/ on the path
 
 ROWS = [("FedAvg", "FedAvg", []), ("FedProx (μ = 0.01)", "FedProx", ["-mu", "0.01"]), ("FedMA", "FedMA", [])]
 
@@ -27,6 +28,7 @@ def main() -> None:
     parser.add_argument("--model", default="LeNet")
     parser.set_defaults(times=1)
     args = parser.parse_args()
+    load_all()
     data = OUT / "data" / "MNIST_dir0.5_20c_300s"
     generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.5", "--num-clients", "20",
                                         "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])

@@ -234,3 +234,25 @@ def test_engines_agree_on_a_model_with_hidden_layers():
     assert batched.engine.stats["batched_clients"] > 0
     assert batched.widths == ref.widths
     assert_same_training(ref, batched, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name, shape", [("MLR", (1, 8, 8)), ("DNN", (1, 8, 8)), ("MLP", (1, 8, 8)),
+                                         ("CNN", (1, 16, 16)), ("CNN-BN", (1, 16, 16)), ("LeNet", (1, 16, 16)),
+                                         ("HARCNN", (9, 1, 128))])
+def test_registry_chain_models_grow_and_give_back_their_original(name, shape):
+    """A supported model built one unit wider in every hidden layer runs, and the original model's
+    units gathered from a copy of itself (identity assignments) are the original."""
+    from flcore.flat import FlatModel
+    from flcore.registry import MODELS, load_all
+
+    load_all()
+    torch.manual_seed(0)
+    module = MODELS.get(name)(shape, 4, None)
+    chain = chain_of(module)
+    grown = with_widths(module, [w + 1 for w in chain.widths]).eval()
+    assert grown(torch.zeros(2, *shape)).shape == (2, 4)
+    assert chain_of(grown).widths == [w + 1 for w in chain.widths]
+    flat = FlatModel(module)
+    named = flat.unflatten(flat.vector, params_only=False)
+    taken = gather(named, chain, [np.arange(w) for w in chain.widths])
+    assert set(taken) == set(named) and all(torch.equal(taken[k], named[k]) for k in named)
