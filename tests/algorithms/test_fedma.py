@@ -226,9 +226,9 @@ def test_engines_agree_on_a_model_with_hidden_layers():
     ref = engine_run("FedMA", "sequential", module_fn=mlp, global_rounds=3)
     assert ref.step == 3 and len(ref.history.extra_series["widths"]) == 3  # both phases
     assert_same_training(ref, engine_run("FedMA", "threaded", module_fn=mlp, global_rounds=3, workers=2), exact=True)
-    # Matching is discrete: where opening a unit and joining one nearly tie (here every unit is small
-    # against σ = 1, so with 3 uploads each would open one, until the cap decides which), float
-    # rounding may pick another unit. With a small γ0 the choices are clear and the engines agree.
+    # Matching is discrete: where two choices nearly tie (opening a unit or joining one, for units
+    # that are small against σ = 1), float rounding may pick the other. With a small γ0 no unit is
+    # opened, the choices are clear and the engines agree.
     ref = engine_run("FedMA", "sequential", module_fn=mlp, global_rounds=3, fedma_gamma=0.01)
     batched = engine_run("FedMA", "batched", module_fn=mlp, global_rounds=3, fedma_gamma=0.01)
     assert batched.engine.stats["batched_clients"] > 0

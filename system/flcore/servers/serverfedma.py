@@ -90,13 +90,13 @@ class FedMAServer(Server):
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
+        # defaults: the values the authors' code (IBM/FedMA) gives its BBP-MAP step
         add_flag(parser, "--fedma_sigma", type=float, default=1.0, above=0,
-                 help="σ of BBP-MAP: the std of a client's unit around its global unit (the authors' 1.0)")
+                 help="σ of BBP-MAP: the std of a client's unit around its global unit")
         add_flag(parser, "--fedma_sigma0", type=float, default=1.0, above=0,
-                 help="σ0 of BBP-MAP: the prior std of a global unit (the authors' 1.0)")
-        add_flag(parser, "--fedma_gamma", type=float, default=7.0, above=0,
-                 help="γ0 of BBP-MAP: the Indian buffet's mass; larger opens new global units more easily "
-                      "(the authors' 7.0)")
+                 help="σ0 of BBP-MAP: the prior std of a global unit")
+        add_flag(parser, "--fedma_gamma", type=float, default=1.0, above=0,
+                 help="γ0 of BBP-MAP: the Indian buffet's mass; larger opens new global units more easily")
         add_flag(parser, "--fedma_iterations", type=int, default=5, low=1,
                  help="BBP-MAP passes over the clients per layer (the first adds them one by one)")
         add_flag(parser, "--fedma_max_growth", type=float, default=0.5, low=0,
