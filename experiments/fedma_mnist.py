@@ -15,10 +15,10 @@ import argparse
 import h5py
 import numpy as np
 
-from common import MNIST_RAW, OUT, add_training_flags, generate_data, run_variant, write_table
+from common import MNIST_RAW, OUT, Run, add_training_flags, generate_data, results_folder, run_variant, write_table
 from flcore.registry import load_all  # importable once common has put system/ on the path
 
-ROWS = [("FedAvg", "FedAvg", []), ("FedProx (μ = 0.01)", "FedProx", ["-mu", "0.01"]), ("FedMA", "FedMA", [])]
+ROWS = [("FedAvg", "FedAvg", []), ("FedProx mu 0.01", "FedProx", ["-mu", "0.01"]), ("FedMA", "FedMA", [])]
 
 
 def main() -> None:
@@ -26,6 +26,8 @@ def main() -> None:
     add_training_flags(parser, lr=0.05, lr_help="local learning rate", batch_size=10)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--model", default="LeNet")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="rows to run (labels); the others are read back from their earlier results")
     parser.set_defaults(times=1)
     args = parser.parse_args()
     load_all()
@@ -34,15 +36,19 @@ def main() -> None:
                                         "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
     curves = {}
     for label, algo, flags in ROWS:
-        run = run_variant("fedma_mnist", label, algo, flags, data, args, args.model, args.rounds,
-                          extra=["-jr", "1", "--engine", "sequential", "--num_threads", "1"], quiet=True)
+        earlier = sorted(results_folder("fedma_mnist", label).glob("*.h5"))
+        if args.only is not None and label not in args.only and earlier:
+            run = Run(earlier, float("nan"))
+        else:
+            run = run_variant("fedma_mnist", label, algo, flags, data, args, args.model, args.rounds,
+                              extra=["-jr", "1", "--engine", "sequential", "--num_threads", "1"], quiet=True)
         if isinstance(run, str):
             curves[label] = run
             continue
         with h5py.File(run.paths[0]) as f:
             sent = np.cumsum(f["rs_bytes_up"][()] + f["rs_bytes_down"][()]) / 1e6
-            curves[label] = (f["rs_test_acc"][()], sent, f["rs_widths"][()] if "rs_widths" in f else None,
-                             run.seconds())
+            seconds = float(f.attrs["wall_time_s"]) if "wall_time_s" in f.attrs else run.seconds()
+            curves[label] = (f["rs_test_acc"][()], sent, f["rs_widths"][()] if "rs_widths" in f else None, seconds)
     lines = [f"model {args.model}, MNIST Dir 0.5, 20 clients x 300 samples, all clients every round, E = "
              f"{args.local_epochs}, B = {args.batch_size}, lr = {args.lr}, seed {args.seed}; accuracy in % "
              "(sample-weighted over the clients' test splits) after each round, MB sent so far in parentheses", "",
