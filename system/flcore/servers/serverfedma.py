@@ -9,7 +9,7 @@ Rounds (one communication round each; H hidden layers, the head is layer H):
 * Layer-wise phase, rounds s = 0..H (Algorithm 2 of the paper): the clients train; the server
   matches hidden layer s across the uploads (BBP-MAP with the Hungarian algorithm,
   ``matching.py``) and averages the matched units; the global layer has as many units as the
-  matching opened, at most ``--fedma_max_growth`` more than the original width. Layers below s
+  matching opened, at most ⌊(1 + g) · original width⌋ with g = ``--fedma_max_growth``. Layers below s
   stay as matched in earlier rounds; each client receives them, taken at the global units its own
   were matched to (so its model keeps the original widths), frozen, and retrains the layers above
   from its own weights. Round s = H trains only the head, which is averaged class by class,
@@ -23,6 +23,12 @@ order (its inputs moved to the global units its units of the layer below were ma
 global units it does not hold), so the layers above the ones being fixed are matched too; the
 global model is complete and evaluated every round (its hidden layers above s are provisional in
 the layer-wise phase).
+
+Choices where the paper leaves room: all clients start from the common initial model (sent whole in
+round 0); a round's local training is ``-ls`` epochs in both phases (the paper's retraining epochs);
+a matched unit is the plain mean of its clients' units (the θ of the paper's squared-cost objective;
+not PFNM's posterior mean, not weighted by samples); BBP-MAP's defaults σ = σ0 = γ0 = 1 and 5
+passes are the authors' code's. Digit5CNN is accepted by structure; the tests run the smaller models.
 
 The paper trains every client every round. A client that did not upload in the round a layer was
 (re)matched holds no assignment for it; when it next trains it receives the layer's most popular
