@@ -34,13 +34,14 @@ def main() -> None:
     data = OUT / "data" / "MNIST_dir0.5_20c_300s"
     generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.5", "--num-clients", "20",
                                         "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
+    experiment = "fedma_mnist" if args.seed == 0 else f"fedma_mnist_seed{args.seed}"  # one folder per seed
     curves = {}
     for label, algo, flags in ROWS:
-        earlier = sorted(results_folder("fedma_mnist", label).glob("*.h5"))
+        earlier = sorted(results_folder(experiment, label).glob("*.h5"))
         if args.only is not None and label not in args.only and earlier:
             run = Run(earlier, float("nan"))
         else:
-            run = run_variant("fedma_mnist", label, algo, flags, data, args, args.model, args.rounds,
+            run = run_variant(experiment, label, algo, flags, data, args, args.model, args.rounds,
                               extra=["-jr", "1", "--engine", "sequential", "--num_threads", "1"], quiet=True)
         if isinstance(run, str):
             curves[label] = run
@@ -72,7 +73,7 @@ def main() -> None:
                 lines[-1] += f"; {label} best {best}"
         lines += ["", "FedMA's hidden widths after each round: "
                   + ", ".join(str(list(map(int, w))) for w in fedma[2])]
-    write_table("fedma_mnist", lines)
+    write_table(experiment, lines)
 
 
 if __name__ == "__main__":
