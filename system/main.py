@@ -537,9 +537,10 @@ def stage_model(server, result: Path) -> dict[Path, Path]:
                       "or pass --save_model False") from None
 
     def state_of(params: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
-        server.model.load(params)
+        model = server.model_of(params)
+        model.load(params)
         # the module's tensors are views of one vector: safetensors wants separate, contiguous ones
-        return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in server.model.module.state_dict().items()}
+        return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.module.state_dict().items()}
 
     path, personal_path = model_paths(result)
     staged: dict[Path, Path] = {}

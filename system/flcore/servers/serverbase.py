@@ -167,6 +167,11 @@ class Server:
             return self.global_params
         return with_private_part(self.global_params, self.shared_mask, self.state.get("private", index))
 
+    def model_of(self, params: torch.Tensor) -> FlatModel:
+        """The flat model whose layout ``params`` (the global model, or a client's evaluated model)
+        has: the working model; FedMA's global model has widths of its own."""
+        return self.model
+
     def shared_parts(self) -> str | Sequence[str]:
         """What clients upload and the server aggregates: ``shared``, or a choice a flag makes
         (``self.hp`` is ready); called once, before the clients are built."""

@@ -1,0 +1,80 @@
+"""FedMA against FedAvg and FedProx on MNIST at equal communication (issue 26; Wang et al., ICLR 2020,
+whose direction is FedMA ≥ FedAvg on MNIST with LeNet).
+
+Every method runs the same rounds; the table gives each method's accuracy after each round and the
+megabytes sent so far (uploads + downloads, ``rs_bytes_up``/``rs_bytes_down``), and, per baseline,
+its best accuracy within the bytes FedMA used in all its rounds (equal communication). FedMA's
+hidden widths after each round (``rs_widths``) are listed too.
+
+    .venv/bin/python experiments/fedma_mnist.py            # generates MNIST Dir 0.5 over 20 clients
+"""
+from __future__ import annotations
+
+import argparse
+
+import h5py
+import numpy as np
+
+from common import MNIST_RAW, OUT, Run, add_training_flags, generate_data, results_folder, run_variant, write_table
+from flcore.registry import load_all  # importable once common has put system/ on the path
+
+ROWS = [("FedAvg", "FedAvg", []), ("FedProx mu 0.01", "FedProx", ["-mu", "0.01"]), ("FedMA", "FedMA", [])]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_training_flags(parser, lr=0.05, lr_help="local learning rate", batch_size=10)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--model", default="LeNet")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="rows to run (labels); the others are read back from their earlier results")
+    parser.set_defaults(times=1)
+    args = parser.parse_args()
+    load_all()
+    data = OUT / "data" / "MNIST_dir0.5_20c_300s"
+    generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.5", "--num-clients", "20",
+                                        "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
+    experiment = "fedma_mnist" if args.seed == 0 else f"fedma_mnist_seed{args.seed}"  # one folder per seed
+    curves = {}
+    for label, algo, flags in ROWS:
+        earlier = sorted(results_folder(experiment, label).glob("*.h5"))
+        if args.only is not None and label not in args.only and earlier:
+            run = Run(earlier, float("nan"))
+        else:
+            run = run_variant(experiment, label, algo, flags, data, args, args.model, args.rounds,
+                              extra=["-jr", "1", "--engine", "sequential", "--num_threads", "1"], quiet=True)
+        if isinstance(run, str):
+            curves[label] = run
+            continue
+        with h5py.File(run.paths[0]) as f:
+            sent = np.cumsum(f["rs_bytes_up"][()] + f["rs_bytes_down"][()]) / 1e6
+            seconds = float(f.attrs["wall_time_s"]) if "wall_time_s" in f.attrs else run.seconds()
+            curves[label] = (f["rs_test_acc"][()], sent, f["rs_widths"][()] if "rs_widths" in f else None, seconds)
+    lines = [f"model {args.model}, MNIST Dir 0.5, 20 clients x 300 samples, all clients every round, E = "
+             f"{args.local_epochs}, B = {args.batch_size}, lr = {args.lr}, seed {args.seed}; accuracy in % "
+             "(sample-weighted over the clients' test splits) after each round, MB sent so far in parentheses", "",
+             "| method | " + " | ".join(f"round {r}" for r in range(1, args.rounds + 1)) + " | time (s) |",
+             "|---|" + "---|" * (args.rounds + 1)]
+    for label, curve in curves.items():
+        if isinstance(curve, str):
+            lines.append(f"| {label} | {curve} |")
+            continue
+        acc, sent, _, seconds = curve
+        cells = [f"{100 * a:.2f} ({mb:.0f})" for a, mb in zip(acc[1:], sent)]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {seconds:.0f} |")
+    fedma = curves.get("FedMA")
+    if not isinstance(fedma, str) and fedma is not None:
+        budget = fedma[1][-1]
+        lines += ["", f"At equal communication (FedMA's {budget:.0f} MB): FedMA {100 * fedma[0][-1]:.2f}"]
+        for label, curve in curves.items():
+            if label != "FedMA" and not isinstance(curve, str):
+                within = [a for a, mb in zip(curve[0][1:], curve[1]) if mb <= budget + 1e-9]
+                best = f"{100 * max(within):.2f}" if within else "– (one round costs more)"
+                lines[-1] += f"; {label} best {best}"
+        lines += ["", "FedMA's hidden widths after each round: "
+                  + ", ".join(str(list(map(int, w))) for w in fedma[2])]
+    write_table(experiment, lines)
+
+
+if __name__ == "__main__":
+    main()
