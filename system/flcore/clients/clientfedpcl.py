@@ -19,8 +19,9 @@ classes with a global prototype are candidates, and a sample whose class has non
 After training, the client's prototypes are the class means of r̂ under the trained model (eval
 mode, one pass over its training data), uploaded with their labels; no weights travel.
 Before the first prototypes exist (round 0) there is nothing to learn against: clients only
-compute their prototypes (PFLlib skips training in each client's first participation instead). This procedure needs the trained model for the pass, so
-the client runs its own ``train_job`` (the engines train it sequentially).
+compute their prototypes (an empty plan; PFLlib skips training in each client's first
+participation instead). The prototype pass is the client's ``post_training`` (it gets the trained
+working model), so the base training sequence stays and the threaded engine trains these clients.
 """
 from __future__ import annotations
 
@@ -37,8 +38,6 @@ from utils.cli import add_flag
 
 class FedPCLClient(Client):
     """Contrastive loss against global and client prototypes; uploads normalised class means."""
-
-    vectorisable = False  # a prototype pass after training: its own train_job
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -76,14 +75,14 @@ class FedPCLClient(Client):
         client_sum = contrastive(uploaders).sum() + (ctx["clients"] - len(uploaders)) * global_term
         return global_term + client_sum / ctx["clients"]
 
-    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
-        if "global_prototypes" in job.ctx:
-            params, loss = super().train_job(job, model)
-        else:  # nothing to learn against yet: only the prototypes
-            model.load(job.start)
-            params, loss = model.snapshot(), 0.0
+    def plan_job(self, package: RoundPackage) -> LocalJob:
+        job = super().plan_job(package)
+        if "global_prototypes" not in package.extras:  # nothing to learn against yet: only the prototypes
+            job.plan = []
+        return job
+
+    def post_training(self, job: LocalJob, model: FlatModel) -> None:
         job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model, normalise=True)
-        return params, loss
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         sent = upload(ctx["class_sums"], ctx["class_seen"])  # the prototypes and their labels only
