@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+
+import main
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import SentOnce
@@ -13,6 +16,7 @@ from flcore.registry import ALGORITHMS, load_all
 from fltest import assert_same_training, build_server, engine_run, make_args, random_dataset, run_round
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 from knowledgetest import HiddenBody
+from toydata import make_dataset
 from utils.errors import FLError
 
 MIGRATED = ["FedGH", "FedPAC", "FedPCL", "KT-pFL"]
@@ -133,3 +137,30 @@ def test_dp_sgd_refuses_passes_around_the_sgd(algo, hook):
     data = random_dataset(num_clients=2, dim=3, num_classes=2, sizes=[6, 8])
     with pytest.raises(FLError, match=f"-dp: DP-SGD composes .* overrides .*{hook}"):
         build_server(make_args(algo, "-dp", "-dps", "1"), data, hidden(data))
+
+
+# ------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("algo, flags", [("FD", []), ("FML", []), ("KT-pFL", ["--public_data", "0.2"]), ("FedMix", [])])
+def test_methods_on_logits_or_whole_models_need_no_body_head_split(algo, flags):
+    """FedProto, FedPCL, FedGH, FedPAC and FedKD refuse a model without the split in one line (their
+    own tests); these four work on logits or whole models, so a bare nn.Linear trains and evaluates."""
+    data = random_dataset(num_clients=3, dim=4, num_classes=3, sizes=[10, 12, 9], seed=2)
+    torch.manual_seed(0)
+    server = build_server(make_args(algo, *flags, batch_size=4), data, nn.Linear(4, 3))
+    for rnd in range(2):
+        run_round(server, rnd)
+    assert 0 <= server.evaluate(2).test_acc <= 1
+
+
+@pytest.mark.parametrize("algo", ["FedGH", "FedPAC", "FedProto", "FedKD"])
+def test_a_body_without_parameters_warns_in_one_line(algo, tmp_path, capsys):
+    """MLR's body is the identity: the methods run on the inputs as features, and one warning says so
+    (not the split's "this run is FedAvg/Local", which FedGH and FedPAC are not)."""
+    folder = make_dataset(tmp_path, num_clients=3, input_shape=(1, 4, 4))
+    code = main.main(["-data", str(folder), "-m", "MLR", "-algo", algo, "-gr", "1", "-dev", "cpu", "--progress", "False",
+                      "-q", "True", "--save_model", "False", "--results_dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 0 and "this run is" not in err
+    assert len([line for line in err.splitlines() if "learns from the features" in line]) == 1

@@ -67,6 +67,8 @@ def collaboration_weights(variances: np.ndarray, statistics: np.ndarray, own: in
 class FedPACServer(Server):
     client_cls = FedPACClient
     personalized = True
+    #: main.py warns when the model's body has no parameters (MLR): the features are the inputs
+    learns_from_features = True
     has_global_model = False
     shared = "body"
 
