@@ -38,18 +38,14 @@ def test_hooks_replace_the_own_train_job(algo):
 @pytest.mark.parametrize("algo", MIGRATED)
 def test_engines_run_the_hooks_as_the_sequential_engine(algo):
     """With a body that has parameters (the engine suite's linear model has none): threaded to the
-    bit, batched within rounding (FedPCL's loss is not vmappable: it falls back, exactly)."""
+    bit, batched within rounding."""
     ref = engine_run(algo, "sequential", module_fn=hidden)
     threaded = engine_run(algo, "threaded", module_fn=hidden, workers=2)
     assert threaded.engine.stats["threaded_clients"] > 0
     assert_same_training(ref, threaded, exact=True)
     batched = engine_run(algo, "batched", module_fn=hidden)
-    if algo == "FedPCL":
-        assert batched.engine.stats["batched_clients"] == 0
-        assert_same_training(ref, batched, exact=True)
-    else:
-        assert batched.engine.stats["batched_clients"] > 0 and batched.engine.stats["sequential_clients"] == 0
-        assert_same_training(ref, batched, atol=2e-5, rtol=1e-4)
+    assert batched.engine.stats["batched_clients"] > 0 and batched.engine.stats["sequential_clients"] == 0
+    assert_same_training(ref, batched, atol=2e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("algo", ["FedPAC", "KT-pFL"])

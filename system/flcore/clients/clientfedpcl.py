@@ -21,7 +21,8 @@ mode, one pass over its training data), uploaded with their labels; no weights t
 Before the first prototypes exist (round 0) there is nothing to learn against: clients only
 compute their prototypes (an empty plan; PFLlib skips training in each client's first
 participation instead). The prototype pass is the client's ``post_training`` (it gets the trained
-working model), so the base training sequence stays and the threaded engine trains these clients.
+working model), so the base training sequence stays and every engine trains these clients (the
+batched one vectorises the contrastive steps).
 """
 from __future__ import annotations
 
@@ -38,6 +39,9 @@ from utils.cli import add_flag
 
 class FedPCLClient(Client):
     """Contrastive loss against global and client prototypes; uploads normalised class means."""
+
+    #: the contrastive loss is a pure tensor function: the batched engine vectorises the steps
+    vmappable_loss = True
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -67,7 +71,7 @@ class FedPCLClient(Client):
             logits = torch.einsum("bd,kcd->kbc", r, prototypes) / self.hp.tau
             logits = logits.masked_fill(~present, float("-inf"))  # only classes that have a prototype
             targets = target.repeat(len(prototypes))
-            per_sample = F.cross_entropy(logits.flatten(0, 1), targets, reduction="none").view(len(prototypes), -1)
+            per_sample = F.cross_entropy(logits.flatten(0, 1), targets, reduction="none").reshape(len(prototypes), -1)
             return (per_sample * weight).sum(-1)
 
         global_term = contrastive(ctx["global_prototypes"].unsqueeze(0))[0]
