@@ -75,24 +75,29 @@ class FedPACClient(Client):
             model.load(start)
         job.ctx["V"], job.ctx["H"] = self.statistics(model)
         rnd = job.package.round
-        self.head_epoch(model, self.batch_plan(rnd, epochs=1, purpose="fedpac-head"), job.lr, head[: model.num_params])
+        self.head_epoch(model, self.batch_plan(rnd, epochs=1, purpose="fedpac-head"), job.lr)
 
     def post_training(self, job: LocalJob, model: FlatModel) -> None:
         job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
 
-    def head_epoch(self, model: FlatModel, plan: list, lr: float, head: torch.Tensor) -> None:
-        """SGD over ``plan`` on the cross-entropy changing only the ``head`` entries. The body is
-        frozen, so its features are computed without a graph: only the head is differentiated (a
-        backward pass through the body was half the cost of this epoch)."""
+    def head_epoch(self, model: FlatModel, plan: list, lr: float) -> None:
+        """SGD over ``plan`` on the cross-entropy changing only the head. The body is frozen, so its
+        features are computed without a graph and only the head's parameters (views of the model's
+        vector) are differentiated, zeroed and stepped: a backward pass through the body, and
+        masking the whole vector each step, were most of this epoch's cost."""
         module = model.module
         module.train()
+        head = [p for p in module.head.parameters() if p.requires_grad]
         for idx in plan:
             self.count_gradient_samples(idx)
-            model.zero_grad()
+            for p in head:
+                p.grad.zero_()
             with torch.no_grad():
                 z = module.body(self.data.inputs("train", idx))
-            F.cross_entropy(module.head(z), self.data.train_y[idx]).backward()
-            model.params.sub_(torch.where(head, model.grad, 0.0), alpha=lr)
+            F.cross_entropy(module.head(z), self.data.train_y[idx]).backward(inputs=head)
+            with torch.no_grad():
+                for p in head:
+                    p.sub_(p.grad, alpha=lr)
 
     def statistics(self, model: FlatModel) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, H) of the QP with the model as received (see the module docstring)."""
