@@ -11,6 +11,8 @@ the same partition and flags; those that need more (KT-pFL's public data) get it
 
 The table (slowest first) is printed and written to ``experiments/out/algorithm_cost.md``. Times
 are wall-clock seconds: run it on an otherwise idle machine, and compare ratios from one run only.
+On a loaded machine, ``--clock cpu`` times each training round by the CPU seconds of this process
+instead (with one thread and the sequential engine: the round's own work, whatever else runs).
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ import io
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 import h5py
 
 from common import MNIST_RAW, OUT, REPO, generate_data, main, write_table
 from flcore.registry import ALGORITHMS, load_all
+from flcore.servers.serverbase import Server
 
 #: flags an algorithm cannot run without, on top of the common ones
 NEEDS = {"KT-pFL": ["--public_data", "0.05"]}
@@ -37,13 +41,25 @@ def round_seconds(algorithm: str, data: Path, args: argparse.Namespace) -> float
             "-lbs", "10", "-ls", "1", "-lr", "0.01", "-jr", "1", "-dev", "cpu", "--engine", args.engine,
             "--num_threads", str(args.threads), "--results_dir", str(folder), "-go", "cost", "--overwrite",
             "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, [])]
-    with contextlib.redirect_stdout(io.StringIO()):
+    cpu_times: list[float] = []
+    run_round = Server.run_round
+
+    def cpu_timed(server, rnd, evaluate=True, train=True, cohort=None):
+        """``Server.run_round``, recording the CPU seconds of every training round (as rs_round_time)."""
+        start = time.process_time()
+        result = run_round(server, rnd, evaluate, train, cohort)
+        if train:
+            cpu_times.append(time.process_time() - start)
+        return result
+
+    timing = mock.patch.object(Server, "run_round", cpu_timed) if args.clock == "cpu" else contextlib.nullcontext()
+    with contextlib.redirect_stdout(io.StringIO()), timing:
         code = main.main(argv)
     if code != 0:
         raise RuntimeError(f"{algorithm}: main.py exited with {code}")
     path = folder / f"{data.name}_{algorithm}_cost_0.h5"
     with h5py.File(path) as f:
-        times = list(f["rs_round_time"][()])
+        times = cpu_times if args.clock == "cpu" else list(f["rs_round_time"][()])
     return statistics.median(times[1:])
 
 
@@ -55,6 +71,8 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="CNN")
     parser.add_argument("--rounds", type=int, default=4, help="rounds per run (the first is not timed)")
     parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: MNIST, 20 clients x 300)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall-clock seconds of a round (rs_round_time), or the CPU seconds of this process")
     args = parser.parse_args(argv)
     data = args.data
     if data is None:
@@ -74,7 +92,7 @@ def main_(argv: list[str] | None = None) -> None:
         print(f"{name:>14}: {seconds.get(name, float('nan')):.3f} s/round "
               f"({time.perf_counter() - started:.0f} s for the run)", flush=True)
     base = seconds["FedAvg"]
-    lines = [f"Seconds per training round ({args.model}, MNIST 20 clients x 300 samples, B = 10, E = 1, all clients, "
+    lines = [f"{'CPU s' if args.clock == 'cpu' else 'Seconds'} per training round ({args.model}, MNIST 20 clients x 300 samples, B = 10, E = 1, all clients, "
              f"engine {args.engine}, {args.threads} thread(s); median of rounds 2-{args.rounds})", "",
              "| algorithm | s/round | x FedAvg |", "|---|---:|---:|"]
     for name in sorted(seconds, key=seconds.get, reverse=True):

@@ -375,7 +375,14 @@ def warn_degenerate(args: argparse.Namespace, server) -> None:
     normalisation layers is FedAvg, FedPer or FedRep on MLR, which has no body, is Local), and
     differential privacy without noise (epsilon is infinite)."""
     parts = server.shared_parts()
-    if isinstance(parts, str) and parts in MODEL_SPLITS:
+    body = getattr(server.model.module, "body", None)
+    if getattr(server, "learns_from_features", False) and body is not None and not any(
+            p.numel() for p in body.parameters()):
+        # the split is not what degenerates (FedGH on MLR is no FedAvg): the representation is
+        log.warning("warning: %s learns from the features of the model's body, and model %s's body has no "
+                    "parameters: its features are the inputs themselves; use a model with a feature extractor "
+                    "(e.g. DNN or CNN)", args.algorithm, args.model)
+    elif isinstance(parts, str) and parts in MODEL_SPLITS:
         shared, private = MODEL_SPLITS[parts]
         if server.shared_mask is None:
             log.warning("warning: %s keeps %s on the clients, and model %s has none: every parameter is shared, "

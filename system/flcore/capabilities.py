@@ -43,8 +43,10 @@ class Capabilities:
 
 #: client hooks that replace the local procedure itself (not just a term of it)
 LOCAL_PROCEDURE = ("train_job", "local_train", "sgd", "step_gradient", "compute_gradient")
+#: client hooks on the working model around the base SGD (an engine runs them per client)
+AROUND_SGD = ("pre_training", "post_training")
 #: every client hook whose override ``Capabilities`` records
 CLIENT_HOOKS = (*LOCAL_PROCEDURE, "local_loss", "adjust_grad", "begin_round", "end_round", "start_point",
-                "batch_plan")
+                "batch_plan", *AROUND_SGD)
 #: every server hook whose override ``Capabilities`` records
 SERVER_HOOKS = ("setup", "select_clients", "make_package", "aggregate", "after_round", "eval_params")

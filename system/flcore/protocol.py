@@ -6,6 +6,7 @@ imports any of them. A type that a lower module must name (an engine naming a cl
 naming the server it serves) is named through these types or under ``TYPE_CHECKING`` only.
 
 * :class:`RoundPackage`: what the server sends to the round's cohort.
+* :class:`SentOnce`: what each client already holds of the data a package sends once.
 * :class:`ClientUpdate`: what one client uploads.
 * :class:`Task`: what every client knows of the run besides its own data.
 * :class:`LocalJob`: one client's local training in one round, as the sequence prepares it.
@@ -51,7 +52,9 @@ class RoundPackage:
 
     ``extras`` go to every client; ``payloads[i]`` only to client ``i`` (FedAMP's and FedACS's
     personalised models). ``shared`` masks the entries of the model that are sent and aggregated
-    (None: all of it); the others are each client's own."""
+    (None: all of it); the others are each client's own. ``static`` is data a client keeps once it
+    has it (KT-pFL's public inputs, FedMix's means): every client of the cohort reads it, but client
+    ``i`` downloads only the ``static_nbytes[i]`` bytes it lacks (:class:`SentOnce`)."""
 
     round: int
     global_params: torch.Tensor
@@ -59,6 +62,8 @@ class RoundPackage:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
     payloads: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     shared: torch.Tensor | None = None
+    static: dict[str, torch.Tensor] = field(default_factory=dict)
+    static_nbytes: dict[int, int] = field(default_factory=dict)
 
     @property
     def cohort_size(self) -> int:
@@ -73,13 +78,58 @@ class RoundPackage:
         return self.global_params.numel() if self.shared is None else int(self.shared.sum())
 
     def nbytes(self, index: int | None = None) -> int:
-        """Bytes client ``index`` downloads (the shared part of the model, extras, its payload)."""
-        own = tensor_nbytes(self.payload(index)) if index is not None else 0
+        """Bytes client ``index`` downloads (the shared part of the model, extras, its payload and
+        the static data it lacks)."""
+        own = tensor_nbytes(self.payload(index)) + self.static_nbytes.get(index, 0) if index is not None else 0
         return self.shared_numel * self.global_params.element_size() + tensor_nbytes(self.extras) + own
 
     def total_nbytes(self) -> int:
         """Bytes the whole cohort downloads."""
         return sum(self.nbytes(i) for i in self.cohort)
+
+
+def _rows(value: torch.Tensor) -> int:
+    return value.shape[0] if value.dim() else 1
+
+
+def _extends(value: torch.Tensor, earlier: torch.Tensor) -> bool:
+    """Whether ``value`` is ``earlier`` with rows appended at the end (or ``earlier`` itself)."""
+    if value.dtype != earlier.dtype or value.dim() != earlier.dim():
+        return False
+    if value.dim() == 0:
+        return bool(torch.equal(value, earlier))
+    return (value.shape[1:] == earlier.shape[1:] and len(value) >= len(earlier)
+            and bool(torch.equal(value[: len(earlier)], earlier)))
+
+
+@dataclass
+class SentOnce:
+    """What each client holds of the data sent once (``RoundPackage.static``), so that a download
+    counts an entry only where a client lacks it: the first time, and again after it changed. An
+    entry that grows by rows appended at its end (FedMix's means, as clients join) costs a client
+    that holds the earlier rows only the new ones. The server keeps one (``Server.sent_once``);
+    checkpoints save it with the server's attributes."""
+
+    #: the last value sent of each entry (a copy: a sender may change its tensor in place)
+    sent: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: per entry, how many leading rows of its last value each client holds
+    held: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def deliver(self, static: dict[str, torch.Tensor], cohort: list[int]) -> dict[int, int]:
+        """Bytes of ``static`` each client of ``cohort`` downloads; the cohort holds all of it after."""
+        nbytes = dict.fromkeys(cohort, 0)
+        for name, value in static.items():
+            earlier, held = self.sent.get(name), self.held.setdefault(name, {})
+            if earlier is None or not _extends(value, earlier):
+                held.clear()  # new or changed: nobody holds it
+            if earlier is None or earlier.shape != value.shape or held == {}:
+                self.sent[name] = value.detach().clone()
+            rows = _rows(value)
+            row_bytes = value.numel() * value.element_size() // rows if rows else 0
+            for i in cohort:
+                nbytes[i] += (rows - held.get(i, 0)) * row_bytes
+                held[i] = rows
+        return nbytes
 
 
 @dataclass

@@ -73,7 +73,7 @@ def test_means_travel_once_and_a_client_mixes_only_with_others():
     server = build_server(make_args("FedMix", "--fedmix_mean_size", "10", batch_size=5), data)
     model_bytes = server.global_params.numel() * 4
     first = run_round(server, 0, cohort=[0, 1])
-    assert "mean_x" not in first.package.extras  # nothing shared yet
+    assert "mean_x" not in first.package.static  # nothing shared yet
     for update, client in zip(first.updates, data.clients):
         mean_x, mean_y = update.extras["mean_x"], update.extras["mean_y"]
         groups = client.num_train // 10
@@ -83,12 +83,12 @@ def test_means_travel_once_and_a_client_mixes_only_with_others():
         assert torch.allclose(mean_y.sum(0) * 10, F.one_hot(client.train_y, C).float().sum(0))
         assert update.nbytes() == model_bytes + (groups * DIM + groups * C) * 4
     second = run_round(server, 1, cohort=[0, 2])
-    assert torch.equal(second.package.extras["mean_owner"], torch.tensor([0, 0, 1, 1, 1]))
+    assert torch.equal(second.package.static["mean_owner"], torch.tensor([0, 0, 1, 1, 1]))
     assert "mean_x" not in second.updates[0].extras and "mean_x" in second.updates[1].extras
-    own_only = server.package(2, [0], extras={k: v[:2] for k, v in second.package.extras.items()})
+    own_only = server.package(2, [0], static={k: v[:2] for k, v in second.package.static.items()})
     assert float(server.clients[0].begin_round(own_only, 3)["lam"]) == 0.0  # its own means only: no mixing
     ctx = server.clients[0].begin_round(second.package, 3)
-    others = second.package.extras["mean_x"][2:]
+    others = second.package.static["mean_x"][2:]
     assert float(ctx["lam"]) == pytest.approx(0.1)
     assert all(any(torch.equal(row, o) for o in others) for row in ctx["mix_x"].reshape(-1, DIM))
 

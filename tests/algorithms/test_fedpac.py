@@ -10,7 +10,7 @@ from torch import nn
 
 from fltest import random_dataset, run_round
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
-from flcore.servers.serverfedpac import collaboration_weights
+from flcore.servers.serverfedpac import collaboration_weights, simplex_qp
 from knowledgetest import HIDDEN, hand_forward, hidden_server, per_class_sums, refusal
 
 LR, LAM, C, DIM = 0.3, 2.0, 2, 2
@@ -24,6 +24,23 @@ def test_qp_matches_its_closed_form(gap, expected):
     statistics = np.array([[0.0, 0.0], [np.sqrt(gap), 0.0]])
     alpha = collaboration_weights(np.array([1.0, 1.0]), statistics, own=0)
     assert alpha == pytest.approx(expected, abs=1e-6)
+
+
+def test_active_set_qp_is_as_good_as_slsqp():
+    """The active-set solver against scipy's SLSQP on random QPs of the collaboration's shape."""
+    from scipy.optimize import minimize
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        n, d = int(rng.integers(1, 12)), int(rng.integers(1, 30))
+        gaps = rng.normal(size=(n, d)) - rng.normal(size=d)
+        quadratic = np.diag(rng.uniform(1e-3, 2, size=n)) + gaps @ gaps.T
+        a = simplex_qp(quadratic)
+        ref = minimize(lambda x: x @ quadratic @ x, np.full(n, 1 / n), jac=lambda x: 2 * quadratic @ x, method="SLSQP",
+                       bounds=[(0, 1)] * n, options={"ftol": 1e-14, "maxiter": 500},
+                       constraints=[{"type": "eq", "fun": lambda x: x.sum() - 1, "jac": lambda x: np.ones_like(x)}]).x
+        assert a.min() >= 0 and a.sum() == pytest.approx(1, abs=1e-12)
+        assert a @ quadratic @ a <= ref @ quadratic @ ref * (1 + 1e-9)
+        np.testing.assert_allclose(a, ref, atol=1e-4)
 
 
 def hand_statistics(w, x, y):

@@ -25,6 +25,11 @@ Hooks an algorithm overrides (most override one or two):
   function set ``vmappable_loss = True`` so the batched engine runs it too.
 * ``end_round(params, package, ctx, steps, loss)``: build the upload and update per-client state.
 * ``start_point(package)``: where local training starts (the global model by default).
+* ``pre_training(job, model)`` / ``post_training(job, model)``: work on the working model just
+  before and just after the local SGD (KT-pFL's distillation and FedPAC's head epoch before it;
+  prototypes, class means or soft predictions of the trained model after it), keeping what the
+  upload needs in ``job.ctx``. Every engine runs them around its SGD, so a class that needs only
+  these keeps the base ``train_job`` and stays vectorisable.
 * ``train_job(job, model)``: the whole local procedure, for algorithms whose local step is not
   "SGD on ``local_loss`` plus ``adjust_grad``" (these set ``vectorisable = False``).
 
@@ -116,6 +121,18 @@ class Client:
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         """The minibatch loss (cross-entropy of the logits)."""
         return F.cross_entropy(net(x), y)
+
+    def pre_training(self, job: LocalJob, model: FlatModel) -> None:
+        """Before the local SGD: ``model`` holds ``job.start``, and the SGD starts from whatever it
+        holds on return. It may train (counting its samples with ``count_gradient_samples``) and add
+        context, for the SGD (the same keys for every client of a round) or for ``end_round``. It
+        touches only ``job``, ``model`` and this client's own state: an engine may run it in a
+        worker thread, or after other clients' ``open_job``."""
+
+    def post_training(self, job: LocalJob, model: FlatModel) -> None:
+        """After the local SGD: ``model`` holds the trained parameters (already taken as the
+        upload's); a pass that needs the trained model (prototypes, soft predictions) keeps its
+        results in ``job.ctx`` for ``end_round``. The contract of ``pre_training`` holds."""
 
     def end_round(
         self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int, loss: float
@@ -290,8 +307,11 @@ class Client:
         """Step 3: local training on ``model`` (any working model); returns (params, mean loss).
         Algorithms with another local procedure override this (and set ``vectorisable = False``)."""
         model.load(job.start)
+        self.pre_training(job, model)
         loss = self.sgd(model, job.package, job.ctx, job.plan, job.lr)
-        return model.snapshot(), loss
+        params = model.snapshot()
+        self.post_training(job, model)
+        return params, loss
 
     def finish_job(self, job: LocalJob, params: torch.Tensor, loss: float) -> ClientUpdate:
         """Step 4: count the participation, build the upload, keep the private part."""

@@ -6,12 +6,10 @@ local averaged representation of each class it holds, R_i^s = the mean body outp
 samples under the trained model (eval mode, one extra forward pass over its training data, as in
 the paper and PFLlib), and uploads these with their labels; its model weights never leave it.
 
-The extra pass needs the trained model, so this client runs its own ``train_job`` (training, then
-the pass) and the engines train it sequentially.
+The extra pass is the client's ``post_training`` (it gets the trained working model), so the
+base training sequence stays and every engine (threaded, batched) trains these clients.
 """
 from __future__ import annotations
-
-import torch
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
 from flcore.clients.labelmeans import body_class_sums, upload
@@ -21,12 +19,8 @@ from flcore.flat import FlatModel
 class FedGHClient(Client):
     """FedAvg's local SGD, then the per-class mean representations of the trained model."""
 
-    vectorisable = False  # train_job also computes the representations with the working model
-
-    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
-        params, loss = super().train_job(job, model)
+    def post_training(self, job: LocalJob, model: FlatModel) -> None:
         job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
-        return params, loss
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         sent = upload(ctx["class_sums"], ctx["class_seen"]) if "class_sums" in ctx else {}

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
-from flcore.clients.clientfml import kl_divergence, paired_batches
+from flcore.clients.clientfml import flat_gradient, kl_divergence, paired_batches
 from flcore.flat import FlatModel, Segment
 from utils.cli import add_flag
 from utils.seeding import torch_generator
@@ -116,7 +116,7 @@ class FedKDClient(Client):
         mentor_params = list(model.module.parameters())
         loss_sum = torch.zeros((), device=model.device)
         # the mentor (this client's private model) trains on the working model, the mentee functionally
-        for x, y, mentee_leaf, mentee_net in paired_batches(self, job, model, mentee):
+        for x, y, mentee_leaves, mentee_net in paired_batches(self, job, model, mentee):
             w_h = projection.clone().requires_grad_(True)
             h_s = mentee_net.features(x).flatten(1)
             out_s = mentee_net.head(h_s)
@@ -131,7 +131,7 @@ class FedKDClient(Client):
             mentee_loss = ce_s + (mentee_kl + hidden) / scale
             (w_h_from_mentor,) = torch.autograd.grad(mentor_loss, w_h, retain_graph=True)
             mentor_loss.backward(inputs=mentor_params, retain_graph=True)  # into model.grad
-            mentee_grad, w_h_from_mentee = torch.autograd.grad(mentee_loss, [mentee_leaf, w_h])
+            mentee_grad, w_h_from_mentee = flat_gradient(mentee_loss, mentee_leaves, w_h)
             model.params.sub_(model.grad, alpha=job.lr)
             mentee[:n] -= mentee_lr * mentee_grad
             projection = projection - job.lr * (w_h_from_mentor + w_h_from_mentee)

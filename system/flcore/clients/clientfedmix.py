@@ -66,13 +66,13 @@ class FedMixClient(Client):
         like = package.global_params
         batch, rows = self.batch_size, max(steps, 1)
         others = None
-        if "mean_x" in package.extras:
-            others = package.extras["mean_owner"] != self.index
+        if "mean_x" in package.static:
+            others = package.static["mean_owner"] != self.index
         if others is None or not bool(others.any()) or steps == 0:
             shape = (rows, batch, *self.data.train_x.shape[1:])
             return {"mix_x": like.new_zeros(shape), "mix_y": like.new_zeros(rows, batch, self.task.num_classes),
                     "lam": like.new_zeros(())}
-        mean_x, mean_y = package.extras["mean_x"][others], package.extras["mean_y"][others]
+        mean_x, mean_y = package.static["mean_x"][others], package.static["mean_y"][others]
         draw = torch_generator(self.args.seed, "fedmix", package.round, self.cid)
         picks = torch.randint(len(mean_x), (steps * batch,), generator=draw).to(mean_x.device)
         return {"mix_x": mean_x[picks].view(steps, batch, *mean_x.shape[1:]),

@@ -14,9 +14,10 @@ the client
 4. computes its class centroids with the trained body (eval mode, one pass).
 
 It uploads the body (the shared part), and as named tensors its head, V, H and its centroids
-with labels and sample counts. The procedure has three phases and passes over the data besides
-the steps, so this client runs its own ``train_job`` (the engines train it sequentially); it
-costs one epoch of gradients more than FedAvg, plus two forward passes.
+with labels and sample counts. Steps 1-2 are the client's ``pre_training`` and step 4 its
+``post_training`` on the working model, around the base SGD of step 3 (whose ``adjust_grad``
+keeps the head fixed), so every engine trains these clients (the batched one vectorises step 3).
+It costs one epoch of gradients more than FedAvg, plus two forward passes.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ from utils.cli import add_flag
 class FedPACClient(Client):
     """Head epoch, then aligned body epochs; uploads body, head, QP statistics and centroids."""
 
-    vectorisable = False  # three phases and statistics passes: its own train_job
+    #: the alignment loss is a pure tensor function: the batched engine vectorises the body epochs
+    vmappable_loss = True
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -54,36 +56,48 @@ class FedPACClient(Client):
         return loss
 
     def begin_round(self, package, steps):
-        ctx = {}
+        ctx = {"shared": package.shared}  # the body: what the SGD of step 3 trains
         if "centroids" in package.extras:
-            ctx = {"centroids": package.extras["centroids"], "centroid_present": package.extras["centroid_present"]}
-        head = package.payload(self.index).get("head")
-        if head is not None:
-            ctx["head"] = head
+            ctx.update(centroids=package.extras["centroids"], centroid_present=package.extras["centroid_present"])
         return ctx
 
-    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
-        job.ctx["head_mask"] = model.head_mask()
-        head = job.ctx["head_mask"][: model.num_params]
-        start = job.start.clone()
-        if "head" in job.ctx:  # the combined head the server formed for this client
-            start[job.ctx["head_mask"]] = job.ctx["head"]
-        model.load(start)
+    def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
+        return torch.where(ctx["shared"][: g.shape[-1]], g, 0.0)  # the head stays as step 2 left it
+
+    def pre_training(self, job: LocalJob, model: FlatModel) -> None:
+        """Steps 1 and 2: the combined head the server formed for this client, the QP's statistics,
+        one epoch of the head."""
+        head = ~job.package.shared
+        combined = job.package.payload(self.index).get("head")
+        if combined is not None:
+            start = job.start.clone()
+            start[head] = combined
+            model.load(start)
         job.ctx["V"], job.ctx["H"] = self.statistics(model)
         rnd = job.package.round
-        self.phase(model, self.batch_plan(rnd, epochs=1, purpose="fedpac-head"), {}, job.lr, head, rnd)
-        loss = self.phase(model, job.plan, job.ctx, job.lr, ~head, rnd)
-        job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
-        return model.snapshot(), loss
+        self.head_epoch(model, self.batch_plan(rnd, epochs=1, purpose="fedpac-head"), job.lr)
 
-    def phase(self, model: FlatModel, plan: list, ctx: dict, lr: float, trained: torch.Tensor, rnd: int) -> float:
-        """SGD over ``plan`` on ``local_loss`` changing only the ``trained`` entries."""
-        model.module.train()
-        loss_sum = torch.zeros((), device=model.device)
+    def post_training(self, job: LocalJob, model: FlatModel) -> None:
+        job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)
+
+    def head_epoch(self, model: FlatModel, plan: list, lr: float) -> None:
+        """SGD over ``plan`` on the cross-entropy changing only the head. The body is frozen, so its
+        features are computed without a graph and only the head's parameters (views of the model's
+        vector) are differentiated, zeroed and stepped: a backward pass through the body, and
+        masking the whole vector each step, were most of this epoch's cost."""
+        module = model.module
+        module.train()
+        head = [p for p in module.head.parameters() if p.requires_grad]
         for idx in plan:
-            loss_sum += self.compute_gradient(model, idx, ctx)
-            model.params.sub_(torch.where(trained, model.grad, 0.0), alpha=lr)
-        return self.check_loss(loss_sum, len(plan), rnd)
+            self.count_gradient_samples(idx)
+            for p in head:
+                p.grad.zero_()
+            with torch.no_grad():
+                z = module.body(self.data.inputs("train", idx))
+            F.cross_entropy(module.head(z), self.data.train_y[idx]).backward(inputs=head)
+            with torch.no_grad():
+                for p in head:
+                    p.sub_(p.grad, alpha=lr)
 
     def statistics(self, model: FlatModel) -> tuple[torch.Tensor, torch.Tensor]:
         """(V, H) of the QP with the model as received (see the module docstring)."""
@@ -110,5 +124,5 @@ class FedPACClient(Client):
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         counts = torch.bincount(self.data.train_y, minlength=self.task.num_classes)
         extras = upload(ctx["class_sums"], ctx["class_seen"], counts.to(ctx["class_sums"].device))
-        extras.update(head=params[ctx["head_mask"]], V=ctx["V"], H=ctx["H"])
+        extras.update(head=params[~package.shared], V=ctx["V"], H=ctx["H"])
         return ClientUpdate(self.index, self.num_train, steps, params, loss, extras=extras)

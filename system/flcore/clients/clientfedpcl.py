@@ -19,8 +19,10 @@ classes with a global prototype are candidates, and a sample whose class has non
 After training, the client's prototypes are the class means of r̂ under the trained model (eval
 mode, one pass over its training data), uploaded with their labels; no weights travel.
 Before the first prototypes exist (round 0) there is nothing to learn against: clients only
-compute their prototypes (PFLlib skips training in each client's first participation instead). This procedure needs the trained model for the pass, so
-the client runs its own ``train_job`` (the engines train it sequentially).
+compute their prototypes (an empty plan; PFLlib skips training in each client's first
+participation instead). The prototype pass is the client's ``post_training`` (it gets the trained
+working model), so the base training sequence stays and every engine trains these clients (the
+batched one vectorises the contrastive steps).
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ from utils.cli import add_flag
 class FedPCLClient(Client):
     """Contrastive loss against global and client prototypes; uploads normalised class means."""
 
-    vectorisable = False  # a prototype pass after training: its own train_job
+    #: the contrastive loss is a pure tensor function: the batched engine vectorises the steps
+    vmappable_loss = True
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -68,7 +71,7 @@ class FedPCLClient(Client):
             logits = torch.einsum("bd,kcd->kbc", r, prototypes) / self.hp.tau
             logits = logits.masked_fill(~present, float("-inf"))  # only classes that have a prototype
             targets = target.repeat(len(prototypes))
-            per_sample = F.cross_entropy(logits.flatten(0, 1), targets, reduction="none").view(len(prototypes), -1)
+            per_sample = F.cross_entropy(logits.flatten(0, 1), targets, reduction="none").reshape(len(prototypes), -1)
             return (per_sample * weight).sum(-1)
 
         global_term = contrastive(ctx["global_prototypes"].unsqueeze(0))[0]
@@ -76,14 +79,14 @@ class FedPCLClient(Client):
         client_sum = contrastive(uploaders).sum() + (ctx["clients"] - len(uploaders)) * global_term
         return global_term + client_sum / ctx["clients"]
 
-    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
-        if "global_prototypes" in job.ctx:
-            params, loss = super().train_job(job, model)
-        else:  # nothing to learn against yet: only the prototypes
-            model.load(job.start)
-            params, loss = model.snapshot(), 0.0
+    def plan_job(self, package: RoundPackage) -> LocalJob:
+        job = super().plan_job(package)
+        if "global_prototypes" not in package.extras:  # nothing to learn against yet: only the prototypes
+            job.plan = []
+        return job
+
+    def post_training(self, job: LocalJob, model: FlatModel) -> None:
         job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model, normalise=True)
-        return params, loss
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         sent = upload(ctx["class_sums"], ctx["class_seen"])  # the prototypes and their labels only

@@ -12,9 +12,11 @@ Each client keeps its own model (it never travels). When selected in round t it
 
 The paper's round runs the distillation after the server's update of the knowledge coefficients,
 in the same round; here the server's answer arrives with the next package, so a client distils at
-the start of its next participation (nothing to distil in its first). The distillation and the
-public-set pass need the model, so this client runs its own ``train_job`` (the engines train it
-sequentially). The public inputs arrive in the package.
+the start of its next participation (nothing to distil in its first). Step 1 is the client's
+``pre_training`` and step 3 its ``post_training`` on the working model, around the base SGD of
+step 2, so every engine trains these clients (the batched one vectorises step 2). The public
+inputs arrive in the package's sent-once part (``RoundPackage.static``): each client downloads
+them once.
 """
 from __future__ import annotations
 
@@ -33,8 +35,6 @@ from utils.seeding import torch_generator
 class KTpFLClient(Client):
     """Distil towards the personalised soft target, train locally, upload public soft predictions."""
 
-    vectorisable = False  # distillation on public data and a prediction pass: its own train_job
-
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--ktpfl_lambda", type=float, default=1.0, low=0, help="KT-pFL: weight λ of the distillation loss")
@@ -46,25 +46,16 @@ class KTpFLClient(Client):
     def expected_gradient_samples(self) -> float:
         return super().expected_gradient_samples() + self.hp.ktpfl_steps * self.batch_size
 
-    def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        ctx = {"public_x": decode_inputs(package.extras["public_x"], package.extras.get("public_table"))}
-        target = package.payload(self.index).get("soft_target")
-        if target is not None:
-            ctx["soft_target"] = target
-        return ctx
+    @staticmethod
+    def public_inputs(package: RoundPackage) -> torch.Tensor:
+        return decode_inputs(package.static["public_x"], package.static.get("public_table"))
 
-    def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
-        model.load(job.start)
-        if "soft_target" in job.ctx:
-            self.distil(model, job)
-        job.start = model.snapshot()
-        params, loss = super().train_job(job, model)
-        job.ctx["soft"] = self.soft_predictions(model, job.ctx["public_x"])
-        return params, loss
-
-    def distil(self, model: FlatModel, job: LocalJob) -> None:
-        """R SGD steps of λ·T²·KL(ŝ_n ‖ softmax(f(x)/T)) on public minibatches."""
-        public_x, target, hp = job.ctx["public_x"], job.ctx["soft_target"], self.hp
+    def pre_training(self, job: LocalJob, model: FlatModel) -> None:
+        """Step 1: R SGD steps of λ·T²·KL(ŝ_n ‖ softmax(f(x)/T)) on public minibatches."""
+        target = job.package.payload(self.index).get("soft_target")
+        if target is None:  # no personalised target yet (its first participation)
+            return
+        public_x, hp = self.public_inputs(job.package), self.hp
         draw = torch_generator(self.args.seed, "ktpfl-public", job.package.round, self.cid)
         rows = torch.cat([torch.randperm(len(public_x), generator=draw)
                           for _ in range(-(-hp.ktpfl_steps * self.batch_size // max(len(public_x), 1)))])
@@ -78,6 +69,10 @@ class KTpFLClient(Client):
             loss = hp.ktpfl_lambda * temperature**2 * F.kl_div(log_student, target[idx], reduction="batchmean")
             loss.backward()
             model.params.sub_(model.grad, alpha=job.lr)
+
+    def post_training(self, job: LocalJob, model: FlatModel) -> None:
+        """Step 3: the soft predictions on the public set, uploaded."""
+        job.ctx["soft"] = self.soft_predictions(model, self.public_inputs(job.package))
 
     @torch.no_grad()
     def soft_predictions(self, model: FlatModel, public_x: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,8 @@ Design (what a reader should know before changing it):
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
 * **Who is batched.** A client is batched when its class says ``vectorisable = True`` and keeps
   the base ``train_job``, ``sgd`` and ``compute_gradient`` (the batched step re-implements
-  exactly those), with the base ``local_loss`` or one it declares vmappable
+  exactly those; its ``pre_training`` and ``post_training`` run one client at a time on the
+  server's working model, before the chunk's steps and before its ``finish_job``), with the base ``local_loss`` or one it declares vmappable
   (``vmappable_loss = True``; such a loss gets a functional :class:`~flcore.flat.Net` of each
   client's parameters and its context, and needs full batches, ``--drop_last``); other clients
   are trained by the sequential sequence on the server's working model, in cohort order before
@@ -114,6 +115,7 @@ from utils.cli import add_flag
 from utils.data_utils import decode_inputs
 from utils.errors import FLError
 from utils.mem_utils import OUT_OF_MEMORY
+from utils.seeding import set_rng_state
 
 if TYPE_CHECKING:
     from flcore.protocol import Runtime
@@ -349,6 +351,8 @@ class BatchedEngine(Engine):
         cohort_order = sorted(range(count), key=lambda j: jobs[j].client.index)
         for j in cohort_order:
             jobs[j].client.open_job(jobs[j])
+            if "pre_training" in type(jobs[j].client).capabilities.overrides:  # KT-pFL's distillation
+                jobs[j].start = self._around_sgd(jobs[j], "pre_training", jobs[j].start)
 
         weights = torch.stack([job.start.to(device=device, dtype=flat.vector.dtype) for job in jobs])  # [K, D], fresh
         losses = torch.zeros(count, dtype=weights.dtype, device=device)
@@ -360,10 +364,24 @@ class BatchedEngine(Engine):
             job = jobs[j]
             client = job.client
             loss = client.check_loss(losses[j], job.steps, job.package.round)
+            for idx in job.plan:  # the vectorised steps' samples, beside those a pre_training counted
+                client.count_gradient_samples(idx)
+            if "post_training" in type(client).capabilities.overrides:  # prototypes, soft predictions
+                self._around_sgd(job, "post_training", weights[j])
             self._finals[client.index] = weights[j]
             out.append((j, client.finish_job(job, weights[j], loss)))
             self._rng_after[client.index] = self.rng_now()
         return out
+
+    def _around_sgd(self, job: LocalJob, hook: str, params: torch.Tensor) -> torch.Tensor:
+        """The client's ``pre_training`` or ``post_training`` on the server's working model loaded
+        with ``params``, from the global RNG state its ``open_job`` left (as sequentially, where
+        nothing draws from it in between without dropout); returns the model it leaves."""
+        set_rng_state(job.rng)
+        self.flat.load(params)
+        with precision_context(self.precision, self.flat.device):
+            getattr(job.client, hook)(job, self.flat)
+        return self.flat.snapshot()
 
     def _run_steps_fitting(self, jobs: list[LocalJob], weights: torch.Tensor, losses: torch.Tensor) -> None:
         """``_run_steps``, in halves when the device runs out of memory (and with half the chunk

@@ -15,7 +15,8 @@ Per client it runs the one local sequence of ``clientbase``::
 
 * **Who runs in a worker.** Only the SGD loop of clients whose class keeps the base
   ``train_job``/``sgd``/``compute_gradient`` and says ``vectorisable = True`` (their hooks touch
-  only the client's own state; a ``local_loss`` hook runs in the worker too).
+  only the client's own state; a ``local_loss`` hook, ``pre_training`` and ``post_training`` run
+  in the worker too).
   The hooks run on the main thread. Other clients, and every client of a model whose forward pass
   draws random numbers (dropout: torch's global generator is shared by all threads), are trained on
   the main thread as the sequential engine does, in cohort order, with a one-line notice.

@@ -331,7 +331,7 @@ class AttackPlugin(RoundPlugin):
             raise FLError(f"--attack_direction {args.attack_direction}: choose one of {', '.join(MINMAX_DIRECTIONS)}")
         if self.name in DATA_ATTACKS:
             client_cls = server_cls.client_cls
-            if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE):
+            if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE, "pre_training"):
                 raise FLError(f"--attack {self.name} poisons the base local step, but {args.algorithm}'s clients "
                               f"({client_cls.__name__}) train their own way; use a model-poisoning attack with it")
         if self.name == "label_flip":

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 from torch.func import grad_and_value, vmap
 
-from flcore.capabilities import LOCAL_PROCEDURE
+from flcore.capabilities import AROUND_SGD, LOCAL_PROCEDURE
 from flcore.clients.localstep import LocalStep
 from flcore.flat import FlatModel, Net
 from flcore.registry import register_local_step
@@ -189,7 +189,8 @@ def dp_sgd_config(args) -> DPSGD | None:
 def check_composable(client_cls: type, model: FlatModel) -> None:
     """Refuse (one line) an algorithm or a model DP-SGD cannot privatise correctly."""
     caps = client_cls.capabilities
-    own = [name for name in (*LOCAL_PROCEDURE, "local_loss") if name in caps.overrides]
+    # passes around the SGD (FedPAC's head epoch, prototypes of the data) are no DP-SGD steps
+    own = [name for name in (*LOCAL_PROCEDURE, "local_loss", *AROUND_SGD) if name in caps.overrides]
     if own or not caps.vectorisable:
         what = f"overrides {', '.join(own)}" if own else "is not vectorisable (its hooks touch shared state)"
         raise FLError(

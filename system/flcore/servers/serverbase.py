@@ -50,7 +50,7 @@ from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
 from flcore.plugins import RoundPlugin, plugins_for
 # RoundResult is the protocol's; importable from here as before
-from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, Task, with_private_part  # noqa: F401
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, with_private_part  # noqa: F401
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
@@ -118,6 +118,8 @@ class Server:
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
         self.engine = ENGINES.get(args.engine)(self.runtime)
         self.evaluator = Evaluator(self.runtime)
+        #: what each client holds of the data packages send once (``package(..., static=...)``)
+        self.sent_once = SentOnce()
         self.setup()
 
     @classmethod
@@ -195,8 +197,12 @@ class Server:
 
     def package(self, rnd: int, cohort: list[int], **parts) -> RoundPackage:
         """The round's package with this server's global model and shared mask; ``parts`` are
-        RoundPackage fields (``extras``, ``payloads``)."""
-        return RoundPackage(rnd, self.global_params, cohort, shared=self.shared_mask, **parts)
+        RoundPackage fields (``extras``, ``payloads``, ``static``: data a client keeps, counted in
+        a client's download only while it lacks it; a package made counts as sent)."""
+        package = RoundPackage(rnd, self.global_params, cohort, shared=self.shared_mask, **parts)
+        if package.static:
+            package.static_nbytes = self.sent_once.deliver(package.static, cohort)
+        return package
 
     def summary(self) -> dict[str, object]:
         """Algorithm hyperparameters logged at the start of a run."""

@@ -43,6 +43,8 @@ from utils.seeding import torch_generator
 class FedGHServer(Server):
     client_cls = FedGHClient
     personalized = True
+    #: main.py warns when the model's body has no parameters (MLR): the features are the inputs
+    learns_from_features = True
     has_global_model = False
     shared = "head"  # the global head goes down; the body stays with each client; nothing goes up but R_i^s
 

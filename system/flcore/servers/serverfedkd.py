@@ -39,6 +39,8 @@ log = logging.getLogger("fl")
 class FedKDServer(Server):
     client_cls = FedKDClient
     personalized = True
+    #: main.py warns when the model's body has no parameters (MLR): the features are the inputs
+    learns_from_features = True
     has_global_model = False  # the model vector the base keeps is not the mentee: see ``mentee``
     shared = ()  # no plain model weights travel: the mentee goes as SVD factors in the package's extras
 

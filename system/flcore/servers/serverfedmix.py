@@ -3,11 +3,12 @@
 
 The server is FedAvg's (sample-weighted average of the uploaded models) plus the mean data of
 mean augmented FL: every client's first upload carries its mean batches (``clientfedmix.py``),
-which the server keeps, with their owners, and sends to every selected client in each package
-(``mean_x``, ``mean_y``, ``mean_owner``), so a client mixes with the other clients' means. The
-paper exchanges the means once, before training, from every client; here they are collected as
-clients first take part, so early rounds mix with the means of the clients seen so far (round 0
-with none: FedAvg), and the download carries them every round (a deployment would cache them).
+which the server keeps, with their owners, and sends to the selected clients in the package's
+sent-once part (``mean_x``, ``mean_y``, ``mean_owner`` in ``RoundPackage.static``), so a client
+mixes with the other clients' means. The paper exchanges the means once, before training, from
+every client; here they are collected as clients first take part, so early rounds mix with the
+means of the clients seen so far (round 0 with none: FedAvg). The means only grow by rows appended
+at the end, so a client's download counts only the rows it does not hold yet.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class FedMixServer(Server):
         return {"lambda": hp.fedmix_lambda, "mean_size": hp.fedmix_mean_size, "variant": hp.fedmix_variant}
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
-        return self.package(rnd, cohort, extras=dict(self.means))
+        return self.package(rnd, cohort, static=dict(self.means))
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         self.global_params = weighted_average(updates)

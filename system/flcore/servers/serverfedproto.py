@@ -53,6 +53,8 @@ log = logging.getLogger("fl")
 class FedProtoServer(Server):
     client_cls = FedProtoClient
     personalized = True
+    #: main.py warns when the model's body has no parameters (MLR): the features are the inputs
+    learns_from_features = True
     has_global_model = False
     shared = ()  # no model weights travel: every client keeps its whole model
 

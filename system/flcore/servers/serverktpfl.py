@@ -21,9 +21,9 @@ so every ŝ_n is a distribution (a choice made here: the paper states no constra
 
 Personalised accuracy only (each client's own model): KT-pFL has no global model.
 ``rs_ktpfl_self_weight`` records the mean c_nn. Traffic: an upload is |public| x C floats (2% of
-MNIST: 1,200 x 10, 48 KB); a download carries the public inputs as the dataset holds them (8-bit
-images as one byte a pixel: 0.94 MB for 2% of MNIST, in every package; a deployment would send
-them once) and the client's |public| x C target.
+MNIST: 1,200 x 10, 48 KB); a download carries the client's |public| x C target, and the public
+inputs as the dataset holds them (8-bit images as one byte a pixel: 0.94 MB for 2% of MNIST) in
+the package's sent-once part, so each client downloads them once, in its first round.
 """
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ class KTpFLServer(Server):
             soft = torch.stack([self.state.get("soft", m) for m in pool]).double()
             targets = personalised_targets(self.coefficients[cohort][:, pool], soft)
             payloads = {i: {"soft_target": targets[k].to(self.global_params.dtype)} for k, i in enumerate(cohort)}
-        return self.package(rnd, cohort, extras=dict(self.public), payloads=payloads)
+        return self.package(rnd, cohort, static=dict(self.public), payloads=payloads)
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         for update in updates:

@@ -25,6 +25,7 @@ def package_on(package: RoundPackage, device: torch.device) -> RoundPackage:
     return dataclasses.replace(
         package, global_params=move(package.global_params),
         extras={k: move(v) for k, v in package.extras.items()},
+        static={k: move(v) for k, v in package.static.items()},
         payloads={i: {k: move(v) for k, v in p.items()} for i, p in package.payloads.items()},
         shared=None if package.shared is None else move(package.shared))
 
