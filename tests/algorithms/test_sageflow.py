@@ -108,6 +108,14 @@ def test_without_stragglers_infinite_threshold_and_delta_zero_it_is_fedavg_bit_f
         assert torch.equal(fedavg.global_params, sageflow.global_params)
 
 
+def test_when_every_upload_is_filtered_the_global_model_stays():
+    srv = server(sageflow_eth=1e-9)  # no model is that confident on the public data
+    before = srv.global_params.clone()
+    result = run_round(srv, 0)
+    assert torch.equal(srv.global_params, before)
+    assert srv.history.extra_series["sageflow_filtered"] == [len(result.updates)] and result.updates
+
+
 def run(**flags):
     srv = server(straggler_delay=2, attack="sign_flip", attack_fraction=0.34, sageflow_eth=1.09, **flags)
     for rnd in range(4):
