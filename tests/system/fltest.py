@@ -200,7 +200,7 @@ def run_main_two_rounds(tmp_path: Path, algorithm: str, *flags: str, num_clients
 
 # ---------------------------------------------------------------- comparing training engines
 #: flags without which an algorithm refuses to run (a public dataset: 10% of the toy training pool)
-REQUIRED_FLAGS = {"KT-pFL": ["--public_data", "0.1"]}
+REQUIRED_FLAGS = {"KT-pFL": ["--public_data", "0.1"], "Sageflow": ["--public_data", "0.1"]}
 #: flags that make an algorithm's extra terms non-trivial in engine comparisons (only if it has them)
 #: (FedGen: a small generator trained 20 steps a round keeps its term on at a test's cost)
 ENGINE_EXTRA_FLAGS = {"FedProx": ["-mu", "0.1"], "MOON": ["-mu", "1"], "FedNTD": ["-bt", "1"], "FedLC": ["-tau", "2"],
