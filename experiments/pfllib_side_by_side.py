@@ -57,7 +57,6 @@ DEFAULT_ALGORITHMS = ["FD", "FedProto", "FedPCL", "FedGH", "FedPAC", "FML", "Fed
 SPLIT_IN_PFLLIB = {"FedAvg", "FedProto", "FedPCL", "FedGH", "FedPAC", "FedKD", "FedPHP", "FedDBE", "PFL-DA", "FedAS",
                    "FedGC"}
 RECORDS = OUT / "pfllib_side_by_side.json"
-TABLE = OUT / "pfllib_side_by_side.md"
 
 
 def our_model(algo: str, model: str) -> str:
@@ -88,14 +87,17 @@ def _tail(done: subprocess.CompletedProcess) -> str:
     return lines[-1][:300]
 
 
-def run_pfllib(workspace: Path, env: dict, python: str, argv: list[str], timeout: int) -> dict:
-    """PFLlib's ``main.py`` in the workspace: its accuracy per evaluation and seconds per round."""
+def run_pfllib(workspace: Path, env: dict, python: str, argv: list[str], timeout: int, log: Path | None = None) -> dict:
+    """PFLlib's ``main.py`` in the workspace: its accuracy per evaluation and seconds per round
+    (what it printed goes to ``log``)."""
     started = time.perf_counter()
     try:
         done = subprocess.run([python, *argv], cwd=workspace / "system", capture_output=True, text=True,
                               timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout} s", "argv": argv}
+    if log is not None:
+        log.write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
     times, accs = benchmark.parse_pfllib_stdout(done.stdout)
     record = {"argv": argv, "wall_s": time.perf_counter() - started, "acc": accs, "round_s": times}
     if done.returncode != 0 or not accs:
@@ -110,8 +112,9 @@ def read_our_results(path: Path) -> dict:
 
     with h5py.File(path, "r") as f:
         record = {"acc": [float(v) for v in f["rs_test_acc"][()]]}
-        if "rs_test_acc_global" in f:
-            record["acc_global"] = [float(v) for v in f["rs_test_acc_global"][()]]
+        for name in f:  # the other accuracies an algorithm records: _global, _proto (FedProto), _mentee (FedKD)
+            if name.startswith("rs_test_acc_") and name != "rs_test_acc_std":
+                record["acc_" + name[len("rs_test_acc_"):]] = [float(v) for v in f[name][()]]
         if "rs_round_time" in f:
             record["round_s"] = [float(v) for v in f["rs_round_time"][()]]
         if "personalized" in f.attrs:
@@ -160,6 +163,8 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
         diff = "–" if None in cells else f"{100 * (cells[1] - cells[0]):+.2f}"
         secs = [_median(s.get("round_s", [])[1:] or s.get("round_s", [])) for s in (theirs, ours)]
         flags = " ".join(rec.get("flags", [])) or "–"
+        if rec.get("our_flags"):
+            flags += f"` + ours `{' '.join(rec['our_flags'])}"
         lines.append(f"| {name} | `{flags}` | {rec.get('our_model', '–')} | {_pct(cells[0])} | {_pct(cells[1])} | {diff} "
                      f"| {_pct(best[0])} | {_pct(best[1])} | " + " | ".join("–" if s is None else f"{s:.2f}" for s in secs) + " |")
     lines += ["", "Per-round test accuracy (%), evaluation before each round's training, as both print it "
@@ -174,8 +179,8 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
                 lines.append(f"- {label}: failed ({side['error']})")
             else:
                 lines.append(f"- {label}: " + " ".join(f"{100 * a:.2f}" for a in side.get("acc", [])))
-            if side.get("acc_global"):
-                lines.append(f"- {label} (global model): " + " ".join(f"{100 * a:.2f}" for a in side["acc_global"]))
+            for key_ in sorted(k for k in side if k.startswith("acc_")):
+                lines.append(f"- {label} (rs_test_acc_{key_[4:]}): " + " ".join(f"{100 * a:.2f}" for a in side[key_]))
         lines.append("")
     return lines
 
@@ -214,8 +219,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num_clients", type=int, default=20)
     p.add_argument("--seed", type=int, default=0, help="our --seed (PFLlib seeds torch with 0 itself)")
     p.add_argument("--flags", default="", help="extra flags for both sides, one string (e.g. '-lam 0.5')")
+    p.add_argument("--our-flags", default="",
+                   help="extra flags for our side only (e.g. a choice of ours that reproduces PFLlib's reading); the "
+                        "record is then '<algo> <our flags>', and PFLlib's run of that algorithm with the same "
+                        "flags is reused when there is one")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads of each side (PFLlib's through OMP_NUM_THREADS; ours --num_threads)")
+    p.add_argument("--records", type=Path, default=RECORDS,
+                   help="the JSON file the records accumulate in; the table of all of them goes beside it as .md")
+    p.add_argument("--table-only", action="store_true",
+                   help="run nothing: read our results files of the records again and rewrite the table")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per run")
     args = p.parse_args(argv)
     if not (args.pfllib / "system" / "main.py").is_file():
@@ -226,8 +239,28 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def reread_ours(records: dict[str, dict]) -> None:
+    """Each record's curves of ours read again from its results file (after this script learnt to read more)."""
+    for rec in records.values():
+        ours = rec.get("ours", {})
+        if ours.get("error") or not ours.get("argv"):
+            continue
+        argv = ours["argv"]
+        paths = sorted(Path(argv[argv.index("--results_dir") + 1]).glob("*.h5"))
+        if paths:
+            ours.update(read_our_results(paths[0]))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.table_only:
+        records = load_records(args.records)
+        reread_ours(records)
+        save_records(args.records, records)
+        lines = table_lines(records, DEFAULT_ALGORITHMS)
+        args.records.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return 0
     data = args.data
     if data is None:
         data = OUT / "data" / f"MNIST-dir0.1-{args.num_clients}"
@@ -235,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                                             "--raw-dir", str(args.raw_dir), "--out-dir", str(data)])
     data = data.resolve()
     extra = shlex.split(args.flags)
-    records = load_records(RECORDS)
+    records = load_records(args.records)
     commit = benchmark.pfllib_commit(args.pfllib)
     with tempfile.TemporaryDirectory(prefix="pfllib-sbs-") as tmp:
         workspace = Path(tmp)
@@ -243,22 +276,30 @@ def main(argv: list[str] | None = None) -> int:
         env["OMP_NUM_THREADS"] = str(args.threads)
         for algo in args.only:
             flags = ALGORITHM_FLAGS[algo] + extra
-            results = OUT / "results" / "pfllib_side_by_side" / "".join(c if c.isalnum() else "_" for c in algo)
+            label = f"{algo} {args.our_flags}".strip()
+            results = OUT / "results" / "pfllib_side_by_side" / "".join(c if c.isalnum() else "_" for c in label)
             results.mkdir(parents=True, exist_ok=True)
-            print(f"{algo}: PFLlib and ours, {args.rounds} rounds ...", flush=True)
+            argv = pfllib_argv(algo, flags, args)
+            earlier = records.get(algo, {}).get("pfllib", {})
+            reuse = bool(args.our_flags) and earlier.get("argv") == argv and not earlier.get("error")
+            print(f"{label}: {'ours (PFLlib run reused)' if reuse else 'PFLlib and ours'}, {args.rounds} rounds ...",
+                  flush=True)
             with ThreadPoolExecutor(2) as pool:
-                theirs = pool.submit(run_pfllib, workspace, env, args.pfllib_python, pfllib_argv(algo, flags, args), args.timeout)
-                ours = pool.submit(run_ours, our_argv(algo, flags, data, results, args), results, args.timeout)
-                record = {"flags": flags, "data": str(data), "pfllib_commit": commit, "model": args.model,
-                          "our_model": our_model(algo, args.model),
-                          "pfllib": theirs.result(), "ours": ours.result()}
-            records[algo] = record
-            save_records(RECORDS, records)
+                theirs = None if reuse else pool.submit(run_pfllib, workspace, env, args.pfllib_python, argv,
+                                                        args.timeout, results / "pfllib_stdout.txt")
+                ours = pool.submit(run_ours, our_argv(algo, flags + shlex.split(args.our_flags), data, results, args),
+                                   results, args.timeout)
+                record = {"flags": flags, "our_flags": shlex.split(args.our_flags), "data": str(data),
+                          "pfllib_commit": commit, "model": args.model, "our_model": our_model(algo, args.model),
+                          "pfllib": earlier if reuse else theirs.result(), "ours": ours.result()}
+            records = load_records(args.records)  # another invocation may have added records meanwhile
+            records[label] = record
+            save_records(args.records, records)
             for side in ("pfllib", "ours"):
                 if record[side].get("error"):
                     print(f"  {side}: {record[side]['error']}", flush=True)
     lines = table_lines(records, DEFAULT_ALGORITHMS)
-    TABLE.write_text("\n".join(lines) + "\n")
+    args.records.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -561,10 +561,15 @@ def pfllib_workspace(pfllib: Path, data_folder: Path, root: Path, dataset: str =
 
 def parse_pfllib_stdout(stdout: str) -> tuple[list[float], list[float]]:
     """(seconds of each round, test accuracy of each evaluation) from what PFLlib's ``main.py``
-    prints: its per-round line is '-' * 25, 'time cost', '-' * 25, seconds (the summary's "Average
-    time cost" is not), and every evaluation prints "Averaged Test Accuracy: 0.xxxx"."""
-    times = [float(line.split()[-1]) for line in stdout.splitlines()
-             if line.startswith("-" * 25) and "time cost" in line]
+    prints: its per-round line is '-' * 25, 'time cost', '-' * 25, seconds (FD, FedProto, FedPCL,
+    FedPAC and APPLE print '-' * 50, seconds; the summary's "Average time cost" is neither), and
+    every evaluation prints "Averaged Test Accuracy: 0.xxxx"."""
+    times = []
+    for line in stdout.splitlines():
+        words = line.split()
+        if line.startswith("-" * 25) and words[-1].replace(".", "", 1).isdigit() and (
+                "time cost" in line or len(words) == 2):
+            times.append(float(words[-1]))
     accs = [float(line.split(":")[-1]) for line in stdout.splitlines() if line.startswith("Averaged Test Accuracy")]
     return times, accs
 

@@ -26,6 +26,8 @@ Std Test Accuracy: 0.0931
 -------------Round number: 1-------------
 Averaged Test Accuracy: 0.4567
 ------------------------- time cost ------------------------- 11.0
+Averaged Test Accuracy: 0.5
+-------------------------------------------------- 9.5
 
 Average time cost per round.
 11.75
@@ -36,8 +38,8 @@ Average time cost: 30.2s.
 
 def test_pfllib_stdout_gives_every_evaluation_and_round_time_but_not_the_summaries():
     times, accs = benchmark.parse_pfllib_stdout(PFLLIB_STDOUT)
-    assert times == [12.5, 11.0]
-    assert accs == [0.1001, 0.4567]  # "Std Test Accuracy" and "Average time cost" are not taken
+    assert times == [12.5, 11.0, 9.5]  # FD's, FedProto's, ... line is '-' * 50 and the seconds
+    assert accs == [0.1001, 0.4567, 0.5]  # "Std Test Accuracy" and "Average time cost" are not taken
 
 
 def _args(**over):
@@ -89,6 +91,11 @@ def test_our_results_file_is_read_back(tmp_path):
         f.create_dataset("rs_round_time", data=np.array([2.5]))
         f.attrs["personalized"] = True
     assert sbs.read_our_results(path) == {"acc": [0.1, 0.7], "round_s": [2.5], "personalized": True}
+    with h5py.File(path, "a") as f:
+        f.create_dataset("rs_test_acc_proto", data=np.array([np.nan, 0.8]))
+        f.create_dataset("rs_test_acc_std", data=np.array([0.0, 0.1]))
+    again = sbs.read_our_results(path)
+    assert again["acc_proto"][1] == 0.8 and "acc_std" not in again
 
 
 def test_records_survive_a_rerun_and_a_corrupt_file_is_one_line(tmp_path):
