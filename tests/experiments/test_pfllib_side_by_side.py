@@ -130,3 +130,21 @@ def test_dnn_pfllib_is_pfllibs_dnn_as_its_main_splits_it():
     features = torch.log_softmax(hidden, dim=1)  # DNN.forward's last line, left on the base by fc = Identity
     assert torch.allclose(model.body(x), features, atol=1e-6)
     assert torch.allclose(model(x), features @ model.head.weight.T + model.head.bias, atol=1e-6)
+
+
+def test_capped_test_rows_keep_the_training_rows_and_say_so_in_the_config(tmp_path):
+    import json
+
+    from utils.data_utils import load_federated_dataset
+
+    data = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[7, 9])
+    capped = sbs.cap_test_rows(data, tmp_path / "capped", 2)
+    for index in range(2):
+        with np.load(capped / "train" / f"{index}.npz") as a, np.load(data / "train" / f"{index}.npz") as b:
+            assert np.array_equal(a["x"], b["x"])
+        with np.load(capped / "test" / f"{index}.npz") as a, np.load(data / "test" / f"{index}.npz") as b:
+            assert len(a["y"]) == min(2, len(b["y"])) and set(a["y"]) <= set(b["y"])
+    config = json.loads((capped / "config.json").read_text())
+    assert config["test_rows_capped"]["per_client"] == 2
+    assert len(load_federated_dataset(str(capped)).clients) == 2  # our loader takes the copy
+    assert sbs.cap_test_rows(data, capped, 5) == capped  # an existing copy is kept
