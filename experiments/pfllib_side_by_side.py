@@ -178,10 +178,11 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
         lines.append("")
         for label, key in (("PFLlib", "pfllib"), ("ours", "ours")):
             side = rec.get(key, {})
+            curve = " ".join(f"{100 * a:.2f}" for a in side.get("acc", []))
             if side.get("error"):
-                lines.append(f"- {label}: failed ({side['error']})")
+                lines.append(f"- {label}: failed ({side['error']})" + (f" after evaluating {curve}" if curve else ""))
             else:
-                lines.append(f"- {label}: " + " ".join(f"{100 * a:.2f}" for a in side.get("acc", [])))
+                lines.append(f"- {label}: {curve}")
             for key_ in sorted(k for k in side if k.startswith("acc_")):
                 lines.append(f"- {label} (rs_test_acc_{key_[4:]}): " + " ".join(f"{100 * a:.2f}" for a in side[key_]))
         lines.append("")
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         records = load_records(args.records)
         reread_ours(records)
         save_records(args.records, records)
-        lines = table_lines(records, DEFAULT_ALGORITHMS)
+        lines = table_lines(records, ["FedAvg", "Local", *DEFAULT_ALGORITHMS])
         args.records.with_suffix(".md").write_text("\n".join(lines) + "\n")
         print("\n".join(lines))
         return 0
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             results.mkdir(parents=True, exist_ok=True)
             argv = pfllib_argv(algo, flags, args)
             earlier = records.get(algo, {}).get("pfllib", {})
-            reuse = bool(args.our_flags) and earlier.get("argv") == argv and not earlier.get("error")
+            reuse = bool(args.our_flags) and earlier.get("argv") == argv  # a failed run would fail again
             print(f"{label}: {'ours (PFLlib run reused)' if reuse else 'PFLlib and ours'}, {args.rounds} rounds ...",
                   flush=True)
             with ThreadPoolExecutor(2) as pool:
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             for side in ("pfllib", "ours"):
                 if record[side].get("error"):
                     print(f"  {side}: {record[side]['error']}", flush=True)
-    lines = table_lines(records, DEFAULT_ALGORITHMS)
+    lines = table_lines(records, ["FedAvg", "Local", *DEFAULT_ALGORITHMS])
     args.records.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -81,7 +81,9 @@ def test_table_shows_finals_difference_and_both_curves_and_failures():
     assert "| `-lam 1.0` | DNN | 60.00 | 65.00 | +5.00 | 60.00 | 65.00 | 4.00 | 1.00 |" in fd
     text = "\n".join(lines)
     assert "- PFLlib: 10.00 50.00 60.00" in text and "- ours: 10.00 55.00 65.00" in text
-    assert "- PFLlib: failed (exit 1: ModuleNotFoundError: cvxpy)" in text
+    assert "- PFLlib: failed (exit 1: ModuleNotFoundError: cvxpy)\n" in text
+    records["FD"]["pfllib"]["error"] = "exit 1: NaN"
+    assert "- PFLlib: failed (exit 1: NaN) after evaluating 10.00 50.00 60.00" in "\n".join(sbs.table_lines(records))
 
 
 def test_our_results_file_is_read_back(tmp_path):
