@@ -59,6 +59,9 @@ DEFAULT_ALGORITHMS = ["FD", "FedProto", "FedPCL", "FedGH", "FedPAC", "FML", "Fed
 #: changes no cross-entropy: ours runs ``DNN`` (logits) for them.
 SPLIT_IN_PFLLIB = {"FedAvg", "FedProto", "FedPCL", "FedGH", "FedPAC", "FedKD", "FedPHP", "FedDBE", "PFL-DA", "FedAS",
                    "FedGC"}
+#: our curve that measures what PFLlib's "Averaged Test Accuracy" measures, where it is not
+#: ``rs_test_acc``: PFLlib's FedProto reports only the nearest-global-prototype accuracy
+SAME_METRIC = {"FedProto": "acc_proto"}
 RECORDS = OUT / "pfllib_side_by_side.json"
 
 
@@ -135,8 +138,8 @@ def run_ours(argv: list[str], results: Path, timeout: int) -> dict:
         return {"error": f"timed out after {timeout} s", "argv": argv}
     record: dict = {"argv": argv, "wall_s": time.perf_counter() - started}
     paths = sorted(results.glob("*.h5"))
-    if done.returncode != 0 or not paths:
-        return record | {"error": f"exit {done.returncode}: {_tail(done)}"}
+    if done.returncode != 0 or not paths:  # a run stopped by divergence keeps its rounds so far: show them
+        return record | (read_our_results(paths[0]) if paths else {}) | {"error": f"exit {done.returncode}: {_tail(done)}"}
     warnings = [line for line in done.stderr.splitlines() if "warning" in line.lower()]
     return record | read_our_results(paths[0]) | ({"warnings": warnings} if warnings else {})
 
@@ -159,16 +162,17 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
     for name in names:
         rec = records[name]
         theirs, ours = rec.get("pfllib", {}), rec.get("ours", {})
-        cells = []
-        for side in (theirs, ours):
-            cells.append(None if side.get("error") or not side.get("acc") else side["acc"][-1])
-        best = [None if s.get("error") or not s.get("acc") else max(s["acc"]) for s in (theirs, ours)]
+        metric = SAME_METRIC.get(name.split()[0], "acc")
+        curves = [None if theirs.get("error") else theirs.get("acc"), None if ours.get("error") else ours.get(metric)]
+        cells = [c[-1] if c else None for c in curves]
+        best = [max((a for a in c if a == a), default=None) if c else None for c in curves]  # a == a: not NaN
         diff = "–" if None in cells else f"{100 * (cells[1] - cells[0]):+.2f}"
         secs = [_median(s.get("round_s", [])[1:] or s.get("round_s", [])) for s in (theirs, ours)]
         flags = " ".join(rec.get("flags", [])) or "–"
         if rec.get("our_flags"):
             flags += f"` + ours `{' '.join(rec['our_flags'])}"
-        lines.append(f"| {name} | `{flags}` | {rec.get('our_model', '–')} | {_pct(cells[0])} | {_pct(cells[1])} | {diff} "
+        model = rec.get("our_model", "–") + ("" if metric == "acc" else f" (ours: rs_test_{metric})")
+        lines.append(f"| {name} | `{flags}` | {model} | {_pct(cells[0])} | {_pct(cells[1])} | {diff} "
                      f"| {_pct(best[0])} | {_pct(best[1])} | " + " | ".join("–" if s is None else f"{s:.2f}" for s in secs) + " |")
     lines += ["", "Per-round test accuracy (%), evaluation before each round's training, as both print it "
               "(entry 0: the initial model):", ""]
@@ -280,7 +284,7 @@ def reread_ours(records: dict[str, dict]) -> None:
     """Each record's curves of ours read again from its results file (after this script learnt to read more)."""
     for rec in records.values():
         ours = rec.get("ours", {})
-        if ours.get("error") or not ours.get("argv"):
+        if not ours.get("argv"):
             continue
         argv = ours["argv"]
         paths = sorted(Path(argv[argv.index("--results_dir") + 1]).glob("*.h5"))

@@ -150,3 +150,10 @@ def test_capped_test_rows_keep_the_training_rows_and_say_so_in_the_config(tmp_pa
     assert config["test_rows_capped"]["per_client"] == 2
     assert len(load_federated_dataset(str(capped)).clients) == 2  # our loader takes the copy
     assert sbs.cap_test_rows(data, capped, 5) == capped  # an existing copy is kept
+
+
+def test_fedproto_is_compared_on_pfllibs_metric_the_nearest_prototype():
+    records = {"FedProto": {"flags": [], "our_model": "DNN-PFLlib", "pfllib": {"acc": [0.0, 0.9]},
+                            "ours": {"acc": [0.1, 0.5], "acc_proto": [float("nan"), 0.92]}}}
+    row = sbs.table_lines(records)[2]
+    assert "(ours: rs_test_acc_proto) | 90.00 | 92.00 | +2.00 | 90.00 | 92.00 |" in row
