@@ -504,7 +504,7 @@ def _module_missing(name: str, python: str | None = None) -> bool:
     """Whether ``name`` cannot be imported by this interpreter (or by the interpreter ``python``)."""
     import importlib.util
 
-    if python is None or Path(python).resolve() == Path(sys.executable).resolve():
+    if python is None:  # (a venv's python links to its base interpreter: only the path tells venvs apart)
         return importlib.util.find_spec(name) is None
     probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
     return subprocess.run([python, "-c", probe], capture_output=True).returncode != 0

@@ -157,3 +157,9 @@ def test_fedproto_is_compared_on_pfllibs_metric_the_nearest_prototype():
                             "ours": {"acc": [0.1, 0.5], "acc_proto": [float("nan"), 0.92]}}}
     row = sbs.table_lines(records)[2]
     assert "(ours: rs_test_acc_proto) | 90.00 | 92.00 | +2.00 | 90.00 | 92.00 |" in row
+
+
+def test_stand_ins_are_decided_by_the_interpreter_that_runs_pfllib():
+    # a venv's python links to the same base interpreter as ours: it must be asked, not resolved
+    assert not benchmark._module_missing("json", sys.executable)
+    assert benchmark._module_missing("no_such_module_here_xyz", sys.executable)
