@@ -171,7 +171,9 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
         flags = " ".join(rec.get("flags", [])) or "–"
         if rec.get("our_flags"):
             flags += f"` + ours `{' '.join(rec['our_flags'])}"
-        model = rec.get("our_model", "–") + ("" if metric == "acc" else f" (ours: rs_test_{metric})")
+        argv = ours.get("argv", [])
+        model = argv[len(argv) - 1 - argv[::-1].index("-m") + 1] if "-m" in argv else rec.get("our_model", "–")
+        model += "" if metric == "acc" else f" (ours: rs_test_{metric})"
         lines.append(f"| {name} | `{flags}` | {model} | {_pct(cells[0])} | {_pct(cells[1])} | {diff} "
                      f"| {_pct(best[0])} | {_pct(best[1])} | " + " | ".join("–" if s is None else f"{s:.2f}" for s in secs) + " |")
     lines += ["", "Per-round test accuracy (%), evaluation before each round's training, as both print it "
@@ -319,11 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         env["OMP_NUM_THREADS"] = str(args.threads)
         for algo in args.only:
             flags = ALGORITHM_FLAGS[algo] + extra
-            label = f"{algo} {args.our_flags}".strip()
+            base = f"{algo} {args.flags}".strip()  # the record of the run both sides share
+            label = f"{base} {args.our_flags}".strip()
             results = OUT / "results" / "pfllib_side_by_side" / "".join(c if c.isalnum() else "_" for c in label)
             results.mkdir(parents=True, exist_ok=True)
             argv = pfllib_argv(algo, flags, args)
-            earlier = records.get(algo, {}).get("pfllib", {})
+            earlier = records.get(base, {}).get("pfllib", {})
             reuse = bool(args.our_flags) and earlier.get("argv") == argv  # a failed run would fail again
             print(f"{label}: {'ours (PFLlib run reused)' if reuse else 'PFLlib and ours'}, {args.rounds} rounds ...",
                   flush=True)
