@@ -163,10 +163,12 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
         rec = records[name]
         theirs, ours = rec.get("pfllib", {}), rec.get("ours", {})
         metric = SAME_METRIC.get(name.split()[0], "acc")
-        curves = [None if theirs.get("error") else theirs.get("acc"), None if ours.get("error") else ours.get(metric)]
+        curves = [theirs.get("acc"), ours.get(metric)]  # a failed run's curve goes up to its failure
         cells = [c[-1] if c else None for c in curves]
         best = [max((a for a in c if a == a), default=None) if c else None for c in curves]  # a == a: not NaN
-        diff = "–" if None in cells else f"{100 * (cells[1] - cells[0]):+.2f}"
+        stopped = [bool(side.get("error")) and bool(c) for side, c in zip((theirs, ours), curves)]
+        comparable = None not in cells and len(curves[0]) == len(curves[1])  # a run that stopped early is not
+        diff = f"{100 * (cells[1] - cells[0]):+.2f}" if comparable else "–"
         secs = [_median(s.get("round_s", [])[1:] or s.get("round_s", [])) for s in (theirs, ours)]
         flags = " ".join(rec.get("flags", [])) or "–"
         if rec.get("our_flags"):
@@ -174,7 +176,9 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
         argv = ours.get("argv", [])
         model = argv[len(argv) - 1 - argv[::-1].index("-m") + 1] if "-m" in argv else rec.get("our_model", "–")
         model += "" if metric == "acc" else f" (ours: rs_test_{metric})"
-        lines.append(f"| {name} | `{flags}` | {model} | {_pct(cells[0])} | {_pct(cells[1])} | {diff} "
+        final = [_pct(c) + (f" (failed after entry {len(curve) - 1})" if stop else "")
+                 for c, curve, stop in zip(cells, curves, stopped)]
+        lines.append(f"| {name} | `{flags}` | {model} | {final[0]} | {final[1]} | {diff} "
                      f"| {_pct(best[0])} | {_pct(best[1])} | " + " | ".join("–" if s is None else f"{s:.2f}" for s in secs) + " |")
     lines += ["", "Per-round test accuracy (%), evaluation before each round's training, as both print it "
               "(entry 0: the initial model):", ""]

@@ -163,3 +163,13 @@ def test_stand_ins_are_decided_by_the_interpreter_that_runs_pfllib():
     # a venv's python links to the same base interpreter as ours: it must be asked, not resolved
     assert not benchmark._module_missing("json", sys.executable)
     assert benchmark._module_missing("no_such_module_here_xyz", sys.executable)
+
+
+def test_a_run_that_failed_shows_where_and_is_compared_only_when_its_curve_is_complete():
+    records = {"FedAS": {"flags": [], "pfllib": {"acc": [0.1, 0.5, 0.8], "error": "exit 1: at the summary"},
+                         "ours": {"acc": [0.1, 0.6, 0.82]}},
+               "FD": {"flags": [], "pfllib": {"acc": [0.1, 0.7], "error": "exit 1: NaN"},
+                      "ours": {"acc": [0.1, 0.6, 0.9]}}}
+    fedas, fd = sbs.table_lines(records)[2:4]
+    assert "| 80.00 (failed after entry 2) | 82.00 | +2.00 |" in fedas
+    assert "| 70.00 (failed after entry 1) | 90.00 | – |" in fd
