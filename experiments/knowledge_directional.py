@@ -21,6 +21,7 @@ import numpy as np
 
 from common import MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std, run_variant, \
     write_table
+from flcore.registry import load_all  # noqa: E402  (common puts system/ on the path)
 
 #: row label -> (algorithm, its flags)
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -50,6 +51,7 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (issue 24: 50+)")
     parser.add_argument("--model", default="DNN")
     args = parser.parse_args(argv)
+    load_all()
     data = args.data
     if data is None:
         data = OUT / "data" / "MNIST-dir0.1-20"
