@@ -500,10 +500,78 @@ PFLLIB_STUBS = {"cvxpy": "# stand-in: only PFLlib's FedPAC uses cvxpy\n",
                             "    return float(num_bytes)\n"}
 
 
-def _module_missing(name: str) -> bool:
+def _module_missing(name: str, python: str | None = None) -> bool:
+    """Whether ``name`` cannot be imported by this interpreter (or by the interpreter ``python``)."""
     import importlib.util
 
-    return importlib.util.find_spec(name) is None
+    if python is None:  # (a venv's python links to its base interpreter: only the path tells venvs apart)
+        return importlib.util.find_spec(name) is None
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({name!r}) is None)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode != 0
+
+
+def pfllib_commit(pfllib: Path) -> str | None:
+    """The short commit of ``pfllib`` when that folder is itself a git checkout (not a copy inside
+    another repository), else None."""
+    try:
+        top = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+        if top.returncode == 0 and Path(top.stdout.strip()).resolve() == pfllib.resolve():
+            return subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip() or None
+    except OSError:
+        pass
+    return None
+
+
+def write_pfllib_partition(data_folder: Path, target: Path) -> int:
+    """Our partition in ``data_folder`` written in PFLlib's file format under ``target``
+    (``train/<i>.npz`` and ``test/<i>.npz``, each an archive of one ``data`` dict of x and y), so that
+    PFLlib trains on exactly our clients' data; nothing of PFLlib's is read here. Returns the number
+    of clients."""
+    import numpy as np
+
+    config = json.loads((data_folder / "config.json").read_text())
+    clients = int(config.get("num_clients", 20))
+    for split in ("train", "test"):
+        (target / split).mkdir(parents=True)
+        for index in range(clients):
+            with np.load(data_folder / split / f"{index}.npz", allow_pickle=False) as archive:
+                x, y = np.asarray(archive["x"], dtype=np.float32), np.asarray(archive["y"], dtype=np.int64)
+            np.savez_compressed(target / split / f"{index}.npz", data={"x": x, "y": y})
+    return clients
+
+
+def pfllib_workspace(pfllib: Path, data_folder: Path, root: Path, dataset: str = "MNIST",
+                     python: str | None = None) -> dict[str, str]:
+    """A runnable copy of PFLlib in ``root``: ``root/system`` (its code), ``root/dataset/<dataset>``
+    (our partition in its format) and ``root/stubs`` (stand-ins for the imports of
+    :data:`PFLLIB_STUBS` that ``python``, default this interpreter, lacks). Returns the environment
+    to run its ``main.py`` with, from ``root/system``."""
+    import shutil
+
+    shutil.copytree(pfllib / "system", root / "system", ignore=shutil.ignore_patterns("__pycache__"))
+    stubs = root / "stubs"
+    stubs.mkdir()
+    for module, text in PFLLIB_STUBS.items():
+        if _module_missing(module, python):
+            (stubs / f"{module}.py").write_text(text)
+    write_pfllib_partition(data_folder, root / "dataset" / dataset)
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+
+
+def parse_pfllib_stdout(stdout: str) -> tuple[list[float], list[float]]:
+    """(seconds of each round, test accuracy of each evaluation) from what PFLlib's ``main.py``
+    prints: its per-round line is '-' * 25, 'time cost', '-' * 25, seconds (FD, FedProto, FedPCL,
+    FedPAC and APPLE print '-' * 50, seconds; the summary's "Average time cost" is neither), and
+    every evaluation prints "Averaged Test Accuracy: 0.xxxx"."""
+    times = []
+    for line in stdout.splitlines():
+        words = line.split()
+        if line.startswith("-" * 25) and words[-1].replace(".", "", 1).isdigit() and (
+                "time cost" in line or len(words) == 2):
+            times.append(float(words[-1]))
+    accs = [float(line.split(":")[-1]) for line in stdout.splitlines() if line.startswith("Averaged Test Accuracy")]
+    return times, accs
 
 
 def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: int, warmup: int,
@@ -512,55 +580,27 @@ def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: 
     'time cost' lines, which include its evaluation as ours do) after ``warmup`` rounds.
 
     Runs in a temporary copy of ``pfllib/system`` whose ``../dataset/MNIST`` holds our P1
-    partition written in PFLlib's file format (we write it; nothing of PFLlib's is unpickled here),
-    so PFLlib trains on exactly our clients' data."""
-    import shutil
+    partition written in PFLlib's file format (:func:`pfllib_workspace`), so PFLlib trains on
+    exactly our clients' data."""
     import tempfile
 
-    import numpy as np
-
     result: dict = {"config": "P1", "engine": "PFLlib main.py", "pfllib_dir": str(pfllib)}
-    source = pfllib / "system"
-    if not (source / "main.py").is_file():
+    if not (pfllib / "system" / "main.py").is_file():
         return result | {"error": f"--pfllib {pfllib}: no system/main.py there (give a PFLlib checkout)"}
     if data_folder is None:
         return result | {"error": "P1 has no real MNIST partition here (see --mnist-raw), so PFLlib cannot run it"}
-    result["pfllib_commit"] = None
-    try:  # only when DIR is itself a git checkout (not a copy inside another repository)
-        top = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-        if top.returncode == 0 and Path(top.stdout.strip()).resolve() == pfllib.resolve():
-            result["pfllib_commit"] = subprocess.run(["git", "-C", str(pfllib), "rev-parse", "--short", "HEAD"],
-                                                     capture_output=True, text=True).stdout.strip() or None
-    except OSError:
-        pass
+    result["pfllib_commit"] = pfllib_commit(pfllib)
     with tempfile.TemporaryDirectory(prefix="pfllib-run-") as tmp:
         root = Path(tmp)
-        shutil.copytree(source, root / "system", ignore=shutil.ignore_patterns("__pycache__"))
-        stubs = root / "stubs"
-        stubs.mkdir()
-        for module, text in PFLLIB_STUBS.items():
-            if _module_missing(module):
-                (stubs / f"{module}.py").write_text(text)
-        config = json.loads((data_folder / "config.json").read_text())
-        clients = int(config.get("num_clients", 20))
-        for split in ("train", "test"):
-            (root / "dataset" / "MNIST" / split).mkdir(parents=True)
-            for index in range(clients):
-                with np.load(data_folder / split / f"{index}.npz", allow_pickle=False) as archive:
-                    x, y = np.asarray(archive["x"], dtype=np.float32), np.asarray(archive["y"], dtype=np.int64)
-                np.savez_compressed(root / "dataset" / "MNIST" / split / f"{index}.npz", data={"x": x, "y": y})
+        env = pfllib_workspace(pfllib, data_folder, root)
         argv = [sys.executable, "main.py", *PFLLIB_P1_FLAGS, "-gr", str(warmup + rounds - 1), "-dev", device]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stubs), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         started = time.perf_counter()
         try:
             done = subprocess.run(argv, cwd=root / "system", capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return result | {"error": f"PFLlib's main.py timed out after {timeout} s"}
         result["wall_s"] = time.perf_counter() - started
-    # its per-round line is '-' * 25, 'time cost', '-' * 25, seconds (the summary's "Average time cost" is not)
-    times = [float(line.split()[-1]) for line in done.stdout.splitlines()
-             if line.startswith("-" * 25) and "time cost" in line]
-    accs = [float(line.split(":")[-1]) for line in done.stdout.splitlines() if line.startswith("Averaged Test Accuracy")]
+    times, accs = parse_pfllib_stdout(done.stdout)
     if done.returncode != 0 or len(times) <= warmup:
         tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
         return result | {"error": f"PFLlib's main.py exit {done.returncode}: {tail}"}

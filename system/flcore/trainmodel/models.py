@@ -57,6 +57,16 @@ def dnn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = N
     return SplitModel(body, nn.Linear(100, num_classes))
 
 
+@register_model("DNN-PFLlib")
+def dnn_pfllib(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
+    """PFLlib's ``DNN`` as its ``main.py`` splits it (``BaseHeadSplit``) for FedAvg and 19 pFL
+    algorithms: setting ``fc`` to Identity leaves ``DNN.forward``'s final log_softmax on the body, so
+    the features are the log-softmax of the 100 ReLU units. For side-by-side runs against PFLlib
+    (``experiments/pfllib_side_by_side.py``); use ``DNN`` otherwise."""
+    body = nn.Sequential(nn.Flatten(), nn.Linear(_flat_dim(input_shape), 100), nn.ReLU(), nn.LogSoftmax(dim=1))
+    return SplitModel(body, nn.Linear(100, num_classes))
+
+
 @register_model("MLP", "2NN")
 def mlp(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
     """McMahan et al.'s 2NN: two hidden layers of 200 units with ReLU (AdaFL's MNIST model)."""

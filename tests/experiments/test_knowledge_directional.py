@@ -1,0 +1,27 @@
+"""experiments/knowledge_directional.py: its rows and the numbers it reads from results files (no run here)."""
+import sys
+
+import h5py
+import numpy as np
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "experiments"))
+import knowledge_directional as kd  # noqa: E402
+from flcore.registry import ALGORITHMS, load_all  # noqa: E402
+
+
+def test_rows_are_issue_24s_seven_against_local_and_fedavg_and_all_registered():
+    load_all()
+    assert set(kd.ROWS) == {"Local", "FedAvg", "FedProto", "FD", "FedPCL", "FedGH", "FedPAC", "FML", "FedKD"}
+    assert all(algo in ALGORITHMS for algo, _ in kd.ROWS.values())
+
+
+def test_final_and_best_skip_nan_and_missing_series(tmp_path):
+    paths = []
+    for i, values in enumerate(([0.1, 0.8, 0.7], [np.nan, 0.5, 0.9])):
+        path = tmp_path / f"r{i}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("rs_test_acc", data=np.array(values))
+        paths.append(path)
+    assert kd.curve_stats(paths) == ([0.7, 0.9], [0.8, 0.9])
+    assert kd.curve_stats(paths, "rs_test_acc_proto") == ([None, None], [None, None])
