@@ -134,3 +134,15 @@ def test_bad_input():
     assert "body (features) and head (classifier)" in refusal("FedKD", module=nn.Linear(3, 2))
     assert "-Ts" in refusal("FedKD", "-Ts", "1.5")
     assert "-mlr" in refusal("FedKD", "-mlr", "0")
+
+
+def test_a_diverging_mentee_stops_the_run_in_one_line_not_in_the_svd():
+    """Non-finite values must end in Diverged (main prints one line and keeps the results so far),
+    never in torch.linalg.svd's traceback."""
+    from utils.errors import Diverged
+
+    data = random_dataset(num_clients=2, dim=6, num_classes=3, sizes=[10, 12], seed=4)
+    server = hidden_server("FedKD", data, "-mlr", "1e30", "-lr", "1e30", batch_size=4)
+    with pytest.raises(Diverged, match="non-finite|loss became"):
+        for rnd in range(3):
+            run_round(server, rnd)

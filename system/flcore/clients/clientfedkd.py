@@ -39,6 +39,7 @@ from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
 from flcore.clients.clientfml import flat_gradient, kl_divergence, paired_batches
 from flcore.flat import FlatModel, Segment
 from utils.cli import add_flag
+from utils.errors import Diverged
 from utils.seeding import torch_generator
 
 
@@ -136,9 +137,15 @@ class FedKDClient(Client):
             mentee[:n] -= mentee_lr * mentee_grad
             projection = projection - job.lr * (w_h_from_mentor + w_h_from_mentee)
             loss_sum += mentor_loss.detach()
-        energy = energy_threshold(job.package.round, int(self.args.global_rounds), self.hp.T_start, self.hp.T_end)
-        job.ctx.update(upload=compress(mentee - received, model.segments, energy), projection=projection)
-        return model.snapshot(), self.check_loss(loss_sum, len(job.plan), job.package.round)
+        rnd = job.package.round
+        mean_loss = self.check_loss(loss_sum, len(job.plan), rnd)
+        update = mentee - received
+        if not bool(torch.isfinite(update).all()):  # the SVD would fail with a traceback
+            raise Diverged(f"FedKD's mentee update became non-finite on client {self.cid} in round {rnd}; "
+                           f"lower the learning rates (-lr, now {self.learning_rate()}; -mlr)", rnd)
+        energy = energy_threshold(rnd, int(self.args.global_rounds), self.hp.T_start, self.hp.T_end)
+        job.ctx.update(upload=compress(update, model.segments, energy), projection=projection)
+        return model.snapshot(), mean_loss
 
     def end_round(self, params, package, ctx, steps, loss) -> ClientUpdate:
         self.state.set("projection", self.index, ctx["projection"])
