@@ -195,6 +195,7 @@ class BatchedEngine(Engine):
         self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
         self._rng_after: dict[int, tuple] = {}
+        self._last_index: int | None = None
         self.stats = {"batched_clients": 0, "sequential_clients": 0}
 
     # ------------------------------------------------------------ qualification
@@ -311,12 +312,15 @@ class BatchedEngine(Engine):
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         updates: list[ClientUpdate | None] = [None] * len(clients)
         groups: dict[type, list[int]] = {}
+        # only the last cohort client's RNG is needed (end_like_sequential): one state copy a round
+        self._last_index = clients[-1].index if clients else None
         for pos, client in enumerate(clients):
             if self.qualifies(client):
                 groups.setdefault(type(client), []).append(pos)
             else:
                 updates[pos] = self.train_sequentially(client, package)
-                self._rng_after[client.index] = self.rng_now()
+                if client.index == self._last_index:
+                    self._rng_after[client.index] = self.rng_now()
         self._finals = {}
         for positions in groups.values():
             group = [clients[p] for p in positions]
@@ -362,7 +366,8 @@ class BatchedEngine(Engine):
             loss = client.check_loss(losses[j], job.steps, job.package.round)
             self._finals[client.index] = weights[j]
             out.append((j, client.finish_job(job, weights[j], loss)))
-            self._rng_after[client.index] = self.rng_now()
+            if client.index == self._last_index:
+                self._rng_after[client.index] = self.rng_now()
         return out
 
     def _run_steps_fitting(self, jobs: list[LocalJob], weights: torch.Tensor, losses: torch.Tensor) -> None:
