@@ -6,6 +6,7 @@ whichever clients were trained before it.
 """
 from __future__ import annotations
 
+import functools
 import random
 import zlib
 
@@ -23,10 +24,84 @@ def _purpose_key(purpose: str) -> int:
 
 
 def derive_seed(seed: int, purpose: str, *keys: int) -> int:
-    """A 63-bit seed that depends only on ``seed``, ``purpose`` and ``keys``."""
-    entropy = [int(seed) & 0xFFFFFFFF, _purpose_key(purpose), *(int(k) & 0xFFFFFFFF for k in keys)]
-    state = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
-    return (int(state[0]) << 31) ^ int(state[1])
+    """A 63-bit seed that depends only on ``seed``, ``purpose`` and ``keys``: the first two 32-bit
+    words of ``np.random.SeedSequence([seed, purpose, *keys]).generate_state`` (each masked to 32
+    bits) as ``(w0 << 31) ^ w1``.
+
+    The per-client streams, keyed by (round, client), are derived once per client and round, and
+    SeedSequence costs ~10 us (more on a loaded host) there; for them the same words are computed by
+    ``_round_client_words``, which mixes the words of (seed, purpose, round) once per round."""
+    words = [int(seed) & _WORD, _purpose_key(purpose), *(int(k) & _WORD for k in keys)]
+    if len(words) == _POOL_SIZE:
+        w0, w1 = _round_client_words(_round_part(*words[:3]), words[3])
+    else:
+        w0, w1 = (int(w) for w in np.random.SeedSequence(words).generate_state(2, dtype=np.uint32))
+    return (w0 << 31) ^ w1
+
+
+# NumPy's SeedSequence (numpy/random/bit_generator.pyx, after M. O'Neill's seed_seq_fe), written
+# out for an entropy of exactly its pool size (4 words): seed, purpose, round, client. The test
+# tests/system/test_seeding.py compares it with np.random.SeedSequence on random words.
+_WORD = 0xFFFFFFFF
+_POOL_SIZE = 4
+_XSHIFT = 16
+_MIX_MULT_L, _MIX_MULT_R = 0xCA01F9DD, 0x4973F715
+
+
+def _hash_constants(init: int, mult: int, count: int) -> tuple[tuple[int, int], ...]:
+    """The (xor, multiplier) pair of each successive hashmix call: SeedSequence's hash constant
+    starts at ``init`` and is multiplied by ``mult`` before each use as a multiplier, whatever the
+    values hashed, so call k's constants are fixed."""
+    pairs, const = [], init
+    for _ in range(count):
+        nxt = (const * mult) & _WORD
+        pairs.append((const, nxt))
+        const = nxt
+    return tuple(pairs)
+
+
+_MIXING = _hash_constants(0x43B0D7E5, 0x931E8875, _POOL_SIZE * _POOL_SIZE)  # mix_entropy's 16 calls
+_OUTPUT = _hash_constants(0x8B51F9DD, 0x58F38DED, 2)  # generate_state's first two words
+
+
+def _hashmix(value: int, call: int, constants=_MIXING) -> int:
+    xor, mult = constants[call]
+    value = ((value ^ xor) * mult) & _WORD
+    return value ^ (value >> _XSHIFT)
+
+
+def _mix(x: int, y: int) -> int:
+    value = (_MIX_MULT_L * x - _MIX_MULT_R * y) & _WORD
+    return value ^ (value >> _XSHIFT)
+
+
+@functools.lru_cache(maxsize=4096)
+def _round_part(seed_word: int, purpose_word: int, round_word: int) -> tuple[int, int, tuple[int, int, int]]:
+    """SeedSequence's mixing of [seed, purpose, round, client] up to where the client's word
+    matters. The pool starts as hashmix(word i, call i); then, for each source word s in turn,
+    every other pool word d becomes mix(pool[d], hashmix(pool[s], next call)). Pool words 0-2 never
+    read word 3 before s = 3, so for a given (seed, purpose, round) the pool words 0 and 1 before
+    s = 3, and the three hashes mixed into word 3 for s = 0, 1, 2, are the same for every client.
+    Returns (pool[0], pool[1], those three hashes)."""
+    m0, m1, m2 = _hashmix(seed_word, 0), _hashmix(purpose_word, 1), _hashmix(round_word, 2)
+    into_client = [_hashmix(m0, 6)]  # s = 0: calls 4, 5, 6 for d = 1, 2, 3
+    m1, m2 = _mix(m1, _hashmix(m0, 4)), _mix(m2, _hashmix(m0, 5))
+    into_client.append(_hashmix(m1, 9))  # s = 1: calls 7, 8, 9 for d = 0, 2, 3
+    m0, m2 = _mix(m0, _hashmix(m1, 7)), _mix(m2, _hashmix(m1, 8))
+    into_client.append(_hashmix(m2, 12))  # s = 2: calls 10, 11, 12 for d = 0, 1, 3
+    m0, m1 = _mix(m0, _hashmix(m2, 10)), _mix(m1, _hashmix(m2, 11))
+    return m0, m1, tuple(into_client)
+
+
+def _round_client_words(part: tuple[int, int, tuple[int, int, int]], client_word: int) -> tuple[int, int]:
+    """The rest of the mixing for one client's word, and generate_state's first two words (which
+    read pool words 0 and 1 only, so s = 3's mixing into word 2, call 15, is not needed)."""
+    m0, m1, into_client = part
+    m3 = _hashmix(client_word, 3)
+    for value in into_client:
+        m3 = _mix(m3, value)
+    m0, m1 = _mix(m0, _hashmix(m3, 13)), _mix(m1, _hashmix(m3, 14))
+    return _hashmix(m0, 0, _OUTPUT), _hashmix(m1, 1, _OUTPUT)
 
 
 def numpy_rng(seed: int, purpose: str, *keys: int) -> np.random.Generator:

@@ -89,6 +89,17 @@ def test_missing_ray_is_one_line(tmp_path, capsys, monkeypatch):
                                 "(or pip install -r requirements-ray.txt)"
 
 
+def test_precision_the_actors_cannot_run_is_one_line(tmp_path, capsys):
+    """Refused by the driver, before Ray starts: TF32 on CPU actors, bf16 with DP-SGD."""
+    folder = make_dataset(tmp_path, num_clients=4, input_shape=(1, 8, 8))
+    for extra in (["--precision", "tf32"], ["--precision", "bf16", "-dp", "True"]):
+        code = main.main(["-data", str(folder), "-m", "DNN", "-gr", "1", "-dev", "cpu", "--engine", "ray", *extra,
+                          "--results_dir", str(tmp_path / "res"), "-q"])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and len(err.splitlines()) == 1 and "--precision" in err and "Traceback" not in err
+    assert not list((tmp_path / "res").glob("*.h5"))
+
+
 def test_a_remote_error_is_reported_by_its_cause():
     remote = RuntimeError("The actor died because of an error raised in its creation task, (pid=1)\n"
                           "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
@@ -140,6 +151,21 @@ def test_state_and_attributes_come_back_to_the_driver():
         # the state's working copies live on the actors; the driver keeps only files
         assert out.state.resident_nbytes() == 0
         assert sum(out.engine.actor_state_nbytes()) == ref.state.nbytes()
+    finally:
+        out.close()
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_bf16_is_applied_on_the_actors():
+    """--precision bf16 reaches the actors' engines: the sequential engine's bf16 numbers, bit for
+    bit, and not its fp32 ones."""
+    ref = engine_run("FedAvg", "sequential", precision="bf16")
+    out = engine_run("FedAvg", "ray", ray_workers=2, precision="bf16")
+    try:
+        assert out.engine.precision == "bf16"
+        assert_same_training(ref, out, exact=True)
+        assert not torch.equal(engine_run("FedAvg", "sequential").global_params, out.global_params)
     finally:
         out.close()
 

@@ -197,6 +197,7 @@ class BatchedEngine(Engine):
         self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
         self._rng_after: dict[int, tuple] = {}
+        self._last_index: int | None = None
         self.stats = {"batched_clients": 0, "sequential_clients": 0}
 
     # ------------------------------------------------------------ qualification
@@ -313,12 +314,15 @@ class BatchedEngine(Engine):
     def train(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         updates: list[ClientUpdate | None] = [None] * len(clients)
         groups: dict[type, list[int]] = {}
+        # only the last cohort client's RNG is needed (end_like_sequential): one state copy a round
+        self._last_index = clients[-1].index if clients else None
         for pos, client in enumerate(clients):
             if self.qualifies(client):
                 groups.setdefault(type(client), []).append(pos)
             else:
                 updates[pos] = self.train_sequentially(client, package)
-                self._rng_after[client.index] = self.rng_now()
+                if client.index == self._last_index:
+                    self._rng_after[client.index] = self.rng_now()
         self._finals = {}
         for positions in groups.values():
             group = [clients[p] for p in positions]
@@ -370,7 +374,8 @@ class BatchedEngine(Engine):
                 self._around_sgd(job, "post_training", weights[j])
             self._finals[client.index] = weights[j]
             out.append((j, client.finish_job(job, weights[j], loss)))
-            self._rng_after[client.index] = self.rng_now()
+            if client.index == self._last_index:
+                self._rng_after[client.index] = self.rng_now()
         return out
 
     def _around_sgd(self, job: LocalJob, hook: str, params: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,9 @@ Only local training is affected: evaluation, aggregation and the servers' own op
 (FedGen's generator, ...) run in fp32. The engines apply it around each client's local sequence
 (the sequential engine, and clients any engine trains sequentially: their hooks run inside it
 too), around the SGD loop in each worker thread (the threaded engine; autocast is per thread), or
-inside the vmapped step (the batched engine, captured with it). The Ray engine does not apply it
-yet. Measured on P1 (20 rounds, batched engine, H200): accuracy 91.49% in bf16 vs 91.44% in
+inside the vmapped step (the batched engine, captured with it); the Ray engine's actors run a
+sequential or threaded engine, which apply it there (the driver refuses what the actors' device
+cannot run before Ray starts). Measured on P1 (20 rounds, batched engine, H200): accuracy 91.49% in bf16 vs 91.44% in
 fp32, but 0.68 vs 0.61 s per round: the batch-10 CNN is launch-bound there, and autocast adds casts.
 On the project's CPU (AVX512-BF16) one CNN step at B=10 took 5.9 vs 7.0 ms. DP-SGD (``-dp``) is refused: its per-sample gradients and clipping bound
 the sensitivity that the accountant's ε assumes, and we have not checked that bound in bf16.

@@ -162,7 +162,8 @@ class ThreadedEngine(Engine):
         in_workers = {id(c) for c in parallel}
         for client in clients:  # the clients this engine cannot parallelise, in cohort order
             if id(client) not in in_workers:
-                done[id(client)] = (self.train_sequentially(client, package), None, self.rng_now())
+                done[id(client)] = (self.train_sequentially(client, package), None,
+                                    self.rng_now() if client is clients[-1] else None)
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
@@ -175,8 +176,9 @@ class ThreadedEngine(Engine):
                 else:
                     self.stats["threaded_clients"] += 1
                     update = client.finish_job(job, params, loss)
-                    # the final model is kept only where the working model must end up
-                    done[id(client)] = (update, params if client is clients[-1] else None, self.rng_now())
+                    # the final model and RNG are kept only where the working model must end up
+                    last = client is clients[-1]
+                    done[id(client)] = (update, params if last else None, self.rng_now() if last else None)
                 if waiting:
                     start_next()
         for client in clients:  # the sequential engine's error: that of the first failing client

@@ -12,6 +12,7 @@ import torch
 
 from flcore.clients.clientbase import Client
 from flcore.engines.base import Engine
+from flcore.engines.precision import check_precision
 from flcore.engines.ray.cluster import actor_path_env, check_ray_installed, first_line, import_ray, start_local_ray, use_loopback
 from flcore.engines.ray.transfer import DriverStateStore, standalone_data, update_on
 from flcore.engines.ray.worker import TrainingWorker
@@ -79,6 +80,12 @@ class RayEngine(Engine):
                 raise FLError(f"{flag} must be >= {low}, got {value}")
         if self.cpus <= 0:
             raise FLError(f"--ray_cpus_per_worker must be > 0, got {self.cpus}")
+        # the actors' engines apply --precision; what their device cannot run is refused here, before
+        # Ray starts (an actor's GPU that this driver cannot see is checked by the actor)
+        actor_device = torch.device("cuda" if self.gpus > 0 else "cpu")
+        self.precision = str(getattr(args, "precision", "fp32") or "fp32")
+        if actor_device.type == "cpu" or torch.cuda.is_available():
+            self.precision = check_precision(args, actor_device)
         check_ray_installed()
         # server.state becomes the driver's file-backed copy; the actors hold the working state
         runtime.state.close()
