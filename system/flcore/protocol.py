@@ -194,6 +194,9 @@ class RoundResult:
     eval_seconds: float = 0.0
     #: the round's duration on the virtual clock (flcore/plugins/clock.py), waits included
     virtual_seconds: float = 0.0
+    #: bytes of uploads that were sent but that the server threw away unread (late uploads a
+    #: server ignores): they count as sent in ``rs_bytes_up``, not as aggregated
+    discarded_nbytes: int = 0
 
     @property
     def trained(self) -> bool:

@@ -221,3 +221,16 @@ def test_an_asynchronous_run_writes_both_into_its_results(tmp_path):
         counts = np.bincount(rows[np.isfinite(rows)].astype(int))
         assert f.attrs["staleness_histogram"].tolist() == counts.tolist() and counts.sum() > 0
         assert f.attrs["virtual_time_to_target"] == 0.0
+
+
+def test_ignored_late_uploads_still_count_as_sent():
+    """A server that ignores stragglers throws their uploads away, but they travelled: rs_bytes_up
+    counts every upload trained, with either policy (stale ones in the round they arrive)."""
+    from flcore.servers.serverbase import record_round
+
+    ignoring = server(straggler_delay=2, straggler_policy="ignore")
+    result = ignoring.run_round(0, evaluate=False)
+    record_round(ignoring, result)  # the history callback Server.train runs after each round
+    size = result.updates[0].nbytes()
+    assert len(result.updates) < CLIENTS and ignoring.history.bytes_up[-1] == CLIENTS * size
+    assert ignoring.history.clients_per_round[-1] == len(result.updates)

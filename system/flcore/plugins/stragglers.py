@@ -127,6 +127,8 @@ class Stragglers(RoundPlugin):
         now = package.round
         clock = self.peers.get("clock")
         fresh, late = self.split(now, arrived, clock, result)
+        if self.policy == "ignore":  # they were sent all the same: the traffic counts them
+            result.discarded_nbytes += sum(update.nbytes() for update, _ in late)
         if self.policy == "stale":
             for update, due in late:
                 self.pending.append({**{name: getattr(update, name) for name in KEPT}, "start": now, "due": due})

@@ -350,7 +350,7 @@ def record_round(server: Server, result: RoundResult) -> None:
     history = server.history
     history.round_time.append(result.seconds)
     history.bytes_down.append(result.package.total_nbytes())
-    history.bytes_up.append(sum(u.nbytes() for u in result.updates))
+    history.bytes_up.append(sum(u.nbytes() for u in result.updates) + result.discarded_nbytes)
     history.clients_per_round.append(len(result.updates))
     for plugin in server.plugins.values():
         plugin.record(result)
