@@ -779,6 +779,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.warmup = 2, 1
+    if args.pfllib is not None and args.warmup + (args.pfllib_rounds or args.rounds) < 2:
+        # PFLlib's -gr N runs rounds 0..N, so one round would be -gr 0, which its summary divides by
+        print("error: --pfllib needs --warmup + --pfllib-rounds (or --rounds) of at least 2 "
+              "(PFLlib cannot run a single round); e.g. --warmup 1 --rounds 1", file=sys.stderr)
+        raise SystemExit(2)
     return args
 
 

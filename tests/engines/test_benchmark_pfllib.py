@@ -52,3 +52,13 @@ def test_pfllib_own_run_says_what_is_missing(tmp_path):
     own = benchmark.pfllib_own_run(tmp_path, None, "cpu", 1, 1, 10)
     assert "no system/main.py" in own["error"]
     assert benchmark.pfllib_lines(own, [])[0].endswith(own["error"])
+
+
+def test_a_single_pfllib_round_is_refused_in_one_line(tmp_path, capsys):
+    """PFLlib's -gr 0 (one round) crashes in its own summary: refuse before anything runs."""
+    with pytest.raises(SystemExit) as stop:
+        benchmark.parse(["--pfllib", str(tmp_path), "--warmup", "0", "--rounds", "1"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--warmup" in err[0]
+    assert benchmark.parse(["--pfllib", str(tmp_path), "--warmup", "1", "--rounds", "1"]).rounds == 1
