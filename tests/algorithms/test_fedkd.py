@@ -146,3 +146,25 @@ def test_a_diverging_mentee_stops_the_run_in_one_line_not_in_the_svd():
     with pytest.raises(Diverged, match="non-finite|loss became"):
         for rnd in range(3):
             run_round(server, rnd)
+
+
+def test_pfllib_gradient_clipping_bounds_each_step_and_a_loose_bound_changes_nothing():
+    data = random_dataset(num_clients=2, dim=DIM, num_classes=C, sizes=[4, 6], seed=4)
+
+    def one_round(*flags):
+        server = hidden_server("FedKD", data, "-Ts", "1", "-Te", "1", "-mlr", str(MLR), *flags,
+                               local_learning_rate=LR, local_epochs=1, batch_size=16)  # one full-batch step
+        start = server.global_params.clone()
+        done = run_round(server, 0)
+        mentors = [server.eval_params(k) - start for k in range(2)]
+        mentees = [decompress(u.extras, server.model.segments, start) for u in done.updates]
+        return mentors, mentees, [server.state.get("projection", k).clone() for k in range(2)]
+
+    plain, loose = one_round(), one_round("--fedkd_clip", "1e9")
+    assert all(torch.equal(a, b) for part_a, part_b in zip(plain, loose) for a, b in zip(part_a, part_b))
+    bound = 1e-3
+    mentors, mentees, _ = one_round("--fedkd_clip", str(bound))
+    for step in mentors:  # the mentor moved lr x (its gradient scaled to norm 1e-3)
+        assert float(step.norm()) == pytest.approx(LR * bound, rel=1e-4)
+    for step in mentees:
+        assert float(step.norm()) == pytest.approx(MLR * bound, rel=1e-4)

@@ -23,8 +23,10 @@ with the smallest k whose energy Σ_{i≤k} σ_i² reaches T(t)·Σσ² (``-Ts``
 Two models are trained per step (twice FedAvg's gradient computations); this client runs its own
 ``train_job`` and the engines train it sequentially. Deliberate choices against PFLlib: the mentee
 has the model's architecture (PFLlib too; the paper's mentee is smaller); PFLlib lets each loss's
-gradient reach the other model, clips every gradient at norm 10, compresses the mentee's
-*parameters* (not its update) and keeps no singular value when T = 1 (its test is ``>``).
+gradient reach the other model, clips every gradient at norm 10 (``--fedkd_clip 10`` does the
+same here: the mentor's, the mentee's and W_h's gradient each scaled to norm ≤ C; off by default,
+as in the paper), compresses the mentee's *parameters* (not its update) and keeps no singular
+value when T = 1 (its test is ``>``).
 """
 from __future__ import annotations
 
@@ -102,6 +104,9 @@ class FedKDClient(Client):
                  help="FedKD: SVD energy threshold in the first round")
         add_flag(parser, "-Te", "--T_end", type=float, default=0.98, above=0, high=1,
                  help="FedKD: SVD energy threshold reached in the last round")
+        add_flag(parser, "--fedkd_clip", type=float, default=0.0, low=0,
+                 help="FedKD: scale the mentor's, the mentee's and W_h's gradient each to norm <= C "
+                      "(PFLlib: 10; 0 = off, the paper)")
 
     def expected_gradient_samples(self) -> float:
         return 2 * super().expected_gradient_samples()
@@ -116,6 +121,7 @@ class FedKDClient(Client):
         mentee_lr = self.hp.mentee_learning_rate * job.lr / float(self.args.local_learning_rate)
         mentor_params = list(model.module.parameters())
         loss_sum = torch.zeros((), device=model.device)
+        clip = self.hp.fedkd_clip
         # the mentor (this client's private model) trains on the working model, the mentee functionally
         for x, y, mentee_leaves, mentee_net in paired_batches(self, job, model, mentee):
             w_h = projection.clone().requires_grad_(True)
@@ -133,9 +139,13 @@ class FedKDClient(Client):
             (w_h_from_mentor,) = torch.autograd.grad(mentor_loss, w_h, retain_graph=True)
             mentor_loss.backward(inputs=mentor_params, retain_graph=True)  # into model.grad
             mentee_grad, w_h_from_mentee = flat_gradient(mentee_loss, mentee_leaves, w_h)
+            w_h_grad = w_h_from_mentor + w_h_from_mentee
+            if clip:
+                for grad in (model.grad, mentee_grad, w_h_grad):
+                    grad.mul_(torch.clamp(clip / (grad.norm() + 1e-12), max=1.0))
             model.params.sub_(model.grad, alpha=job.lr)
             mentee[:n] -= mentee_lr * mentee_grad
-            projection = projection - job.lr * (w_h_from_mentor + w_h_from_mentee)
+            projection = projection - job.lr * w_h_grad
             loss_sum += mentor_loss.detach()
         rnd = job.package.round
         mean_loss = self.check_loss(loss_sum, len(job.plan), rnd)
