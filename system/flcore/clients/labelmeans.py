@@ -88,6 +88,15 @@ def require_body_head(module: torch.nn.Module, algorithm: str, model_name: str) 
                       f"-m {model_name} has no such split")
 
 
+def require_linear_head(module: torch.nn.Module, algorithm: str, model_name: str, *, bias: bool = False) -> None:
+    """Refuse (one line, exit 2) a model whose ``head`` is not one Linear layer (with a bias, when
+    ``bias``): the methods that read or rewrite the classifier's weight matrix."""
+    head = getattr(module, "head", None)
+    if not isinstance(head, torch.nn.Linear) or (bias and head.bias is None):
+        raise FLError(f"{algorithm} needs a model whose head is one Linear layer{' with a bias' if bias else ''}; "
+                      f"-m {model_name}'s is not (e.g. -m CNN, DNN, ResNet18)")
+
+
 @torch.no_grad()
 def body_class_sums(client, model, normalise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-class sums and counts of the body's output (L2-normalised with ``normalise``) over

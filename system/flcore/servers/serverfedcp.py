@@ -13,7 +13,7 @@ from __future__ import annotations
 from torch import nn
 
 from flcore.clients.clientfedcp import FedCPClient, FedCPLayout, FedCPModel
-from flcore.clients.labelmeans import require_body_head
+from flcore.clients.labelmeans import require_body_head, require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
@@ -28,8 +28,7 @@ class FedCPServer(Server):
 
     def build_module(self, module: nn.Module) -> nn.Module:
         require_body_head(module, "FedCP", self.args.model)
-        if not isinstance(module.head, nn.Linear) or module.head.bias is None:
-            raise FLError(f"FedCP needs a model whose head is one Linear layer with a bias; -m {self.args.model}'s is not")
+        require_linear_head(module, "FedCP", self.args.model, bias=True)
         return FedCPModel(module)
 
     def setup(self) -> None:

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 
 import torch
-from torch import nn
 
 from flcore.clients.clientbase import RoundPackage
 from flcore.clients.clientfeddbe import FedDBEClient
+from flcore.clients.labelmeans import require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
@@ -38,9 +38,7 @@ class FedDBEServer(Server):
     personalized = True
 
     def setup(self) -> None:
-        head = getattr(self.model.module, "head", None)
-        if not isinstance(head, nn.Linear):
-            raise FLError("FedDBE needs a model whose head is one Linear layer (-m CNN, DNN, ResNet18, ...)")
+        require_linear_head(self.model.module, "FedDBE", self.args.model)
         if not 0 < self.hp.momentum <= 1:
             raise FLError(f"-mo must be in (0, 1], got {self.hp.momentum}")
         if self.hp.kl_weight == 0:

@@ -25,10 +25,10 @@ import logging
 from argparse import ArgumentParser
 
 import torch
-from torch import nn
 
 from flcore.clients.clientbase import ClientUpdate, RoundPackage
 from flcore.clients.clientfedgc import FedGCClient
+from flcore.clients.labelmeans import require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
@@ -64,9 +64,7 @@ class FedGCServer(Server):
                  help="the server's correction step has learning rate -lr·λ (0: no correction)")
 
     def setup(self) -> None:
-        head = getattr(self.model.module, "head", None)
-        if not isinstance(head, nn.Linear):
-            raise FLError("FedGC needs a model whose head is one Linear layer (-m CNN, DNN, ResNet18, ...)")
+        require_linear_head(self.model.module, "FedGC", self.args.model)
         if self.hp.lamda < 0:
             raise FLError(f"FedGC's -lam must be >= 0, got {self.hp.lamda}")
         segments = {seg.name: seg for seg in self.model.segments}

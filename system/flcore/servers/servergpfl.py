@@ -14,10 +14,9 @@ import torch
 from torch import nn
 
 from flcore.clients.clientgpfl import GPFLClient, GPFLLayout, GPFLModel
-from flcore.clients.labelmeans import require_body_head
+from flcore.clients.labelmeans import require_body_head, require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.errors import FLError
 
 
 @register_algorithm("GPFL")
@@ -29,8 +28,7 @@ class GPFLServer(Server):
 
     def build_module(self, module: nn.Module) -> nn.Module:
         require_body_head(module, "GPFL", self.args.model)
-        if not isinstance(module.head, nn.Linear):
-            raise FLError(f"GPFL needs a model whose head is one Linear layer; -m {self.args.model}'s is not")
+        require_linear_head(module, "GPFL", self.args.model)
         return GPFLModel(module, self.num_classes)
 
     def setup(self) -> None:
