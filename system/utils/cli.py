@@ -467,6 +467,8 @@ def generic_parser() -> argparse.ArgumentParser:
              help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
     add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
     add_flag(a, "--attack_scale", type=float, default=10.0, low=0, help="sign_flip: an attacker uploads -s x its update")
+    add_flag(a, "--attack_flip", type=str, default="update", choices=["update", "weights"],
+             help="sign_flip: flip the update (w - global; default) or the whole weights w, as the official Sageflow code does")
     add_flag(a, "--attack_noise_std", type=float, default=1.0, low=0, help="gaussian: the std of the uploaded noise update")
     add_flag(a, "--attack_z", type=float, default=0.0, low=0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
     add_flag(a, "--attack_epsilon", type=float, default=0.5, low=0, help="ipm: attackers upload -epsilon x the benign mean")

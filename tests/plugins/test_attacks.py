@@ -103,6 +103,17 @@ def test_sign_flip_uploads_minus_s_times_the_honest_update_and_only_for_attacker
         assert torch.equal(bad.params, expected)
 
 
+def test_weight_flip_uploads_minus_s_times_the_trained_weights_as_the_official_sageflow_code():
+    start, honest = first_round(server())
+    _, attacked = first_round(server(attack="sign_flip", attack_flip="weights", attack_fraction=0.25, attack_scale=10))
+    mask = attacks.attacker_mask(0, 0.25, False, CLIENTS, 0)
+    for good, bad in zip(honest, attacked):
+        expected = good.params * -10.0 if mask[good.index] else good.params
+        assert torch.allclose(bad.params, expected, atol=1e-6)
+        if mask[good.index]:  # not the update flip: that one keeps the shared start
+            assert not torch.allclose(bad.params, start + (good.params - start) * -10.0, atol=1e-3)
+
+
 def test_gaussian_uploads_seeded_noise():
     start, attacked = first_round(server(attack="gaussian", attack_fraction=0.25, attack_noise_std=0.5))
     mask = attacks.attacker_mask(0, 0.25, False, CLIENTS, 0)

@@ -9,8 +9,11 @@ restricted to the shared part of the model (the private part never leaves a clie
 
 Model poisoning (this plug-in's ``after_training``, on the uploads that reach the server):
 
-* ``sign_flip``: ``u ← −s·u`` with ``s = --attack_scale`` (Sageflow's ``w ← −s·w``, s ∈ {0.1, 10};
-  applied to the update relative to the round's global model, the default s = 10).
+* ``sign_flip``: ``u ← −s·u`` with ``s = --attack_scale`` (default 10), applied to the update
+  relative to the round's global model (``--attack_flip update``, the default: the paper's "sign
+  flipping" of what a client sends). The official Sageflow code (savertm/Sageflow) flips the whole
+  weights instead, ``w ← −s·w``, s ∈ {0.1, 10}: ``--attack_flip weights`` (a far larger move, since
+  it also flips the part every client shares; for a side-by-side with that code).
 * ``gaussian``: ``u ← N(0, σ² I)``, σ = ``--attack_noise_std``, drawn from
   ``(seed, "attack-noise", round, client)``.
 * ``alie`` (Baruch et al., NeurIPS 2019, "A Little Is Enough"): every attacker sends
@@ -374,7 +377,10 @@ class AttackPlugin(RoundPlugin):
             update.params = start + malicious
 
         args = self.args
-        if self.name == "sign_flip":
+        if self.name == "sign_flip" and args.attack_flip == "weights":
+            for update in bad:  # upload(w) sends start + malicious, so malicious = −s·w − start
+                upload(update, sign_flip(update.params, float(args.attack_scale)) - start)
+        elif self.name == "sign_flip":
             for update in bad:
                 upload(update, sign_flip(delta(update), float(args.attack_scale)))
         elif self.name == "gaussian":
