@@ -152,7 +152,7 @@ def test_krum_moves_the_model_to_the_chosen_update():
     deltas = torch.stack([u.params - start for u in result.updates])
     chosen = robust.krum_order(deltas, 1)[0]
     assert torch.equal(defended.global_params, start + deltas[chosen])
-    assert defended.plugin("robust")._filtered[0] == [result.updates[chosen].index]
+    assert defended.plugin("robust")._filtered[0] == [(result.updates[chosen].index, 0)]
 
 
 def test_the_aggregate_is_the_rule_applied_to_the_updates():
@@ -272,3 +272,31 @@ def test_every_rule_gives_a_finite_model_with_an_attack_on():
         defended = server(robust=f"clip,{name}", attack="alie", attack_fraction=0.125, robust_f=1, **more)
         run_round(defended, 0)
         assert math.isfinite(float(defended.global_params.sum())), name
+
+
+def test_a_late_upload_is_judged_by_the_round_it_was_trained_in():
+    """With attackers drawn anew each round and uploads arriving late, an upload counts as an attacker's
+    by the round it was trained (and poisoned) in, not by the round it reaches the server (as Sageflow's
+    filter counts it)."""
+    from flcore.plugins.attacks import attacker_mask
+    from flcore.plugins.stragglers import delay_of
+    defended = server(robust="multi_krum", attack="sign_flip", attack_fraction=0.25, attack_scale=50,
+                      attack_resample=True, straggler_delay=1, global_rounds=6, clients=16)
+    robust_plugin = defended.plugin("robust")
+    late_and_judged_otherwise = 0
+    for rnd in range(6):
+        run_round(defended, rnd)
+        if robust_plugin._filtered is None:
+            continue
+        kept, dropped = robust_plugin._filtered
+        for client, trained in kept + dropped:  # arrival = training round + its drawn delay (no waiting)
+            assert trained + delay_of(0, 1, trained, client) == rnd
+            if trained != rnd:
+                late_and_judged_otherwise += bool(attacker_mask(0, 0.25, True, 16, trained)[client]
+                                                  != attacker_mask(0, 0.25, True, 16, rnd)[client])
+        caught = sum(bool(attacker_mask(0, 0.25, True, 16, trained)[client]) for client, trained in dropped)
+        present = caught + sum(bool(attacker_mask(0, 0.25, True, 16, trained)[client]) for client, trained in kept)
+        series = defended.history.extra_series
+        assert series["robust_precision"][-1] == pytest.approx(caught / len(dropped), nan_ok=True)
+        assert series["robust_recall"][-1] == (pytest.approx(caught / present) if present else pytest.approx(math.nan, nan_ok=True))
+    assert late_and_judged_otherwise > 0  # the case this test is about occurred

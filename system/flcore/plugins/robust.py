@@ -67,6 +67,7 @@ import torch
 
 from flcore.plugins import RoundPlugin
 from flcore.plugins.attacks import attacker_count, attackers_of
+from flcore.plugins.stragglers import origin_of
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from utils.errors import FLError
@@ -290,8 +291,8 @@ class RobustAggregation(RoundPlugin):
         self.root = require_public_data(runtime.dataset, "--robust fltrust") if self.aggregator == "fltrust" else None
         #: centered clipping's starting point: the previous round's aggregate update (checkpointed)
         self.center: torch.Tensor | None = None
-        #: the uploads (client indices) the last filtering round kept and left out
-        self._filtered: tuple[list[int], list[int]] | None = None
+        #: the uploads the last filtering round kept and left out, as (client, round it trained in)
+        self._filtered: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None = None
         self._warned = False
 
     # ------------------------------------------------------------------ aggregation
@@ -312,10 +313,10 @@ class RobustAggregation(RoundPlugin):
             kept = torch.nonzero(trust > 0).flatten().tolist()
         else:
             delta, kept = self.combine(points, w, self.admissible_f(len(updates), package.round))
-        if kept is not None:
+        if kept is not None:  # (client, round it trained in): a late upload attacked, or not, in that round
             kept_set = set(kept)
-            self._filtered = ([updates[i].index for i in kept],
-                              [u.index for i, u in enumerate(updates) if i not in kept_set])
+            trained = [(u.index, origin_of(self.peers, u, package)[0]) for u in updates]
+            self._filtered = ([trained[i] for i in kept], [pair for i, pair in enumerate(trained) if i not in kept_set])
         return start + delta.to(start.dtype)
 
     def combine(self, points: torch.Tensor, weights: torch.Tensor, f: int) -> tuple[torch.Tensor, list[int] | None]:
@@ -364,10 +365,9 @@ class RobustAggregation(RoundPlugin):
             return
         precision = recall = float("nan")
         if self._filtered is not None:
-            mask = attackers_of(self.args, rnd)
             kept, dropped = self._filtered
-            caught = sum(1 for i in dropped if mask[i])
-            present = caught + sum(1 for i in kept if mask[i])
+            caught = sum(1 for i, trained in dropped if attackers_of(self.args, trained)[i])
+            present = caught + sum(1 for i, trained in kept if attackers_of(self.args, trained)[i])
             precision = caught / len(dropped) if dropped else float("nan")
             recall = caught / present if present else float("nan")
         self.runtime.history.add_series("robust_precision", precision)
