@@ -31,6 +31,12 @@ Each round the server
    did not reduce their loss (q_i(t) = 0) are the paper's non-ideal updates and are left out
    (the model stays as it was when every upload is left out).
 
+The journal version (Deng et al., IEEE TPDS 2022, "Improving Federated Learning With Quality-Aware
+User Incentive and Auto-Weighted Model Aggregation") differs in two components, by its abstract:
+the aggregation weights are learned by gradient descent ("auto-weighted model aggregation") and
+those learned weights, not a loss reduction, are the quality records. Neither its objective nor
+its data for that descent were at hand, so this is the conference version as the spec reads it.
+
 Choices where the paper's text was not at hand offline (read from its abstract and the spec):
 the quality sample is the client's own training-loss reduction; the aggregation weight multiplies
 it by the sample count; the prior of clients without records (``--fair_unknown``). Baselines at the same budget and
