@@ -7,6 +7,7 @@ its best accuracy within the bytes FedMA used in all its rounds (equal communica
 hidden widths after each round (``rs_widths``) are listed too.
 
     .venv/bin/python experiments/fedma_mnist.py            # generates MNIST Dir 0.5 over 20 clients
+    .venv/bin/python experiments/fedma_mnist.py --model VGG9 --clients 10 --samples 100 --methods FedAvg FedMA
 """
 from __future__ import annotations
 
@@ -26,17 +27,25 @@ def main() -> None:
     add_training_flags(parser, lr=0.05, lr_help="local learning rate", batch_size=10)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--model", default="LeNet")
+    parser.add_argument("--clients", type=int, default=20, help="clients of the Dirichlet 0.5 split")
+    parser.add_argument("--samples", type=int, default=300, help="samples per client (train + test)")
+    parser.add_argument("--methods", nargs="*", default=[label for label, _, _ in ROWS],
+                        choices=[label for label, _, _ in ROWS], help="rows of the table")
     parser.add_argument("--only", nargs="*", default=None,
                         help="rows to run (labels); the others are read back from their earlier results")
     parser.set_defaults(times=1)
     args = parser.parse_args()
     load_all()
-    data = OUT / "data" / "MNIST_dir0.5_20c_300s"
-    generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.5", "--num-clients", "20",
-                                        "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
-    experiment = "fedma_mnist" if args.seed == 0 else f"fedma_mnist_seed{args.seed}"  # one folder per seed
+    data = OUT / "data" / f"MNIST_dir0.5_{args.clients}c_{args.samples}s"
+    generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.5", "--num-clients", str(args.clients),
+                                        "--samples-per-client", str(args.samples), "--raw-dir", str(MNIST_RAW),
+                                        "--out-dir", str(data)])
+    # one folder per seed; the first set-up (LeNet, 20 x 300) keeps its original folder names
+    setup = (args.model, args.clients, args.samples)
+    experiment = "fedma_mnist" + ("" if setup == ("LeNet", 20, 300) else "_{}_{}c_{}s".format(*setup))
+    experiment += "" if args.seed == 0 else f"_seed{args.seed}"
     curves = {}
-    for label, algo, flags in ROWS:
+    for label, algo, flags in (row for row in ROWS if row[0] in args.methods):
         earlier = sorted(results_folder(experiment, label).glob("*.h5"))
         if args.only is not None and label not in args.only and earlier:
             run = Run(earlier, float("nan"))
@@ -50,7 +59,7 @@ def main() -> None:
             sent = np.cumsum(f["rs_bytes_up"][()] + f["rs_bytes_down"][()]) / 1e6
             seconds = float(f.attrs["wall_time_s"]) if "wall_time_s" in f.attrs else run.seconds()
             curves[label] = (f["rs_test_acc"][()], sent, f["rs_widths"][()] if "rs_widths" in f else None, seconds)
-    lines = [f"model {args.model}, MNIST Dir 0.5, 20 clients x 300 samples, all clients every round, E = "
+    lines = [f"model {args.model}, MNIST Dir 0.5, {args.clients} clients x {args.samples} samples, all clients every round, E = "
              f"{args.local_epochs}, B = {args.batch_size}, lr = {args.lr}, seed {args.seed}; accuracy in % "
              "(sample-weighted over the clients' test splits) after each round, MB sent so far in parentheses", "",
              "| method | " + " | ".join(f"round {r}" for r in range(1, args.rounds + 1)) + " | time (s) |",
