@@ -15,8 +15,9 @@ import main
 from flcore.clients.clientbase import ClientUpdate
 from flcore.servers.matching import bbp_map_cost, match_units, matched_average
 from flcore.trainmodel.models import SplitModel
-from flcore.trainmodel.widths import chain_of, gather, with_widths
-from fltest import assert_same_training, build_server, engine_run, make_args, random_dataset
+from flcore.trainmodel.widths import chain_of, gather, input_columns, with_widths
+from fltest import (assert_same_training, build_server, dataset_from_arrays, engine_run, make_args,
+                    random_dataset)
 from test_resume import assert_same_results, read, run_main, stop_after_round
 from toydata import make_dataset
 from utils.errors import FLError
@@ -183,19 +184,25 @@ def test_layer_wise_rounds_freeze_matched_layers_and_average_the_head_by_label_c
     assert len(server.history.extra_series["widths"]) == 3
 
 
-def test_resume_is_exact_across_a_width_change(tmp_path, monkeypatch):
+def resumed_run_widths(tmp_path, monkeypatch, *flags: str) -> np.ndarray:
+    """FedMA through main with a γ0 that grows every layer, uninterrupted and stopped after round 1
+    then resumed: the two give the same results; returns the widths recorded per round."""
     data = make_dataset(tmp_path / "data", num_clients=4, input_shape=(1, 8, 8), train_sizes=[24, 31, 18, 40])
-    grow = ("--fedma_gamma", "1000")
-    assert run_main(data, tmp_path / "ref", "FedMA", *grow) == 0
+    flags = (*flags, "--fedma_gamma", "1000")
+    assert run_main(data, tmp_path / "ref", "FedMA", *flags) == 0
     (reference,) = (tmp_path / "ref").glob("*.h5")
-    widths = read(reference)[0]["rs_widths"]
-    assert widths[0].tolist() == [150] and widths.shape == (4, 1)  # DNN's 100 units grown to the cap
     with monkeypatch.context() as patch:
         stop_after_round(patch, 1, "signal")
-        assert run_main(data, tmp_path / "res", "FedMA", *grow) == 130
-    assert run_main(data, tmp_path / "res", "FedMA", *grow, "--resume") == 0
+        assert run_main(data, tmp_path / "res", "FedMA", *flags) == 130
+    assert run_main(data, tmp_path / "res", "FedMA", *flags, "--resume") == 0
     (resumed,) = (tmp_path / "res").glob("*.h5")
     assert_same_results(reference, resumed)
+    return read(reference)[0]["rs_widths"]
+
+
+def test_resume_is_exact_across_a_width_change(tmp_path, monkeypatch):
+    widths = resumed_run_widths(tmp_path, monkeypatch)
+    assert widths[0].tolist() == [150] and widths.shape == (4, 1)  # DNN's 100 units grown to the cap
 
 
 # ------------------------------------------------------------------ refusals
@@ -237,7 +244,7 @@ def test_engines_agree_on_a_model_with_hidden_layers():
 
 @pytest.mark.parametrize("name, shape", [("MLR", (1, 8, 8)), ("DNN", (1, 8, 8)), ("MLP", (1, 8, 8)),
                                          ("CNN", (1, 16, 16)), ("CNN-BN", (1, 16, 16)), ("LeNet", (1, 16, 16)),
-                                         ("HARCNN", (9, 1, 128))])
+                                         ("HARCNN", (9, 1, 128)), ("VGG9", (1, 8, 8))])
 def test_registry_chain_models_grow_and_give_back_their_original(name, shape):
     """A supported model built one unit wider in every hidden layer runs, and the original model's
     units gathered from a copy of itself (identity assignments) are the original."""
@@ -255,3 +262,119 @@ def test_registry_chain_models_grow_and_give_back_their_original(name, shape):
     named = flat.unflatten(flat.vector, params_only=False)
     taken = gather(named, chain, [np.arange(w) for w in chain.widths])
     assert set(taken) == set(named) and all(torch.equal(taken[k], named[k]) for k in named)
+
+
+# ------------------------------------------------------------------ a VGG-style net: FedMA's VGG-9
+#: VGG-9's eight hidden layers (six convolutions, two FC layers) at a few units each
+TINY_VGG_WIDTHS = (3, 4, 4, 5, 5, 6, 6, 4)
+
+
+def tiny_vgg(shape=(1, 8, 8), classes: int = 3) -> SplitModel:
+    from flcore.trainmodel.vgg import vgg9
+
+    torch.manual_seed(0)
+    return vgg9(shape, classes, widths=TINY_VGG_WIDTHS)
+
+
+def image_dataset(num_clients: int = 3, shape=(1, 8, 8), classes: int = 3, seed: int = 4):
+    """Images around one prototype per class, each client holding two of the classes."""
+    g = torch.Generator().manual_seed(seed)
+    prototypes = torch.randn(classes, *shape, generator=g)
+    clients = []
+    for c in range(num_clients):
+        splits = []
+        for n in (12 + 4 * c, 6):
+            y = torch.tensor([(c + k % 2) % classes for k in range(n)])
+            splits += [prototypes[y] + 0.3 * torch.randn(n, *shape, generator=g), y]
+        clients.append(tuple(splits))
+    return dataset_from_arrays(clients, classes)
+
+
+def permuted_vgg(server, params: torch.Tensor, perms: list[torch.Tensor]) -> torch.Tensor:
+    """The same network with the units of hidden layer k reordered by ``perms[k]`` (the rows of the
+    layer, the input channels or flattened input columns of the layer above)."""
+    chain = server.matched.chain
+    named = server.model.unflatten(params.clone(), params_only=False)
+    out = {name: value.clone() for name, value in named.items()}
+    below = None
+    for layer, perm in zip(chain.hidden, perms):
+        weight = named[layer.weight][perm]
+        if below is not None:
+            weight = weight[:, torch.as_tensor(input_columns(below.numpy(), layer.spatial))]
+        out[layer.weight] = weight
+        out[layer.bias] = named[layer.bias][perm]
+        below = perm
+    out[chain.head_weight] = named[chain.head_weight][:, torch.as_tensor(input_columns(below.numpy(), chain.head_spatial))]
+    vector = torch.zeros_like(params)
+    for name, view in server.model.unflatten(vector, params_only=False).items():
+        view.copy_(out[name])
+    return vector
+
+
+def test_vgg_stack_of_permuted_clients_is_matched_back_exactly():
+    """Client B is client A with the channels of all six convolutions and the neurons of both FC
+    layers permuted (conv -> conv with and without pooling between, conv -> flatten -> FC): every
+    layer is matched back to A's units and the global model computes A's function."""
+    data = image_dataset(num_clients=2)
+    server = build_server(make_args("FedMA", batch_size=4), data, tiny_vgg())
+    chain = server.matched.chain
+    assert [layer.spatial for layer in chain.hidden] == [1, 1, 1, 1, 1, 1, 1, 1]  # 8x8 pooled three times: 1x1
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn(server.model.num_total, generator=g)
+    views = server.model.unflatten(a, params_only=False)
+    for layer in chain.hidden:  # units of norm 6: matching a copy clearly beats opening a new unit
+        rows = torch.cat([views[layer.weight].reshape(layer.width, -1), views[layer.bias][:, None]], 1)
+        scale = 6 / rows.norm(dim=1)
+        views[layer.weight].mul_(scale.reshape(-1, *[1] * (views[layer.weight].dim() - 1)))
+        views[layer.bias].mul_(scale)
+    perms = [torch.randperm(w, generator=g) for w in chain.widths]
+    b = permuted_vgg(server, a, perms)
+    server.aggregate([upload(0, a, [3, 4, 1]), upload(1, b, [0, 5, 7])], server.make_package(0, [0, 1]))
+    assert server.widths == list(TINY_VGG_WIDTHS)
+    for k, perm in enumerate(perms):
+        assert server.assignments[1][k].tolist() == server.assignments[0][k][perm.numpy()].tolist(), k
+    x = torch.randn(5, 1, 8, 8, generator=g)
+    server.matched.flat.module.eval()
+    server.model.module.eval()
+    expected = forward(server, a, x, server.model)
+    torch.testing.assert_close(forward(server, server.global_params, x), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    torch.testing.assert_close(forward(server, b, x, server.model), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
+def test_tiny_vgg_trains_two_rounds_under_fedma():
+    """Two rounds of the layer-wise phase on a VGG-9 of a few units a layer: every hidden layer is
+    matched in round 1, the first convolution then frozen and sent, the layers above retrained."""
+    data = image_dataset()
+    server = build_server(make_args("FedMA", batch_size=4, local_epochs=2, global_rounds=2, eval_gap=1,
+                                    local_learning_rate=0.05), data, tiny_vgg())
+    server.train(progress=False)
+    assert server.step == 2 and server.phase() == (2, 2)
+    widths = server.history.extra_series["widths"]
+    assert len(widths) == 2 and all(len(w) == 8 for w in widths)
+    assert server.matched.flat.num_total == server.global_params.numel()
+    frozen = server.clients[0].layer_masks[0]
+    for client in server.clients:  # each trained its own model of the original widths from the matched layer
+        local = server.state.get("local", client.index)
+        assert local.numel() == server.model.num_total and torch.isfinite(local).all()
+    result = server.run_round(2, evaluate=False)
+    for update in result.updates:
+        mask = server.clients[update.index].layer_masks[1]
+        sent = result.package.payload(update.index)["model"]
+        assert torch.equal(update.params[frozen | mask], sent)  # conv 1 and conv 2 came back as sent
+        assert not torch.equal(update.params[~(frozen | mask)], server.clients[0].initial_params[~(frozen | mask)])
+    accuracy = server.history.test_acc
+    assert len(accuracy) >= 2 and all(0.0 <= a <= 1.0 for a in accuracy)
+
+
+def test_resume_is_exact_for_a_vgg_stack(tmp_path, monkeypatch):
+    """Resume across a width change with the tiny VGG-9 (registered for the test only)."""
+    from flcore.registry import MODELS
+
+    def factory(input_shape, num_classes, args=None):
+        from flcore.trainmodel.vgg import vgg9
+
+        return vgg9(input_shape, num_classes, widths=TINY_VGG_WIDTHS)
+
+    monkeypatch.setitem(MODELS._entries, "VGG9-tiny", factory)
+    widths = resumed_run_widths(tmp_path, monkeypatch, "-m", "VGG9-tiny")
+    assert widths.shape == (4, 8) and (widths[-1] > TINY_VGG_WIDTHS).any()  # grown

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import main
-from flcore.clients.sparsemask import decode, encode, keep_largest, masked_average, pack_bits, unpack_bits
+from flcore.clients.sparsemask import (decode, encode, keep_largest, kept_count, masked_average, pack_bits,
+                                       unpack_bits)
 from fltest import build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round, trained_server
 from toydata import make_dataset
 
@@ -89,6 +90,31 @@ def test_every_mask_rule_on_ten_parameters():
     message = encode(server.global_params, mask_of([1, 7]))
     merged = client.merged_start(server.sparse_package(1, [0], {0: message}))
     assert torch.equal(merged, torch.where(mask_of([1, 7]), torch.ones(10), personal))
+
+
+def test_keep_largest_is_a_stable_sort_by_selection_ties_and_nan_included():
+    """The rule found by selection keeps what a stable descending sort's first ⌈K·m⌉ keep, on scores
+    with many ties (few distinct values), zeros of both signs, NaN, eligibility masks and counts."""
+    g = torch.Generator().manual_seed(7)
+    groups = [(0, 300), (300, 307), (307, 1000)]
+    for trial in range(40):
+        scores = torch.randint(0, 4 if trial % 2 else 1000, (1000,), generator=g).to(torch.float32) / 8
+        scores[torch.randint(0, 1000, (20,), generator=g)] = -0.0
+        if trial % 5 == 0:
+            scores[torch.randint(0, 1000, (3,), generator=g)] = float("nan")
+        eligible = None if trial % 3 == 0 else torch.rand(1000, generator=g) < 0.6
+        fraction = [0.25, 0.5, 0.75, 1.0, 0.001][trial % 5]
+        counts = [int(c) for c in torch.randint(0, 400, (3,), generator=g)] if trial % 4 == 1 else None
+        expected = torch.zeros(1000, dtype=torch.bool)
+        for k, (start, stop) in enumerate(groups):
+            pool = torch.arange(start, stop)
+            if eligible is not None:
+                pool = pool[eligible[start:stop]]
+            if pool.numel() == 0:
+                continue
+            count = kept_count(pool.numel(), fraction) if counts is None else min(counts[k], pool.numel())
+            expected[pool[torch.argsort(scores[pool], descending=True, stable=True)[:count]]] = True
+        assert torch.equal(keep_largest(scores, groups, fraction, eligible=eligible, counts=counts), expected), trial
 
 
 # ------------------------------------------------------------------ two rounds by hand

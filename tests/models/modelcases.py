@@ -27,7 +27,7 @@ CASES: dict[str, Case] = {
     **{f"{name}-GN": CIFAR10 for name in ("ResNet10", "ResNet18", "ResNet34", "GoogleNet", "MobileNet")},
     "AlexNet": Case("TinyImagenet", (3, 64, 64), 200),
     "Digit5CNN": Case("Digit5", (3, 32, 32), 10), "Digit5CNN-GN": Case("Digit5", (3, 32, 32), 10),
-    "HARCNN": Case("HAR", (9, 1, 128), 6),
+    "HARCNN": Case("HAR", (9, 1, 128), 6), "VGG9": CIFAR10,
     "AmazonMLP": Case("AmazonReview", (5000,), 2),
     **{name: AGNEWS for name in ("LSTM", "BiLSTM", "fastText", "TextCNN", "Transformer")},
 }

@@ -98,6 +98,17 @@ def test_digit5_cnn():
     assert count("Digit5CNN-GN", (3, 32, 32), 10) == expected
 
 
+def test_vgg9_is_fedmas():
+    """FedMA's VGG-9 on CIFAR-10, 3x3 convolutions: 3*32*9+32 = 896; 32*64*9+64 = 18,496;
+    64*128*9+128 = 73,856; 128*128*9+128 = 147,584; 128*256*9+256 = 295,168; 256*256*9+256 =
+    590,080; FC 256*4*4 = 4,096 -> 512: 2,097,664; FC 512 -> 512: 262,656; classifier 5,130. On
+    MNIST the first convolution has one input channel (320) and the FC input is 256*3*3 = 2,304."""
+    expected = 896 + 18_496 + 73_856 + 147_584 + 295_168 + 590_080 + 2_097_664 + 262_656 + 5_130
+    assert count("VGG9", (3, 32, 32), 10) == expected == 3_491_530
+    mnist = expected - 896 + 320 - 2_097_664 + (2_304 * 512 + 512)
+    assert count("VGG9", (1, 28, 28), 10) == mnist == 2_573_450
+
+
 def test_cnn_bn_adds_norms_and_float_buffers_to_the_vector():
     """FedAvg CNN on MNIST: 1*32*25+32 + 32*64*25+64 + 1024*512+512 + 512*10+10 = 582,026; the three
     norms add 2*(32+64+512) = 1,216 parameters and as many running-statistic floats."""

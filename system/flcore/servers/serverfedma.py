@@ -1,8 +1,9 @@
 """FedMA: Federated Matched Averaging (Wang, Yurochkin, Sun, Papailiopoulos, Khazaeni, ICLR 2020,
 arXiv:2002.06440), for chain models (``flcore/trainmodel/widths.py``): MLR, DNN, MLP (2NN), AmazonMLP,
-CNN (FedAvgCNN), CNN-BN, LeNet, HARCNN and Digit5CNN (a VGG-style stack of three convolutions with
-BatchNorm and two FC layers, the closest to the paper's VGG-9 here); other models (ResNets,
-GoogLeNet, MobileNet, GroupNorm variants, text models) are refused in one line.
+CNN (FedAvgCNN), CNN-BN, LeNet, HARCNN, VGG9 (the paper's VGG-9: six convolutions in three pooled
+blocks and two FC layers, ``flcore/trainmodel/vgg.py``) and Digit5CNN (a VGG-style stack of three
+convolutions with BatchNorm and two FC layers); other models (ResNets, GoogLeNet, MobileNet,
+GroupNorm variants, text models) are refused in one line.
 
 Rounds (one communication round each; H hidden layers, the head is layer H):
 
@@ -28,7 +29,8 @@ Choices where the paper leaves room: all clients start from the common initial m
 round 0); a round's local training is ``-ls`` epochs in both phases (the paper's retraining epochs);
 a matched unit is the plain mean of its clients' units (the θ of the paper's squared-cost objective;
 not PFNM's posterior mean, not weighted by samples); BBP-MAP's defaults σ = σ0 = γ0 = 1 and 5
-passes are the authors' code's. Digit5CNN is accepted by structure; the tests run the smaller models.
+passes are the authors' code's. The tests train VGG-9 at a few units a layer; Digit5CNN (25M
+parameters) is checked by structure only.
 
 The paper trains every client every round. A client that did not upload in the round a layer was
 (re)matched holds no assignment for it; when it next trains it receives the layer's most popular
@@ -114,7 +116,7 @@ class FedMAServer(Server):
             chain = chain_of(self.model.module)
         except NotAChain as why:
             raise FLError(f"FedMA matches the units of chain models (MLR, DNN, MLP, AmazonMLP, CNN, CNN-BN, LeNet, "
-                          f"HARCNN, Digit5CNN); -m {self.args.model} does not fit: {why}") from None
+                          f"HARCNN, VGG9, Digit5CNN); -m {self.args.model} does not fit: {why}") from None
         others = sorted(set(self.plugins) - COMPATIBLE_PLUGINS)
         if others or any(p.takes_aggregation for p in self.plugins.values()):
             raise FLError(f"FedMA aggregates by matching units and its global model changes widths, which "
