@@ -37,12 +37,12 @@ decides how many forward passes that takes.
   intra-op threads (``--num_threads``; PyTorch's default is one per core), each computing whole
   batches on one intra-op thread, rather than computed one after another with every thread
   working on each batch. The logits are those of ``--num_threads 1`` bit for bit, whatever the
-  thread count. Measured on the project's 2-core EPYC (FedAvg CNN, MNIST, batch 128, one model):
-  idle, PyTorch's two threads per batch evaluated P1's 70,000 rows in 4.5 s against 8.0 s on one
-  thread, while the two-thread split is as fast (it needs no barrier per operation); at a load of
-  10 (other processes on both cores) two threads per batch managed 500-540 rows/s, one thread
-  1,800-1,900, and the split 2,500-2,950, because OpenMP's team waits at every operation for
-  whichever of its threads was descheduled. A GPU computes batch after batch as before.
+  thread count. Measured on the project's 2-core EPYC (FedAvg CNN, 28x28 inputs, batch 128, one
+  model, 20,000 rows) at a load of 10 (other processes on both cores): two threads per batch
+  managed 500-540 rows/s, one thread 1,800-1,900, the split over two threads 2,500-2,950 (and
+  7,600 rows per CPU second against 1,400-1,500), because OpenMP's team waits at every operation
+  for whichever of its threads was descheduled. On the idle machine two threads per batch took
+  P1's 70,000 rows in 4.5 s against 8.0 s on one thread. A GPU computes batch after batch as before.
 * **Metrics.** Correct counts, train-loss sums and the micro-AUC (:mod:`utils.auc`: every
   client of a pass at once, equal to scikit-learn's) are computed where the logits are and kept
   there until the end of the evaluation, which copies them to the host in one transfer.
