@@ -283,3 +283,27 @@ def test_cpu_batches_spread_over_threads_give_the_one_thread_numbers(shared):
     assert list(two.client_acc) == list(one.client_acc)
     assert (two.test_acc, two.test_auc, two.train_loss) == (one.test_acc, one.test_auc, one.train_loss)
     assert_matches(two, reference(server, vectors))
+
+
+def test_threaded_runs_give_the_same_curves_on_one_and_two_threads():
+    """The threaded engine trains on one intra-op thread per worker and evaluation spreads its
+    batches the same way, so a run's curves and final model do not depend on the thread count
+    (with the dropout left in, the engine trains on the main thread's two threads, and the final
+    models differed)."""
+    runs = []
+    for threads in (1, 2):
+        torch.manual_seed(0)
+        module = SmallBNNet()
+        module.body[4] = nn.Identity()  # no dropout: the threaded engine trains every client in its workers
+        server = build_server(make_args("FedAvg", engine="threaded", workers=2, eval_batch_size=4, global_rounds=2,
+                                        batch_size=3, save_model=False), ragged_images(), module)
+        torch.set_num_threads(threads)
+        try:
+            server.train(progress=False)
+        finally:
+            torch.set_num_threads(1)
+            server.close()
+        runs.append((server.history, server.global_params))
+    (one, w1), (two, w2) = runs
+    assert torch.equal(w1, w2)
+    assert (one.test_acc, one.test_auc, one.train_loss) == (two.test_acc, two.test_auc, two.train_loss)
