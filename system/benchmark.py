@@ -574,6 +574,14 @@ def parse_pfllib_stdout(stdout: str) -> tuple[list[float], list[float]]:
     return times, accs
 
 
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of this process's finished child processes so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: int, warmup: int,
                    timeout: int) -> dict:
     """PFLlib's own ``main.py`` on P1's partition with P1's flags; its per-round times (stdout's
@@ -594,12 +602,16 @@ def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: 
         root = Path(tmp)
         env = pfllib_workspace(pfllib, data_folder, root)
         argv = [sys.executable, "main.py", *PFLLIB_P1_FLAGS, "-gr", str(warmup + rounds - 1), "-dev", device]
-        started = time.perf_counter()
+        started, children_cpu, result["load_avg_before"] = time.perf_counter(), _children_cpu_s(), os.getloadavg()
         try:
             done = subprocess.run(argv, cwd=root / "system", capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return result | {"error": f"PFLlib's main.py timed out after {timeout} s"}
         result["wall_s"] = time.perf_counter() - started
+        result["load_avg_after"] = os.getloadavg()
+        # its CPU seconds (all threads), start-up and data loading included: a load-independent figure
+        result["cpu_s_total"] = _children_cpu_s() - children_cpu
+        result["cpu_s_per_round"] = result["cpu_s_total"] / (warmup + rounds)
     times, accs = parse_pfllib_stdout(done.stdout)
     if done.returncode != 0 or len(times) <= warmup:
         tail = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
@@ -615,10 +627,18 @@ def pfllib_lines(own: dict, results: list[dict]) -> list[str]:
         return [f"  P1 PFLlib's own main.py: {own['error']}"]
     lines = [f"  P1 PFLlib's own main.py ({own.get('pfllib_commit') or own['pfllib_dir']}): {own['s_per_round']:.2f} s/round "
              f"(median of {own['timed_rounds']}; rounds " + ", ".join(f"{t:.2f}" for t in own["round_times"]) + ")"]
+    if own.get("cpu_s_per_round") is not None:
+        lines.append(f"  P1 PFLlib's own main.py: {own['cpu_s_per_round']:.2f} CPU s/round (its whole run's CPU seconds, "
+                     f"start-up included, over its {len(own['round_times'])} rounds); "
+                     f"load {_fmt(own['load_avg_before'][0], '.1f')} before, {_fmt(own['load_avg_after'][0], '.1f')} after")
     for r in results:
         if r["config"] == "P1" and "error" not in r and r.get("s_per_round") and not r.get("interleaved"):
-            lines.append(f"  P1 {r['engine']} vs PFLlib's own main.py: speed-up {own['s_per_round'] / r['s_per_round']:.2f}x "
-                         f"per round ({r['s_per_round']:.3f} vs {own['s_per_round']:.2f} s)")
+            line = (f"  P1 {r['engine']} vs PFLlib's own main.py: speed-up {own['s_per_round'] / r['s_per_round']:.2f}x "
+                    f"per round ({r['s_per_round']:.3f} vs {own['s_per_round']:.2f} s)")
+            if own.get("cpu_s_per_round") and r.get("cpu_s_per_round"):
+                line += (f", {own['cpu_s_per_round'] / r['cpu_s_per_round']:.2f}x in CPU seconds "
+                         f"({r['cpu_s_per_round']:.2f} vs {own['cpu_s_per_round']:.2f})")
+            lines.append(line)
     return lines
 
 

@@ -44,8 +44,13 @@ def test_pfllib_own_run_gets_our_partition_in_its_format_and_its_round_times(tmp
     assert own["round_times"] == [2.0, 3.0, 4.0] and own["s_per_round"] == 3.5 and own["timed_rounds"] == 2
     assert own["final_test_acc"] == pytest.approx(0.5002)
     assert own["argv"][own["argv"].index("-gr") + 1] == "2" and "-nc" in own["argv"]
-    lines = benchmark.pfllib_lines(own, [{"config": "P1", "engine": "batched", "s_per_round": 0.5}])
-    assert "speed-up 7.00x" in lines[1]
+    # its CPU seconds (the child's, start-up included) and the load around it, for a loaded machine
+    assert own["cpu_s_total"] > 0 and own["cpu_s_per_round"] == pytest.approx(own["cpu_s_total"] / 3)
+    assert len(own["load_avg_before"]) == len(own["load_avg_after"]) == 3
+    own["cpu_s_per_round"] = 4.0
+    lines = benchmark.pfllib_lines(own, [{"config": "P1", "engine": "batched", "s_per_round": 0.5, "cpu_s_per_round": 1.0}])
+    assert "4.00 CPU s/round" in lines[1] and "over its 3 rounds" in lines[1] and "load " in lines[1]
+    assert "speed-up 7.00x" in lines[2] and "4.00x in CPU seconds" in lines[2]
 
 
 def test_pfllib_own_run_says_what_is_missing(tmp_path):

@@ -8,6 +8,7 @@ must give the reference's numbers up to float rounding."""
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 
 import numpy as np
@@ -255,3 +256,54 @@ def test_params_for_may_use_autograd(group):
 
     stepped = [one_step(i) for i in range(len(vectors))]
     assert_matches(server.evaluate_models(one_step), reference(server, stepped))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_cpu_batches_spread_over_threads_give_the_one_thread_numbers(shared):
+    """With two intra-op threads a CPU pass computes its batches in two worker threads, each on one
+    intra-op thread without autograd: the results equal those of one thread bit for bit."""
+    server = make_server("batchnorm")
+    vectors = [server.global_params] * len(server.clients) if shared else personal_vectors(server)
+    seen = []
+    server.model.module.register_forward_pre_hook(
+        lambda module, inputs: seen.append((threading.current_thread().name, torch.get_num_threads(),
+                                            torch.is_grad_enabled())))
+    one = server.evaluate_models(lambda i: vectors[i])
+    assert {name for name, _, _ in seen} == {threading.current_thread().name}  # one thread: no workers
+    seen.clear()
+    torch.set_num_threads(2)
+    try:
+        two = server.evaluate_models(lambda i: vectors[i])
+    finally:
+        torch.set_num_threads(1)
+        server.evaluator.close()
+    # a pass of one batch (a personal model's few rows) stays on the calling thread
+    workers = {(threads, grad) for name, threads, grad in seen if name.startswith("fl-eval")}
+    assert workers == {(1, False)} and not any(grad for _, _, grad in seen)
+    assert list(two.client_acc) == list(one.client_acc)
+    assert (two.test_acc, two.test_auc, two.train_loss) == (one.test_acc, one.test_auc, one.train_loss)
+    assert_matches(two, reference(server, vectors))
+
+
+def test_threaded_runs_give_the_same_curves_on_one_and_two_threads():
+    """The threaded engine trains on one intra-op thread per worker and evaluation spreads its
+    batches the same way, so a run's curves and final model do not depend on the thread count
+    (with the dropout left in, the engine trains on the main thread's two threads, and the final
+    models differed)."""
+    runs = []
+    for threads in (1, 2):
+        torch.manual_seed(0)
+        module = SmallBNNet()
+        module.body[4] = nn.Identity()  # no dropout: the threaded engine trains every client in its workers
+        server = build_server(make_args("FedAvg", engine="threaded", workers=2, eval_batch_size=4, global_rounds=2,
+                                        batch_size=3, save_model=False), ragged_images(), module)
+        torch.set_num_threads(threads)
+        try:
+            server.train(progress=False)
+        finally:
+            torch.set_num_threads(1)
+            server.close()
+        runs.append((server.history, server.global_params))
+    (one, w1), (two, w2) = runs
+    assert torch.equal(w1, w2)
+    assert (one.test_acc, one.test_auc, one.train_loss) == (two.test_acc, two.test_auc, two.train_loss)

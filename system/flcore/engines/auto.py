@@ -9,6 +9,18 @@
   intra-op threads on one client.
 * On a single core: the sequential engine.
 
+Why not the sequential engine on PyTorch's intra-op threads (issue 28, P1's MNIST CNN at B=10 on
+the project's 2-core EPYC, torch 2.13): one client's step took 3.05 ms on two threads on the idle
+machine, 4.8-5.2 ms on one, but 15.7 ms on two as soon as one other process ran, since OpenMP's
+team waits at every operation for whichever thread was descheduled; a round of P1 measured
+36.1 s/round that way at a load near 2. Two workers on one thread each cannot lose a core to a
+barrier: a busy machine only slows them in proportion. On the idle machine they do the round's
+52,490 training samples in about 5,249 x 4.8 ms / 2 = 12.6 s, the compute floor the issue
+estimates (1.3 TFLOP at about 100 GFLOPS), and evaluation spreads its batches the same way
+(``flcore/evaluation.py``). The per-step Python (clientbase's hooks, the batch index, the flat
+update) was at most 8% of a step under cProfile (which inflates Python calls); the rest is
+oneDNN's convolutions and matrix products.
+
 The choice does not depend on the model: a report that the threaded engine is slower than the
 sequential one for ``MobileNet-GN`` / ``ResNet10-GN`` on tiny data was checked (2-core machine at a
 load of 12-17, FedAvg, 4-6 clients of 30 samples, batch 10, seq/thr interleaved in one process).

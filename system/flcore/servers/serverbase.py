@@ -279,10 +279,12 @@ class Server:
         return self.history
 
     def close(self) -> None:
-        """Release the engine's worker threads and the state store's files (the run is over)."""
+        """Release the engine's and the evaluator's worker threads and the state store's files (the
+        run is over)."""
         close_engine = getattr(self.engine, "close", None)
         if close_engine is not None:
             close_engine()
+        self.evaluator.close()
         self.state.close()
 
     def drop_uploads(self, rnd: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
