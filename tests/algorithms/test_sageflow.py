@@ -116,6 +116,15 @@ def test_when_every_upload_is_filtered_the_global_model_stays():
     assert srv.history.extra_series["sageflow_filtered"] == [len(result.updates)] and result.updates
 
 
+def test_a_round_that_filters_every_upload_warns_once(caplog):
+    srv = server(sageflow_eth=1e-9)
+    with caplog.at_level("WARNING", logger="fl"):
+        run_round(srv, 0)
+        run_round(srv, 1)
+    said = [r.getMessage() for r in caplog.records if "filtered out every upload" in r.getMessage()]
+    assert len(said) == 1 and "--sageflow_eth" in said[0]
+
+
 def run(**flags):
     srv = server(straggler_delay=2, attack="sign_flip", attack_fraction=0.34, sageflow_eth=1.09, **flags)
     for rnd in range(4):

@@ -42,6 +42,8 @@ Choices where the paper and the official code (savertm/Sageflow) differ, deliber
 """
 from __future__ import annotations
 
+import logging
+
 from argparse import ArgumentParser
 
 import numpy as np
@@ -56,6 +58,8 @@ from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs
 from utils.public_data import require_public_data
+
+log = logging.getLogger("fl")
 
 #: public samples scored in one forward pass (bounds the activation memory of large public sets)
 SCORE_BATCH = 1024
@@ -101,6 +105,7 @@ class SageflowServer(Server):
                       "20 for FMNIST); 0: off")
 
     def setup(self) -> None:
+        self._said_all_filtered = False
         public = require_public_data(self.dataset, "Sageflow")
         self.public_x = public.x.to(self.device)
         self.public_y = public.y.to(self.device)
@@ -137,8 +142,15 @@ class SageflowServer(Server):
             else:
                 dropped.append((update.index, start))
         self.record_filter(updates, package, dropped)
-        if not groups:
-            return  # every upload filtered out: the global model stays
+        if not groups:  # every upload filtered out: the global model stays
+            if not self._said_all_filtered:  # from a random start this can last the whole run: say so once
+                log.warning("warning: Sageflow round %d filtered out every upload (each one's mean prediction entropy "
+                            "on the public data is >= --sageflow_eth %g), so the global model did not move; if this "
+                            "persists, raise --sageflow_eth (the official code uses 2.5 for its backdoor runs; an "
+                            "untrained 10-class model predicts near ln 10 = 2.3) or train more locally per round",
+                            now, self.hp.sageflow_eth)
+                self._said_all_filtered = True
+            return
         starts = sorted(groups, reverse=True)  # the fresh group first
         averages, kept_samples = [], []
         for start in starts:
