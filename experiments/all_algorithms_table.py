@@ -27,13 +27,14 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import traceback
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from common import OUT, add_training_flags, generate_data, mean_std, run_variant
+from common import OUT, add_training_flags, generate_data, mean_std, results_folder, run_variant
 from flcore.registry import list_algorithms, load_all  # noqa: E402  (common puts system/ on the path)
 
 FMNIST_RAW = Path("/usr/share/datasets/fashion-mnist")
@@ -73,7 +74,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default="DNN")
     parser.add_argument("--engine", default="sequential", help="--engine of main.py (sequential: one core per process)")
     parser.add_argument("--table-only", action="store_true", help="run nothing: write the table of the rows run so far")
-    parser.add_argument("--skip-done", action="store_true", help="skip rows already run at this scale")
+    parser.add_argument("--skip-done", action="store_true", help="skip rows already run at this scale or being run by another process")
     return parser.parse_args(argv)
 
 
@@ -160,6 +161,26 @@ def table(records: dict[str, dict]) -> list[str]:
     return lines
 
 
+def is_done(name: str, args: argparse.Namespace) -> bool:
+    """The row has a record at this scale (read afresh: another process may have just written it)."""
+    path = ROWS_DIR / f"{name}.json"
+    return path.is_file() and json.loads(path.read_text()).get("scale") == scale_text(args)
+
+
+def in_progress(name: str) -> bool:
+    """Another process runs the row now: ``main`` holds a lock file, naming a live process, in its results
+    folder (a killed run leaves its lock files behind)."""
+    for lock in results_folder(EXPERIMENT, name).glob(".*.lock"):
+        try:
+            os.kill(int(lock.read_text().strip()), 0)
+        except (ValueError, ProcessLookupError):
+            continue
+        except PermissionError:  # alive, another user's
+            pass
+        return True
+    return False
+
+
 def load_records() -> dict[str, dict]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(ROWS_DIR.glob("*.json"))}
 
@@ -174,9 +195,8 @@ def main_(argv: list[str] | None = None) -> None:
             raise SystemExit(f"not registered: {', '.join(unknown)}")
         part, parts = (int(v) for v in args.shard.split("/"))
         data = ensure_data(args)
-        done = {name: rec for name, rec in load_records().items() if rec.get("scale") == scale_text(args)}
         for name in names[part - 1::parts]:
-            if args.skip_done and name in done:
+            if args.skip_done and (is_done(name, args) or in_progress(name)):
                 continue
             rec = run_row(name, data, args)
             print(f"{name}: {rec.get('failed') or mean_std([r['final'] for r in rec['runs']])} "
