@@ -49,16 +49,17 @@ ALGORITHM_FLAGS: dict[str, list[str]] = {
     # PFLlib's -bt default 0 stops its FedCAC at an assertion (beta >= 1) and ours refuses it: the paper's
     # τ = 0.5, β = 50 (our defaults) on both sides instead
     "FedCAC": ["-tau", "0.5", "-bt", "50"], "PFL-DA": ["-lam", "1.0"], "FedAS": [], "FedGC": ["-lam", "1.0"],
+    "FedCP": ["-lam", "1.0"], "GPFL": ["-lam", "1.0", "-mu", "0.0"],
 }
-#: issue 24's and 25's PFLlib algorithms that exist here (GPFL and FedCP are not built yet)
+#: issue 24's and 25's PFLlib algorithms
 DEFAULT_ALGORITHMS = ["FD", "FedProto", "FedPCL", "FedGH", "FedPAC", "FML", "FedKD", "FedMTL", "FedFomo", "APPLE",
-                      "FedPHP", "FedDBE", "FedCAC", "PFL-DA", "FedAS", "FedGC"]
+                      "FedPHP", "FedDBE", "FedCAC", "PFL-DA", "FedAS", "FedGC", "FedCP", "GPFL"]
 #: the algorithms whose model PFLlib's main.py splits into ``BaseHeadSplit(base, head)`` (FedPCL: fc set
 #: to Identity, no head); with ``-m DNN`` that leaves log_softmax on the features, so ours runs the
 #: same function, ``DNN-PFLlib``, for them. The others run PFLlib's whole DNN, whose final log_softmax
 #: changes no cross-entropy: ours runs ``DNN`` (logits) for them.
 SPLIT_IN_PFLLIB = {"FedAvg", "FedProto", "FedPCL", "FedGH", "FedPAC", "FedKD", "FedPHP", "FedDBE", "PFL-DA", "FedAS",
-                   "FedGC"}
+                   "FedGC", "FedCP", "GPFL"}
 #: our curve that measures what PFLlib's "Averaged Test Accuracy" measures, where it is not
 #: ``rs_test_acc``: PFLlib's FedProto reports only the nearest-global-prototype accuracy
 SAME_METRIC = {"FedProto": "acc_proto"}
