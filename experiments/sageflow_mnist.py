@@ -54,7 +54,14 @@ from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags,
                     write_table)
 from flcore.registry import load_all  # importable once common has put system/ on the path
 
-PUBLIC = ["--public_data", str(1000 / 60000)]
+#: the server's public samples (the official 1,000), drawn from the training pool of 100 clients
+PUBLIC_SAMPLES = 1000
+
+
+def public(samples_per_client: int) -> list[str]:
+    """``--public_data`` as the fraction of the training pool that is 1,000 samples (MNIST's pool:
+    60,000; with ``--samples`` N per client, 100 N)."""
+    return ["--public_data", str(PUBLIC_SAMPLES / (100 * samples_per_client if samples_per_client else 60000))]
 #: the official code's hidden γ halving period, in rounds
 GAMMA_HALVING = {"MNIST": 15, "FashionMNIST": 20}
 
@@ -142,6 +149,9 @@ def main() -> None:
     parser.add_argument("--backdoor_from_round", type=int, default=10,
                         help="backdoor setting: the first round of the x10 boost (Sageflow: 10 of 150)")
     parser.add_argument("--dataset", choices=list(RAW), default="MNIST")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="training samples kept per client, before the public set is taken out (0: all ~600; "
+                             "fewer make a round cheaper on a small CPU)")
     parser.add_argument("--raw_dir", type=Path, default=None, help="the dataset's four IDX files (default: RAW)")
     add_training_flags(parser, lr=0.1, lr_help="local lr (plain SGD; see the module docstring)", batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
@@ -149,17 +159,19 @@ def main() -> None:
     load_all()
     data = args.data
     if data is None:
-        data = OUT / "data" / f"{args.dataset}_shard100_global"
+        data = OUT / "data" / (f"{args.dataset}_shard100_global" + (f"_{args.samples}s" if args.samples else ""))
         raw = args.raw_dir or RAW[args.dataset]
+        cap = ["--samples-per-client", str(args.samples)] if args.samples else []
         generate_data(f"generate_{args.dataset}.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split",
-                                                      "global", "--raw-dir", str(raw), "--out-dir", str(data)])
+                                                      "global", "--raw-dir", str(raw), "--out-dir", str(data), *cap])
     name = f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
     columns = [f"round {r}" for r in range(args.rounds + 1)]
     if args.setting == "stragglers":
         columns.append(f"virtual s to {100 * args.target:g}%")
     if args.setting == "backdoor":
         columns += [f"ASR round {r}" for r in range(args.rounds + 1)]
-    lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {args.rounds} rounds, E = {args.local_epochs}, "
+    lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {args.samples or 'all'} training samples per client, "
+             f"{args.rounds} rounds, E = {args.local_epochs}, "
              f"B = {args.batch_size}, lr {args.lr}, {args.times} seed(s) from {args.seed}",
              "", "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     extra = ["--engine", "sequential", "--num_threads", "1"]
@@ -169,7 +181,7 @@ def main() -> None:
                                          GAMMA_HALVING[args.dataset]):
         if args.only and label not in args.only:
             continue
-        run = run_variant(name, label, algo, ["-jr", "0.2", *PUBLIC, *flags], data, args, "CNN", args.rounds,
+        run = run_variant(name, label, algo, ["-jr", "0.2", *public(args.samples), *flags], data, args, "CNN", args.rounds,
                           extra, diverged_is_result=True)
         if isinstance(run, str):
             lines.append(f"| {label} | {run} |")
