@@ -10,7 +10,8 @@ run (``rs_budget_spent``), the uploads the server bought and how many of them we
 (``rs_attack_uploads``).
 
 ``--part flchain``: FedAvg, FLChain with every edge node honest and FLChain with one malicious
-node of five (``--flchain_malicious 1``, outvoted by the quorum). All clients train every round.
+node of five (``--flchain_malicious 1``, outvoted by the quorum). Half the clients
+train each round (``-jr 0.5``).
 Columns: final and best accuracy, the largest difference of the accuracy curve from FedAvg's of
 the same seed (0: the committed models are FedAvg's), the nodes outvoted over the run, and the
 virtual seconds the run took (FLChain's consensus and blocks are on the clock).
@@ -107,7 +108,7 @@ def main() -> None:
     for label, algo, flags in rows:
         if args.only and label not in args.only:
             continue
-        extra = [*EXTRA, "-jr", "1"] if args.part == "flchain" else EXTRA
+        extra = [*EXTRA, "-jr", "0.5"] if args.part == "flchain" else EXTRA
         run = run_variant(f"trust_{args.part}", label, algo, flags, data, args, args.model, args.rounds, extra,
                           quiet=True)
         if isinstance(run, str):
