@@ -40,7 +40,10 @@ Differences from the official code, on purpose or forced (also in RESULTS.md):
 Usage (from the repository root; E and rounds are reduced on a small CPU, say so when reporting)::
 
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 10 --local_epochs 1 --times 1
-    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --rounds 20 --times 3
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting sign_flip --rounds 10 --local_epochs 1 --times 3
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --times 3 --target 0.6
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting backdoor --samples 150 --rounds 6 --backdoor_from_round 2
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --dataset FashionMNIST --setting sign_flip --samples 150 --rounds 10
 """
 from __future__ import annotations
 
