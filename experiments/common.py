@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from types import MappingProxyType
+from typing import Mapping, NamedTuple, Sequence
 
+import h5py
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
@@ -20,6 +22,8 @@ sys.path.insert(0, str(REPO / "system"))
 
 import main  # noqa: E402
 from flcore.registry import ALGORITHMS  # noqa: E402
+from utils.result_utils import result_path  # noqa: E402
+from utils.run_control import is_finished  # noqa: E402
 
 OUT = REPO / "experiments" / "out"
 MNIST_RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
@@ -52,13 +56,47 @@ def generate_data(generator: str, options: list[str]) -> None:
 
 
 class Run(NamedTuple):
-    """A finished run: its results files and when it started (``time.perf_counter``)."""
+    """A row's runs: the results files of the seeds that finished (seed order), when the row started
+    (``time.perf_counter``), and the seeds that diverged, each as its results file (the curve up to
+    the divergence, marked unfinished by ``main``) and the round it diverged in, counted from 1 as
+    the evaluation after round r is (``main``'s messages count training rounds from 0): a seed
+    that diverged in round r holds r evaluations, those after rounds 0..r-1."""
 
     paths: list[Path]
     started: float
+    diverged: Mapping[Path, int] = MappingProxyType({})
 
     def seconds(self) -> float:
         return time.perf_counter() - self.started
+
+    def every_seed(self) -> list[Path]:
+        """The results file of every seed, finished or diverged, in seed order."""
+        return sorted([*self.paths, *self.diverged], key=run_index)
+
+    def note(self) -> str:
+        """``diverged at round r in k/n seeds`` (rounds listed when they differ); empty when none diverged."""
+        if not self.diverged:
+            return ""
+        rounds = sorted(set(self.diverged.values()))
+        where = f"round {rounds[0]}" if len(rounds) == 1 else "rounds " + ", ".join(map(str, rounds))
+        return f"diverged at {where} in {len(self.diverged)}/{len(self.paths) + len(self.diverged)} seeds"
+
+
+def run_index(path: Path) -> int:
+    """The run (repeat) index ``i`` of a results file ``<dataset>_<algorithm>_<goal>_<i>.h5``."""
+    return int(path.stem.rsplit("_", 1)[1])
+
+
+def diverged_round(path: Path) -> int | None:
+    """The round a run diverged in, counted from 1, when ``path`` holds the unfinished results ``main``
+    keeps of a diverged run (None: no such file, a finished run, or one stopped for another reason)."""
+    try:
+        with h5py.File(path, "r") as f:
+            if bool(f.attrs.get("finished", True)) or "stopped_at_round" not in f.attrs:
+                return None
+            return int(f.attrs["stopped_at_round"]) + 1  # main's training round index, from 0
+    except OSError:
+        return None
 
 
 def results_folder(experiment: str, label: str) -> Path:
@@ -68,12 +106,18 @@ def results_folder(experiment: str, label: str) -> Path:
 
 
 def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: Path, args: argparse.Namespace,
-                model: str, rounds: int, extra: Sequence[str] = (), quiet: bool = False) -> Run | str:
+                model: str, rounds: int, extra: Sequence[str] = (), quiet: bool = False,
+                diverged_is_result: bool = False) -> Run | str:
     """One table row through ``main.main`` with the script's ``args`` (lr, batch size, epochs, device,
     seed, ``-t`` repeats), ``extra`` main flags and the row's own ``flags``; its results go to a freshly emptied
     ``out/results/<experiment>/<tag>`` (an interrupted run's checkpoint goes too, so a rerun starts afresh).
-    Returns the run, or a note on why there are no results.
-    ``quiet`` swallows what ``main`` prints, for scripts that print only their table."""
+
+    Every seed runs, whatever the others did: a seed whose training diverges (``main`` exits 2 and
+    keeps its curve up to the divergence) does not stop the row; the seeds after it run on (``-pv``).
+    With ``diverged_is_result`` (attack experiments, where collapsing is the outcome measured) the
+    row is a :class:`Run` whose ``diverged`` holds those seeds; otherwise any diverged seed makes the
+    row a note, ``diverged at round r in k/n seeds``. Returns the run, or a note on why there are no
+    results. ``quiet`` swallows what ``main`` prints, for scripts that print only their table."""
     if algo not in ALGORITHMS:
         return f"skipped: algorithm {algo!r} is not registered"
     results = results_folder(experiment, label)
@@ -86,15 +130,29 @@ def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: 
             "-lr", str(args.lr), "-lbs", str(args.batch_size), "-ls", str(args.local_epochs),
             "--seed", str(args.seed), "-t", str(args.times), "-go", tag, "--results_dir", str(results), "--save_model", "False",
             "--eval_auc", "False", "--eval_train_loss", "False", "--progress", "False", "-q", "True", *extra, *flags]
+    name = ALGORITHMS.get(algo).registered_name  # the name main writes into the file names
+    files = [result_path(str(data), name, tag, i, results) for i in range(args.times)]
     started = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
-            code = main.main(argv)
-    except SystemExit as exc:  # argparse rejects a flag the algorithm does not (yet) declare
-        return f"failed: command line rejected (exit {exc.code})"
-    if code != 0:
-        return f"failed: main.main exited with {code}"
-    return Run(sorted(results.glob("*.h5")), started)
+    diverged: dict[Path, int] = {}
+    first = 0  # the first seed (run index) not run yet: run i has seed args.seed + i, as in one main call
+    while first < args.times:
+        try:
+            with contextlib.redirect_stdout(io.StringIO()) if quiet else contextlib.nullcontext():
+                code = main.main([*argv, "-pv", str(first)])
+        except SystemExit as exc:  # argparse rejects a flag the algorithm does not (yet) declare
+            return f"failed: command line rejected (exit {exc.code})"
+        if code == 0:
+            break
+        failed = next((i for i in range(first, args.times) if not is_finished(files[i])), None)
+        stopped = diverged_round(files[failed]) if code == 2 and failed is not None else None
+        if stopped is None:
+            return f"failed: main.main exited with {code}"
+        diverged[files[failed]] = stopped
+        first = failed + 1
+    run = Run([f for f in files if f not in diverged], started, MappingProxyType(diverged))
+    if diverged and not diverged_is_result:
+        return run.note()
+    return run
 
 
 def mean_std(values: Sequence[float | None], scale: float = 100.0, digits: int = 2) -> str:

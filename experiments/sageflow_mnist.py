@@ -5,7 +5,8 @@ Setting (savertm/Sageflow's ``scripts/Sageflow_both.sh``): 100 clients, McMahan'
 (2 label shards each), the standard MNIST test set (``--test-split global``), 20% of the clients
 selected each round, 1,000 public samples held by the server (``--public_data 1000/60000`` of the
 training pool, removed from the clients), B = 10, stragglers with delays uniform in {0, 1, 2}
-rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds.
+rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 on Fashion-MNIST,
+``--dataset FashionMNIST``).
 
 ``--setting``:
 
@@ -13,9 +14,18 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds.
   s = ``--attack_scale`` (the official script's 0.1), stragglers S = 2: the side-by-side with the
   official code (experiments/RESULTS.md). A third row, Sageflow with E_th = inf and δ = 0, is what
   the official code runs as "Fedavg" (its ``Sag()`` groups plain averages by staleness too).
-* ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8) and
-  FedAvg ignoring stragglers.
-* ``sign_flip``: 20% attackers, sign flip s = 10, no stragglers: FedAvg, Sageflow and the median.
+* ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8),
+  FedAvg ignoring stragglers and FedAvg waiting for all (``--straggler_wait 1``: every round lasts
+  until its latest upload, 1 + max d periods of the virtual clock); the table adds the virtual time
+  to ``--target`` accuracy.
+* ``sign_flip``: 20% attackers, sign flip s = 10, no stragglers: FedAvg, Sageflow, the median,
+  Multi-Krum and RFA (the Sageflow paper's baselines).
+* ``backdoor``: 20% attackers with Sageflow's pixel backdoor (12 pixels, target 2, 3 of 10 samples
+  per batch, update ×10 from ``--backdoor_from_round``), no stragglers: FedAvg, Sageflow and
+  norm clipping; the table adds the attack success rate (``rs_backdoor_asr``).
+
+A seed whose training diverges (FedAvg under sign flip) is a result: its curve is kept up to the
+divergence and the row says ``diverged at round r in k/n seeds`` (``common.run_variant``).
 
 Differences from the official code, on purpose or forced (also in RESULTS.md):
 
@@ -30,7 +40,10 @@ Differences from the official code, on purpose or forced (also in RESULTS.md):
 Usage (from the repository root; E and rounds are reduced on a small CPU, say so when reporting)::
 
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 10 --local_epochs 1 --times 1
-    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --rounds 20 --times 3
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting sign_flip --rounds 10 --local_epochs 1 --times 3
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --times 3 --target 0.6
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting backdoor --samples 150 --rounds 6 --backdoor_from_round 2
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --dataset FashionMNIST --setting sign_flip --samples 150 --rounds 10
 """
 from __future__ import annotations
 
@@ -40,13 +53,28 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common import MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, run_variant, write_table
+from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std, run_variant,
+                    write_table)
 from flcore.registry import load_all  # importable once common has put system/ on the path
 
-PUBLIC = ["--public_data", str(1000 / 60000)]
-SAGEFLOW = ["--sageflow_eth", "1", "--sageflow_delta", "1", "--sageflow_lambda", "0.5", "--sageflow_gamma", "1",
-            "--sageflow_gamma_halving", "15"]
+#: the server's public samples (the official 1,000), drawn from the training pool of 100 clients
+PUBLIC_SAMPLES = 1000
+
+
+def public(samples_per_client: int) -> list[str]:
+    """``--public_data`` as the fraction of the training pool that is 1,000 samples (MNIST's pool:
+    60,000; with ``--samples`` N per client, 100 N)."""
+    return ["--public_data", str(PUBLIC_SAMPLES / (100 * samples_per_client if samples_per_client else 60000))]
+#: the official code's hidden γ halving period, in rounds
+GAMMA_HALVING = {"MNIST": 15, "FashionMNIST": 20}
+
+
+def sageflow(halving: int) -> list[str]:
+    return ["--sageflow_eth", "1", "--sageflow_delta", "1", "--sageflow_lambda", "0.5", "--sageflow_gamma", "1",
+            "--sageflow_gamma_halving", str(halving)]
 STRAGGLERS = ["--straggler_delay", "2"]
+#: the four IDX files of each dataset (Fashion-MNIST: the Debian package dataset-fashion-mnist)
+RAW = {"MNIST": MNIST_RAW, "FashionMNIST": Path("/usr/share/datasets/fashion-mnist")}
 
 
 def attack(scale: float) -> list[str]:
@@ -54,65 +82,122 @@ def attack(scale: float) -> list[str]:
             "--attack_scale", str(scale)]
 
 
-def variants(setting: str, scale: float) -> list[tuple[str, str, list[str]]]:
-    """(label, -algo, flags) of the setting's rows."""
+def backdoor(from_round: int) -> list[str]:
+    return ["--attack", "backdoor", "--attack_fraction", "0.2", "--attack_resample", "True",
+            "--backdoor_from_round", str(from_round)]
+
+
+def variants(setting: str, scale: float, from_round: int = 10, halving: int = 15) -> list[tuple[str, str, list[str]]]:
+    """(label, -algo, flags) of the setting's rows (``halving``: Sageflow's γ halving period)."""
+    sage = sageflow(halving)
     if setting == "official":
         both = [*STRAGGLERS, *attack(scale)]
         # the official code's "Fedavg" rule still groups by staleness (its Sag() on plain averages):
         # that is Sageflow with no filter and δ = 0
-        plain = [*SAGEFLOW, "--sageflow_eth", "inf", "--sageflow_delta", "0"]
-        return [("FedAvg", "FedAvg", both), ("Sageflow", "Sageflow", [*both, *SAGEFLOW]),
+        plain = [*sage, "--sageflow_eth", "inf", "--sageflow_delta", "0"]
+        return [("FedAvg", "FedAvg", both), ("Sageflow", "Sageflow", [*both, *sage]),
                 ("Sageflow E_th=inf, delta=0", "Sageflow", [*both, *plain])]
     if setting == "stragglers":
-        return [("Sageflow", "Sageflow", [*STRAGGLERS, *SAGEFLOW]),
+        return [("Sageflow", "Sageflow", [*STRAGGLERS, *sage]),
                 ("FedAsync", "FedAsync", [*STRAGGLERS, "--staleness_fn", "polynomial", "--staleness_a", "0.5",
                                           "--async_alpha", "0.8"]),
-                ("FedAvg ignoring stragglers", "FedAvg", [*STRAGGLERS, "--straggler_policy", "ignore"])]
-    return [("FedAvg", "FedAvg", attack(10.0)), ("Sageflow", "Sageflow", [*attack(10.0), *SAGEFLOW]),
-            ("median", "FedAvg", [*attack(10.0), "--robust", "median"])]
+                ("FedAvg ignoring stragglers", "FedAvg", [*STRAGGLERS, "--straggler_policy", "ignore"]),
+                ("FedAvg waiting for all", "FedAvg", [*STRAGGLERS, "--straggler_wait", "1"])]
+    if setting == "backdoor":
+        return [("FedAvg", "FedAvg", backdoor(from_round)),
+                ("Sageflow", "Sageflow", [*backdoor(from_round), *sage]),
+                ("clip", "FedAvg", [*backdoor(from_round), "--robust", "clip"])]
+    return [("FedAvg", "FedAvg", attack(10.0)), ("Sageflow", "Sageflow", [*attack(10.0), *sage]),
+            ("median", "FedAvg", [*attack(10.0), "--robust", "median"]),
+            ("Multi-Krum", "FedAvg", [*attack(10.0), "--robust", "multi_krum"]),
+            ("RFA", "FedAvg", [*attack(10.0), "--robust", "rfa"])]
 
 
-def curves(paths: list[Path]) -> np.ndarray:
-    """rs_test_acc of every repeat (rows), NaN after a run that stopped early."""
+def curves(paths: list[Path], series: str = "rs_test_acc", width: int = 0) -> np.ndarray:
+    """``series`` of every repeat (rows), at least ``width`` wide, NaN after a run that stopped early."""
     rows = []
     for path in paths:
         with h5py.File(path, "r") as f:
-            rows.append(np.asarray(f["rs_test_acc"], dtype=float))
-    width = max(len(r) for r in rows)
+            rows.append(np.asarray(f[series], dtype=float))
+    width = max(width, *(len(r) for r in rows))
     return np.stack([np.pad(r, (0, width - len(r)), constant_values=np.nan) for r in rows])
+
+
+def cell(values: np.ndarray, times: int) -> str:
+    """A round's mean ± std (in %) over the seeds that reached it; ``–`` when none did."""
+    present = values[np.isfinite(values)]
+    if not present.size:
+        return "–"
+    text = f"{np.mean(present):.2f} ± {np.std(present):.2f}" if times > 1 else f"{present[0]:.2f}"
+    return text if present.size == values.size else f"{text} ({present.size}/{values.size})"
+
+
+def target_times(paths: list[Path]) -> list[float | None]:
+    """Each run's ``virtual_time_to_target`` (None: the target was never reached)."""
+    times = []
+    for path in paths:
+        with h5py.File(path, "r") as f:
+            value = f.attrs.get("virtual_time_to_target")
+        times.append(None if value is None or not np.isfinite(value) else float(value))
+    return times
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--setting", choices=["official", "stragglers", "sign_flip"], default="official")
+    parser.add_argument("--setting", choices=["official", "stragglers", "sign_flip", "backdoor"], default="official")
     parser.add_argument("--rounds", type=int, default=150, help="global rounds (the official MNIST runs: 150)")
     parser.add_argument("--attack_scale", type=float, default=0.1, help="official setting: sign flip s")
-    parser.add_argument("--raw_dir", type=Path, default=MNIST_RAW, help="MNIST's four IDX files")
+    parser.add_argument("--target", type=float, default=0.8,
+                        help="stragglers setting: the accuracy whose virtual time to reach is reported")
+    parser.add_argument("--backdoor_from_round", type=int, default=10,
+                        help="backdoor setting: the first round of the x10 boost (Sageflow: 10 of 150)")
+    parser.add_argument("--dataset", choices=list(RAW), default="MNIST")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="training samples kept per client, before the public set is taken out (0: all ~600; "
+                             "fewer make a round cheaper on a small CPU)")
+    parser.add_argument("--raw_dir", type=Path, default=None, help="the dataset's four IDX files (default: RAW)")
     add_training_flags(parser, lr=0.1, lr_help="local lr (plain SGD; see the module docstring)", batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
     args = parser.parse_args()
     load_all()
     data = args.data
     if data is None:
-        data = OUT / "data" / "MNIST_shard100_global"
-        generate_data("generate_MNIST.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split", "global",
-                                            "--raw-dir", str(args.raw_dir), "--out-dir", str(data)])
-    name = f"sageflow_{args.setting}"
-    lines = [f"# Sageflow on MNIST, setting {args.setting}: {args.rounds} rounds, E = {args.local_epochs}, "
+        data = OUT / "data" / (f"{args.dataset}_shard100_global" + (f"_{args.samples}s" if args.samples else ""))
+        raw = args.raw_dir or RAW[args.dataset]
+        cap = ["--samples-per-client", str(args.samples)] if args.samples else []
+        generate_data(f"generate_{args.dataset}.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split",
+                                                      "global", "--raw-dir", str(raw), "--out-dir", str(data), *cap])
+    name = f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
+    columns = [f"round {r}" for r in range(args.rounds + 1)]
+    if args.setting == "stragglers":
+        columns.append(f"virtual s to {100 * args.target:g}%")
+    if args.setting == "backdoor":
+        columns += [f"ASR round {r}" for r in range(args.rounds + 1)]
+    lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {args.samples or 'all'} training samples per client, "
+             f"{args.rounds} rounds, E = {args.local_epochs}, "
              f"B = {args.batch_size}, lr {args.lr}, {args.times} seed(s) from {args.seed}",
-             "", "| method | " + " | ".join(f"round {r}" for r in range(args.rounds + 1)) + " |",
-             "|---|" + "---|" * (args.rounds + 1)]
-    for label, algo, flags in variants(args.setting, args.attack_scale):
+             "", "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    extra = ["--engine", "sequential", "--num_threads", "1"]
+    if args.setting == "stragglers":
+        extra += ["--target_acc", str(args.target)]
+    for label, algo, flags in variants(args.setting, args.attack_scale, args.backdoor_from_round,
+                                         GAMMA_HALVING[args.dataset]):
         if args.only and label not in args.only:
             continue
-        run = run_variant(name, label, algo, ["-jr", "0.2", *PUBLIC, *flags], data, args, "CNN", args.rounds)
+        run = run_variant(name, label, algo, ["-jr", "0.2", *public(args.samples), *flags], data, args, "CNN", args.rounds,
+                          extra, diverged_is_result=True)
         if isinstance(run, str):
             lines.append(f"| {label} | {run} |")
             continue
-        acc = 100 * curves(run.paths)
-        cells = [f"{m:.2f} ± {s:.2f}" if args.times > 1 else f"{m:.2f}"
-                 for m, s in zip(np.nanmean(acc, 0), np.nanstd(acc, 0))]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" |  <!-- {run.seconds():.0f} s -->")
+        every = run.every_seed()
+        cells = [cell(col, args.times) for col in (100 * curves(every, width=args.rounds + 1)).T]
+        if args.setting == "stragglers":
+            cells.append(mean_std(target_times(every), scale=1, digits=1))
+        if args.setting == "backdoor":
+            cells += [cell(col, args.times) for col in (100 * curves(every, "rs_backdoor_asr", args.rounds + 1)).T]
+        shown = f"{label} ({run.note()})" if run.diverged else label
+        lines.append(f"| {shown} | " + " | ".join(cells) + f" |  <!-- {run.seconds():.0f} s -->")
+        print(lines[-1], flush=True)
     write_table(name, lines)
 
 

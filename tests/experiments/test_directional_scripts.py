@@ -1,0 +1,58 @@
+"""experiments/sageflow_mnist.py and trust_directional.py: their rows, and the numbers they read from
+results files (no training here)."""
+import sys
+
+import h5py
+import numpy as np
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "experiments"))
+import common  # noqa: E402
+import sageflow_mnist as sf  # noqa: E402
+import trust_directional as td  # noqa: E402
+from flcore.registry import ALGORITHMS, load_all  # noqa: E402
+import main  # noqa: E402
+
+
+def test_every_row_names_a_registered_algorithm_and_flags_it_uses():
+    load_all()
+    rows = [row for setting in ("official", "stragglers", "sign_flip", "backdoor") for row in sf.variants(setting, 10.0)]
+    rows += td.fair_rows(10.0, 0.3) + td.FLCHAIN_ROWS
+    for label, algo, flags in rows:
+        assert algo in ALGORITHMS, label
+        args = main.parse_args(["-algo", algo, "-m", "CNN", *flags])
+        assert getattr(args, main.IGNORED_DEST) == [], label  # main would ignore them with an info line
+
+
+def test_sign_flip_rows_are_the_issues_five_and_the_defences_are_the_ones_named():
+    rows = {label: flags for label, _, flags in sf.variants("sign_flip", 10.0)}
+    assert list(rows) == ["FedAvg", "Sageflow", "median", "Multi-Krum", "RFA"]
+    assert [flags[flags.index("--robust") + 1] for label, flags in rows.items() if "--robust" in flags] == [
+        "median", "multi_krum", "rfa"]
+    assert all(flags[flags.index("--attack_scale") + 1] == "10.0" for flags in rows.values())
+
+
+def test_public_data_is_a_thousand_samples_of_the_pool():
+    assert float(sf.public(0)[1]) * 60000 == 1000
+    assert abs(float(sf.public(150)[1]) * 100 * 150 - 1000) < 1e-9
+
+
+def test_a_round_no_seed_reached_is_a_dash_and_a_partial_one_is_counted():
+    assert sf.cell(np.array([np.nan, np.nan]), 2) == "–"
+    assert sf.cell(np.array([10.0, np.nan, 30.0]), 3) == "20.00 ± 10.00 (2/3)"
+
+
+def test_flchain_gap_is_the_largest_difference_from_fedavg_of_the_same_seed(tmp_path):
+    def write(name, acc, outvoted):
+        path = tmp_path / f"Toy_X_{name}_0.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("rs_test_acc", data=np.array(acc))
+            f.create_dataset("rs_outvoted_nodes", data=np.array(outvoted, dtype=float))
+            f.create_dataset("rs_virtual_time", data=np.array([1.0, 2.5]))
+        return path
+
+    fedavg = common.Run([write("a", [0.1, 0.5, 0.6], [])], 0.0)
+    chain = common.Run([write("b", [0.1, 0.5, 0.61], [1, 1])], 0.0)
+    final, best, gap, outvoted, seconds = td.flchain_cells(chain, fedavg)
+    assert (final, best, gap, outvoted, seconds) == ("61.00 ± 0.00", "61.00 ± 0.00", "1.0000 ± 0.0000",
+                                                     "2 ± 0", "2.5 ± 0.0")
