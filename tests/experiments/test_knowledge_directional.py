@@ -3,6 +3,7 @@ import sys
 
 import h5py
 import numpy as np
+import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "experiments"))
@@ -25,3 +26,25 @@ def test_final_and_best_skip_nan_and_missing_series(tmp_path):
         paths.append(path)
     assert kd.curve_stats(paths) == ([0.7, 0.9], [0.8, 0.9])
     assert kd.curve_stats(paths, "rs_test_acc_proto") == ([None, None], [None, None])
+
+
+def test_public_rows_withhold_the_same_public_data_in_all_three():
+    load_all()
+    assert {algo for algo, _ in kd.PUBLIC_ROWS.values()} == {"KT-pFL", "Local", "FD"}
+    for label in kd.PUBLIC_ROWS:
+        algo, flags = kd.row(label, 0.025)
+        assert algo in ALGORITHMS
+        assert flags[flags.index("--public_data") + 1] == "0.02", label
+    assert kd.row("FD (public 0.02)", 0.025)[1][:2] == kd.row("FD", 0.025)[1]  # FD's own flags unchanged
+
+
+def test_fedkd_mentee_learns_at_the_runs_lr():
+    algo, flags = kd.row("FedKD", 0.025)
+    assert algo == "FedKD" and flags[flags.index("-mlr") + 1] == "0.025"
+
+
+def test_an_unknown_row_is_one_line_and_exit_2_before_any_run(capsys):
+    with pytest.raises(SystemExit) as exc:
+        kd.main_(["--only", "FedAvg", "Nope", "--data", "/nonexistent"])
+    assert exc.value.code == 2
+    assert "unknown row(s) 'Nope'" in capsys.readouterr().err
