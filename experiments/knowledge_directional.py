@@ -26,8 +26,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common import MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std, run_variant, \
-    write_table
+from common import MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std, results_folder, \
+    run_variant, write_table
 from flcore.registry import load_all  # noqa: E402  (common puts system/ on the path)
 
 #: row label -> (algorithm, its flags)
@@ -53,16 +53,34 @@ def row(label: str, lr: float) -> tuple[str, list[str]]:
     return algo, [flag.format(lr=lr) for flag in flags]
 
 
-def curve_stats(paths: list[Path], name: str = "rs_test_acc") -> tuple[list[float | None], list[float | None]]:
-    """(final, best) value of the series ``name`` in each results file (None where it is missing)."""
-    finals, bests = [], []
+#: evaluations averaged for the "mean of the last" column (a curve that swings between rounds makes
+#: its final value a lottery)
+TAIL = 10
+
+
+def curve_stats(paths: list[Path], name: str = "rs_test_acc") -> tuple[list[float | None], ...]:
+    """(final, best, mean of the last TAIL) values of the series ``name`` in each results file (None
+    where it is missing)."""
+    finals, bests, tails = [], [], []
     for path in paths:
         with h5py.File(path, "r") as f:
             values = np.asarray(f[name][()], dtype=float) if name in f else np.zeros(0)
         values = values[np.isfinite(values)]
         finals.append(float(values[-1]) if len(values) else None)
         bests.append(float(values.max()) if len(values) else None)
-    return finals, bests
+        tails.append(float(values[-TAIL:].mean()) if len(values) else None)
+    return finals, bests, tails
+
+
+def table_rows(label: str, algo: str, paths: list[Path], times: str) -> list[str]:
+    """The table's line(s) for one row's results files (FedProto's nearest-prototype accuracy as a
+    second line); ``times`` fills the two time columns."""
+    series = [("", "rs_test_acc")] + ([(" (nearest prototype)", "rs_test_acc_proto")] if algo == "FedProto" else [])
+    lines = []
+    for suffix, name in series:
+        numbers = " | ".join(mean_std(column) for column in curve_stats(paths, name))
+        lines.append(f"| {label}{suffix} | {numbers} | {len(paths)} | {times if not suffix else ' | '} |")
+    return lines
 
 
 def main_(argv: list[str] | None = None) -> None:
@@ -74,6 +92,8 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", default="sequential", choices=["sequential", "batched", "threaded", "auto"],
                         help="main's --engine (results agree within float rounding)")
     parser.add_argument("--public", action="store_true", help="run the KT-pFL rows (PUBLIC_ROWS) after the chosen rows")
+    parser.add_argument("--tabulate", action="store_true",
+                        help="no runs: the table of the results already under out/results/knowledge_directional")
     args = parser.parse_args(argv)
     chosen = list(args.only or ROWS)
     unknown = [label for label in chosen if label not in ROWS and label not in PUBLIC_ROWS]
@@ -82,28 +102,29 @@ def main_(argv: list[str] | None = None) -> None:
     chosen += [label for label in PUBLIC_ROWS if args.public and label not in chosen]
     load_all()
     data = args.data
-    if data is None:
+    if data is None and not args.tabulate:
         data = OUT / "data" / "MNIST-dir0.1-20"
         generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.1", "--num-clients", "20",
                                             "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
-    lines = ["| algorithm | final personalised acc. (%) | best (%) | runs | s/run | CPU s/run |", "|---|---|---|---|---|---|"]
+    lines = [f"| algorithm | final personalised acc. (%) | best (%) | mean of the last {TAIL} (%) | runs | s/run | "
+             "CPU s/run |", "|---|---|---|---|---|---|---|"]
     for label in chosen:
         algo, flags = row(label, args.lr)
+        if args.tabulate:
+            paths = sorted(results_folder("knowledge_directional", label).glob("*.h5"))
+            lines += table_rows(label, algo, paths, " | ") if paths else [f"| {label} | no results | | | | | |"]
+            continue
         cpu = time.process_time()  # this process's CPU seconds: what a loaded machine's wall clock hides
         run = run_variant("knowledge_directional", label, algo, flags, Path(data).resolve(), args, args.model,
                           args.rounds, extra=["--engine", args.engine, "--num_threads", "1"], quiet=True)
         if isinstance(run, str):
-            lines.append(f"| {label} | {run} | | | | |")
+            lines.append(f"| {label} | {run} | | | | | |")
             continue
         runs = max(len(run.paths), 1)
-        finals, bests = curve_stats(run.paths)
-        lines.append(f"| {label} | {mean_std(finals)} | {mean_std(bests)} | {len(run.paths)} | "
-                     f"{run.seconds() / runs:.0f} | {(time.process_time() - cpu) / runs:.0f} |")
-        if algo == "FedProto":
-            finals, bests = curve_stats(run.paths, "rs_test_acc_proto")
-            lines.append(f"| {label} (nearest prototype) | {mean_std(finals)} | {mean_std(bests)} | {len(run.paths)} | | |")
-        print(lines[-1], flush=True)
-    name = "_".join(["knowledge_directional", *(args.only or []), *(["public"] if args.public else [])])
+        lines += table_rows(label, algo, run.paths, f"{run.seconds() / runs:.0f} | {(time.process_time() - cpu) / runs:.0f}")
+        print("\n".join(lines[-2 if algo == "FedProto" else -1:]), flush=True)
+    name = "_".join(["knowledge_directional", *(args.only or []), *(["public"] if args.public else []),
+                     *(["tabulated"] if args.tabulate else [])])
     write_table("".join(ch if ch.isalnum() else "_" for ch in name), lines)
 
 
