@@ -258,3 +258,17 @@ def test_a_job_can_be_opened_later_with_the_rng_its_plan_left():
     c = server.clients[0].plan_job(package)
     server.clients[0].open_job(c)
     assert torch.equal(a.ctx["noise"], c.ctx["noise"])
+
+
+
+def test_local_training_sends_and_uploads_nothing():
+    """Local never communicates: no bytes either way (the common initial model is the run's seed,
+    as for FD and FedProto), and a client's first round is the same local SGD as a FedAvg client's."""
+    from flcore.servers.serverlocal import LocalServer
+    server = build(LocalServer, data(3), join_ratio=1.0, global_rounds=2)
+    server.train(progress=False)
+    assert server.history.bytes_up == [0, 0] and server.history.bytes_down == [0, 0]
+    local, fedavg = build(LocalServer, data(3), join_ratio=1.0), build(Server, data(3), join_ratio=1.0)
+    run_round(local, 0)
+    for update in run_round(fedavg, 0).updates:
+        assert torch.equal(local.state.get("personal", update.index), update.params)

@@ -17,6 +17,9 @@ class LocalServer(Server):
     client_cls = LocalClient
     personalized = True
     has_global_model = False
+    # nothing travels: the common initial model is the run's seed, as for FD and FedProto, so
+    # rs_bytes_down is 0 (it counted the whole model every round, though a client reads it only once)
+    shared = ()
 
     def aggregate(self, updates, package) -> None:
         """Nothing is shared, so there is nothing to aggregate."""
