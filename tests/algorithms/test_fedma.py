@@ -18,7 +18,7 @@ from flcore.trainmodel.models import SplitModel
 from flcore.trainmodel.widths import chain_of, gather, input_columns, with_widths
 from fltest import (assert_same_training, build_server, dataset_from_arrays, engine_run, make_args,
                     random_dataset)
-from test_resume import assert_same_results, read, run_main, stop_after_round
+from test_resume import interrupted_and_resumed, read
 from toydata import make_dataset
 from utils.errors import FLError
 
@@ -189,14 +189,7 @@ def resumed_run_widths(tmp_path, monkeypatch, *flags: str) -> np.ndarray:
     then resumed: the two give the same results; returns the widths recorded per round."""
     data = make_dataset(tmp_path / "data", num_clients=4, input_shape=(1, 8, 8), train_sizes=[24, 31, 18, 40])
     flags = (*flags, "--fedma_gamma", "1000")
-    assert run_main(data, tmp_path / "ref", "FedMA", *flags) == 0
-    (reference,) = (tmp_path / "ref").glob("*.h5")
-    with monkeypatch.context() as patch:
-        stop_after_round(patch, 1, "signal")
-        assert run_main(data, tmp_path / "res", "FedMA", *flags) == 130
-    assert run_main(data, tmp_path / "res", "FedMA", *flags, "--resume") == 0
-    (resumed,) = (tmp_path / "res").glob("*.h5")
-    assert_same_results(reference, resumed)
+    reference, _ = interrupted_and_resumed(data, tmp_path, monkeypatch, "FedMA", *flags)
     return read(reference)[0]["rs_widths"]
 
 

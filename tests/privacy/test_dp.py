@@ -281,16 +281,9 @@ def test_main_records_and_prints_epsilon(tmp_path, capsys):
 def test_resume_of_a_dp_run_is_exact(tmp_path, monkeypatch):
     """Each client's step count and DP-FedAvg's round rates are restored: ε and the model go on as
     if the run had never stopped."""
-    from test_resume import assert_same_results, read, run_main, stop_after_round
+    from test_resume import interrupted_and_resumed, read
 
     data = make_dataset(tmp_path / "data", num_clients=4, input_shape=(1, 8, 8), train_sizes=[24, 31, 18, 40])
     flags = ("-dp", "-dps", "1.0", "--dp_update_clip", "1", "--dp_server_sigma", "0.5")
-    assert run_main(data, tmp_path / "ref", "FedAvg", *flags) == 0
-    (reference,) = (tmp_path / "ref").glob("*.h5")
-    with monkeypatch.context() as patch:
-        stop_after_round(patch, 1, "signal")
-        assert run_main(data, tmp_path / "res", "FedAvg", *flags) == 130
-    assert run_main(data, tmp_path / "res", "FedAvg", *flags, "--resume") == 0
-    (resumed,) = (tmp_path / "res").glob("*.h5")
-    assert_same_results(reference, resumed)
+    _, resumed = interrupted_and_resumed(data, tmp_path, monkeypatch, "FedAvg", *flags)
     assert len(read(resumed)[0]["rs_dp_epsilon"]) == 4

@@ -57,6 +57,20 @@ def stop_after_round(monkeypatch, k: int, how: str) -> None:
     monkeypatch.setattr(Server, "run_round", run_round)
 
 
+def interrupted_and_resumed(data, tmp_path, monkeypatch, algo, *flags):
+    """Run ``algo`` through main uninterrupted, and again stopped by a signal after round 1 then
+    resumed; assert the two give the same results and return (reference, resumed) result files."""
+    assert run_main(data, tmp_path / "ref", algo, *flags) == 0
+    (reference,) = (tmp_path / "ref").glob("*.h5")
+    with monkeypatch.context() as patch:
+        stop_after_round(patch, 1, "signal")
+        assert run_main(data, tmp_path / "res", algo, *flags) == 130
+    assert run_main(data, tmp_path / "res", algo, *flags, "--resume") == 0
+    (resumed,) = (tmp_path / "res").glob("*.h5")
+    assert_same_results(reference, resumed)
+    return reference, resumed
+
+
 def read(path):
     with h5py.File(path, "r") as f:
         arrays = {k: f[k][()] for k in f.keys()}
