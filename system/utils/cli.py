@@ -532,7 +532,8 @@ def generic_parser() -> argparse.ArgumentParser:
              help="storage dtype of per-client state vectors (control variates, personal models); float16 "
                   "halves their memory, rounding what persists between participations to 11 significant bits")
     add_flag(o, "--num_threads", type=int, default=0, low=0,
-             help="torch CPU threads (0 = torch's default); 1 is often fastest for small models on a busy machine")
+             help="torch CPU threads (0 = torch's default); also bounds the threaded engine's workers unless "
+                  "--workers is given; 1 is often fastest for small models on a busy machine")
     add_flag(o, "--compact_inputs", type=bool, default=True,
              help="hold inputs with at most 256 distinct values (8-bit images) as uint8 codes plus a table of "
                   "their float values: a quarter of the memory, decoded per batch to the same floats")

@@ -232,6 +232,23 @@ def test_auto_is_the_default_and_picks_by_device():
     assert isinstance(single.engine, SequentialEngine)
 
 
+def test_num_threads_bounds_the_default_workers(monkeypatch):
+    """``--num_threads N`` alone must keep the run on N CPU threads: the workers default to
+    min(cores, N); an explicit ``--workers`` still wins."""
+    import flcore.engines.threaded as threaded
+
+    monkeypatch.setattr(threaded, "available_cores", lambda: 4)
+    dataset = random_dataset(num_clients=2, sizes=[8, 9])
+    engine_of = lambda **flags: build_server(make_args("FedAvg", **flags), dataset).engine  # noqa: E731
+    assert engine_of(engine="threaded").num_workers == 4
+    assert engine_of(engine="threaded", num_threads=3).num_workers == 3
+    assert engine_of(engine="threaded", num_threads=8).num_workers == 4
+    assert engine_of(engine="threaded", num_threads=1, workers=2).num_workers == 2
+    assert isinstance(engine_of(engine="auto", num_threads=1), SequentialEngine)
+    assert isinstance(engine_of(engine="auto", num_threads=2), ThreadedEngine)
+    assert isinstance(engine_of(engine="auto", num_threads=1, workers=2), ThreadedEngine)
+
+
 def test_auto_informs_rather_than_warns_about_sequential_clients(notices):
     dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[9, 14, 6], seed=5)
     torch.manual_seed(0)

@@ -7,7 +7,7 @@
   already at batch 10 and functorch's grouped convolution was slower than K plain ones (see
   ``batched.py``), while using the cores for different clients was measured 1.2-1.35x faster than
   intra-op threads on one client.
-* On a single core: the sequential engine.
+* On a single core, or with ``--num_threads 1`` (and no ``--workers``): the sequential engine.
 
 Why not the sequential engine on PyTorch's intra-op threads (issue 28, P1's MNIST CNN at B=10 on
 the project's 2-core EPYC, torch 2.13): one client's step took 3.05 ms on two threads on the idle
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 
 from flcore.engines.batched import BatchedEngine
 from flcore.engines.sequential import SequentialEngine
-from flcore.engines.threaded import ThreadedEngine, available_cores
+from flcore.engines.threaded import ThreadedEngine, worker_count
 from flcore.registry import register_engine
 
 if TYPE_CHECKING:
@@ -57,8 +57,7 @@ def choose_engine(runtime: "Runtime") -> type:
     """The engine class ``auto`` delegates to for this server's device and this machine."""
     if runtime.model.device.type == "cuda":
         return BatchedEngine
-    workers = int(getattr(runtime.args, "workers", 0) or 0) or available_cores()
-    return ThreadedEngine if workers > 1 else SequentialEngine
+    return ThreadedEngine if worker_count(runtime.args) > 1 else SequentialEngine
 
 
 @register_engine("auto")
