@@ -72,7 +72,7 @@ LITERAL_DESTS = frozenset({"device_id", "results_dir", "data_root", "state_dir",
 # rounding, see docs/architecture.md): the flags a --resume may change, and where and how it runs.
 RUN_ONLY_DESTS = RESUMABLE_FLAGS | frozenset({
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
-    "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
+    "eval_batch_size", "eval_frozen", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
 })
 
 @dataclass

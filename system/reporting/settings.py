@@ -20,7 +20,7 @@ RUN_ONLY_KEYS = frozenset({
     "resume", "overwrite", "checkpoint_every", "progress", "quiet", "tensorboard", "num_threads",
     "times", "prev", "save_model", "results_dir", "data_root",
     "save_folder_name", "device", "device_id", "engine", "state_device", "state_dir",
-    "eval_batch_size", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
+    "eval_batch_size", "eval_frozen", "conv_layout", "compact_inputs", "num_clients", "num_classes", "goal",
     "ignored_flags",
 })
 NOT_STORED = "settings not stored"

@@ -307,3 +307,80 @@ def test_threaded_runs_give_the_same_curves_on_one_and_two_threads():
     (one, w1), (two, w2) = runs
     assert torch.equal(w1, w2)
     assert (one.test_acc, one.test_auc, one.train_loss) == (two.test_acc, two.test_auc, two.train_loss)
+
+
+# ------------------------------------------------------------------ frozen copies (CPU)
+def _frozen_setup(module_factory, frozen: bool, rows: int = 320):
+    """Two clients of ``rows`` test rows each (one shared pass of 2 x ``rows`` >= MIN_ROWS) and
+    few train rows, the CNN-like ``module_factory()``, ``--eval_frozen frozen``."""
+    g = torch.Generator().manual_seed(3)
+    clients = [(torch.randn(6, *SHAPE, generator=g), torch.randint(0, NUM_CLASSES, (6,), generator=g),
+                torch.randn(rows, *SHAPE, generator=g), torch.randint(0, NUM_CLASSES, (rows,), generator=g))
+               for _ in range(2)]
+    torch.manual_seed(0)
+    return build_server(make_args("FedAvg", eval_frozen=frozen), dataset_from_arrays(clients, NUM_CLASSES),
+                        module_factory())
+
+
+class SmallCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(36, 8),
+                                  nn.ReLU())
+        self.head = nn.Linear(8, NUM_CLASSES)
+
+    def forward(self, x):
+        return self.head(self.body(x))
+
+
+class BranchingNet(SmallCNN):
+    """Python control flow on the data: a trace would keep the branch of its example rows."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        return out if float(x.mean()) > 0 else -out
+
+
+def _evaluate(server):
+    return server.evaluate_models(lambda i: server.global_params)
+
+
+def test_a_frozen_copy_gives_the_eager_numbers_up_to_rounding(monkeypatch):
+    from flcore import frozen
+
+    built = []
+    real_copy = evaluation.frozen_copy
+    monkeypatch.setattr(evaluation, "frozen_copy", lambda *a: built.append(1) or real_copy(*a))
+    results = {flag: _evaluate(_frozen_setup(SmallCNN, flag)) for flag in (False, True)}
+    assert len(built) == 1  # the 640 test rows made one frozen pass; the 12 train rows ran eagerly
+    eager, fast = results[False], results[True]
+    assert fast.test_acc == pytest.approx(eager.test_acc, abs=1 / 640)
+    assert fast.test_auc == pytest.approx(eager.test_auc, abs=1e-4)
+    assert fast.train_loss == pytest.approx(eager.train_loss, rel=1e-6)
+    # and the copy itself, on the rows
+    server = _frozen_setup(SmallCNN, True)
+    x = server.dataset.split("test")[0]
+    module = server.model.module.eval()
+    with torch.no_grad():
+        assert frozen.close_enough(frozen.frozen_copy(module, x[:2])(x), module(x))
+        assert not frozen.close_enough(module(x) + 1e-2, module(x))
+
+
+@pytest.mark.parametrize("case", ["hook", "branch", "wrong"])
+def test_no_frozen_copy_where_it_cannot_be_trusted_one_notice(monkeypatch, notices, case):  # noqa: F811
+    """A forward hook, data-dependent control flow, or a copy whose first batch differs from the
+    eager model: the eager model's numbers exactly, and one notice for the run."""
+    factory = BranchingNet if case == "branch" else SmallCNN
+    reference = _evaluate(_frozen_setup(factory, False))
+    server = _frozen_setup(factory, True)
+    if case == "hook":
+        server.model.module.body[0].register_forward_hook(lambda *args: None)
+    if case == "wrong":
+        real_copy = evaluation.frozen_copy
+        monkeypatch.setattr(evaluation, "frozen_copy", lambda *a: (lambda x, c=real_copy(*a): c(x) + 1.0))
+    for _ in range(2):
+        result = _evaluate(server)
+        assert (result.test_acc, result.test_auc, result.train_loss) == \
+            (reference.test_acc, reference.test_auc, reference.train_loss)
+    said = [r.getMessage() for r in notices if "no frozen copy" in r.getMessage()]
+    assert len(said) == 1, said
