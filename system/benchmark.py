@@ -583,9 +583,12 @@ def _children_cpu_s() -> float:
 
 
 def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: int, warmup: int,
-                   timeout: int) -> dict:
+                   timeout: int, threads: int = 0) -> dict:
     """PFLlib's own ``main.py`` on P1's partition with P1's flags; its per-round times (stdout's
     'time cost' lines, which include its evaluation as ours do) after ``warmup`` rounds.
+    ``threads`` > 0 runs it with ``OMP_NUM_THREADS`` = ``threads`` (PFLlib sets no thread count of
+    its own; on a loaded machine its default two threads wait for each other at every operation:
+    on 2026-11-26 three rounds did not finish in 2,400 s, against 418 s a round on one thread).
 
     Runs in a temporary copy of ``pfllib/system`` whose ``../dataset/MNIST`` holds our P1
     partition written in PFLlib's file format (:func:`pfllib_workspace`), so PFLlib trains on
@@ -601,6 +604,9 @@ def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: 
     with tempfile.TemporaryDirectory(prefix="pfllib-run-") as tmp:
         root = Path(tmp)
         env = pfllib_workspace(pfllib, data_folder, root)
+        if threads > 0:
+            env["OMP_NUM_THREADS"] = str(threads)
+            result["threads"] = threads
         argv = [sys.executable, "main.py", *PFLLIB_P1_FLAGS, "-gr", str(warmup + rounds - 1), "-dev", device]
         started, children_cpu, result["load_avg_before"] = time.perf_counter(), _children_cpu_s(), os.getloadavg()
         try:
@@ -625,7 +631,8 @@ def pfllib_lines(own: dict, results: list[dict]) -> list[str]:
     """The speed-up of each of our P1 runs over PFLlib's own run on the same machine."""
     if "error" in own:
         return [f"  P1 PFLlib's own main.py: {own['error']}"]
-    lines = [f"  P1 PFLlib's own main.py ({own.get('pfllib_commit') or own['pfllib_dir']}): {own['s_per_round']:.2f} s/round "
+    threads = f", OMP_NUM_THREADS={own['threads']}" if own.get("threads") else ""
+    lines = [f"  P1 PFLlib's own main.py ({own.get('pfllib_commit') or own['pfllib_dir']}{threads}): {own['s_per_round']:.2f} s/round "
              f"(median of {own['timed_rounds']}; rounds " + ", ".join(f"{t:.2f}" for t in own["round_times"]) + ")"]
     if own.get("cpu_s_per_round") is not None:
         lines.append(f"  P1 PFLlib's own main.py: {own['cpu_s_per_round']:.2f} CPU s/round (its whole run's CPU seconds, "
@@ -793,6 +800,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         "and print our speed-up over it")
     p.add_argument("--pfllib-rounds", type=int, default=None,
                    help="timed rounds of PFLlib's own run (default --rounds)")
+    p.add_argument("--pfllib-threads", type=int, default=0,
+                   help="OMP_NUM_THREADS of PFLlib's own run (0 = its default, one per core; 1 is fair on a "
+                        "loaded machine, where the CPU-second ratio is the figure to read)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds allowed per (configuration, engine) run")
     p.add_argument("--out", type=Path, default=None, help="JSON file (default results/benchmark-<timestamp>.json)")
     p.add_argument("--worker", type=str, default=None, help=argparse.SUPPRESS)
@@ -860,7 +870,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.pfllib is not None and "P1" in args.only:
         print("running PFLlib's own main.py on P1 ...", file=sys.stderr, flush=True)
         own = pfllib_own_run(args.pfllib.resolve(), Path(data_paths["P1"]) if data_paths.get("P1") else None,
-                             args.device, args.pfllib_rounds or args.rounds, args.warmup, args.timeout)
+                             args.device, args.pfllib_rounds or args.rounds, args.warmup, args.timeout,
+                             args.pfllib_threads)
     print_table(results, args.device, notes)
     if own is not None:
         print("\n".join(pfllib_lines(own, results)))

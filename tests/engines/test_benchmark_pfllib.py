@@ -27,6 +27,8 @@ args = sys.argv[1:]
 rounds = int(args[args.index("-gr") + 1]) + 1  # PFLlib runs -gr + 1 rounds
 data = np.load("../dataset/MNIST/train/0.npz", allow_pickle=True)["data"].tolist()  # PFLlib's format
 print("rows", len(data["y"]), data["x"].dtype, tuple(data["x"].shape[1:]))
+import os
+print("omp", os.environ.get("OMP_NUM_THREADS"))
 for i in range(rounds):
     print("Averaged Test Accuracy: 0.{:04d}".format(5000 + i))
     print("-" * 25, "time cost", "-" * 25, 2.0 + i)
@@ -51,6 +53,20 @@ def test_pfllib_own_run_gets_our_partition_in_its_format_and_its_round_times(tmp
     lines = benchmark.pfllib_lines(own, [{"config": "P1", "engine": "batched", "s_per_round": 0.5, "cpu_s_per_round": 1.0}])
     assert "4.00 CPU s/round" in lines[1] and "over its 3 rounds" in lines[1] and "load " in lines[1]
     assert "speed-up 7.00x" in lines[2] and "4.00x in CPU seconds" in lines[2]
+
+
+def test_pfllib_threads_set_its_omp_threads(tmp_path, monkeypatch):
+    """``--pfllib-threads 1``: PFLlib's own run on one OpenMP thread (its main.py sets none itself)."""
+    data = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[7, 9])
+    checkout = tmp_path / "PFLlib"
+    (checkout / "system").mkdir(parents=True)
+    (checkout / "system" / "main.py").write_text(textwrap.dedent(FAKE_MAIN).replace(
+        'print("Average time cost', 'assert os.environ.get("OMP_NUM_THREADS") == "1", "not one thread"\nprint("Average time cost'))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    own = benchmark.pfllib_own_run(checkout, data, "cpu", rounds=1, warmup=1, timeout=60, threads=1)
+    assert "error" not in own and own["threads"] == 1
+    assert "OMP_NUM_THREADS=1" in benchmark.pfllib_lines(own, [])[0]
+    assert "error" in benchmark.pfllib_own_run(checkout, data, "cpu", rounds=1, warmup=1, timeout=60)  # default: unset
 
 
 def test_pfllib_own_run_says_what_is_missing(tmp_path):
