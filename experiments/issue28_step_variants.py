@@ -74,10 +74,18 @@ def train_part(args) -> None:
     batches = [(x_all[i:i + 10], y_all[i:i + 10]) for i in range(0, 6400, 10)]
     variants, compile_s, models, forwards = {}, {}, {}, {}
 
-    def stepper(model: FlatModel, forward, autocast: bool = False):
+    def implicit_bf16(on: bool) -> None:
+        """oneDNN's fp32 convolutions and matrix products with bf16 inputs inside the kernel
+        (``fp32_precision = "bf16"``, as TF32 on a GPU): no cast operations, fp32 everywhere else."""
+        value = "bf16" if on else "none"
+        torch.backends.mkldnn.conv.fp32_precision = value
+        torch.backends.mkldnn.matmul.fp32_precision = value
+
+    def stepper(model: FlatModel, forward, autocast: bool = False, bf32: bool = False):
         cursor = [0]
 
         def step():
+            implicit_bf16(bf32)
             x, y = batches[cursor[0] % len(batches)]
             cursor[0] += 1
             model.zero_grad()
@@ -90,6 +98,9 @@ def train_part(args) -> None:
     for name in args.variants:
         model = cnn(channels_last="nchw" not in name)
         model.module.train()
+        if "poolfirst" in name:  # max-pool before ReLU: the same numbers (both monotone), ReLU on 1/4 of the values
+            body = model.module.body
+            body[1], body[2], body[4], body[5] = body[2], body[1], body[5], body[4]
         models[name] = model
         forward = model.module
         bf16 = "bf16" in name
@@ -101,7 +112,7 @@ def train_part(args) -> None:
                         sub.forward = torch.compiler.disable(sub.forward)
             forward = torch.compile(model.module, mode=mode, dynamic=False)
         forwards[name] = forward
-        step = stepper(model, forward, bf16)
+        step = stepper(model, forward, bf16, "bf32" in name)
         t0 = time.process_time()
         step()
         step()
@@ -110,6 +121,7 @@ def train_part(args) -> None:
     # the same updates? restart every model from the same vector and take 20 steps each
     ref = None
     for name, model in models.items():
+        implicit_bf16("bf32" in name)
         model.load(cnn().vector)
         for x, y in batches[:20]:
             model.zero_grad()
@@ -120,7 +132,9 @@ def train_part(args) -> None:
         if ref is None:
             ref = model.vector.clone()
         print(f"{name}: max |w - w_eager| after 20 steps = {(model.vector - ref).abs().max().item():.2e}")
+    implicit_bf16(False)
     medians = interleave(variants, args.steps, args.reps)
+    implicit_bf16(False)
     report("P1 training step, B=10", medians, "ms per step", {k: v for k, v in compile_s.items() if k.startswith("compile")})
 
 
@@ -317,20 +331,70 @@ def evaluation_part(args) -> None:
     print(f"load {os.getloadavg()[0]:.1f}")
 
 
+# ------------------------------------------------------------------- the platform's step vs a bare one
+def client_part(args) -> None:
+    """One P1 client's local round through ``Client.local_train`` (the sequential engine's path:
+    plan, hooks, input decoding, flat update) against a bare loop of the same steps on the same
+    model, interleaved: the platform's per-step overhead."""
+    import main as entry
+    from flcore.registry import ALGORITHMS
+    from utils.data_utils import decode_inputs, load_federated_dataset
+
+    argv = ["-algo", "FedAvg", "-m", "CNN", "-data", args.data, "-dev", "cpu", "--engine", "sequential",
+            "-lbs", "10", "-lr", "0.005", "--progress", "False", "-q", "True"]
+    flags = entry.parse_args(argv)
+    dataset = load_federated_dataset(args.data, torch.device("cpu"), compact=flags.compact_inputs)
+    flags.num_clients, flags.num_classes = len(dataset.clients), dataset.num_classes
+    torch.manual_seed(0)
+    server = ALGORITHMS.get("FedAvg")(flags, dataset, entry.build_model(flags, dataset, torch.device("cpu")),
+                                      torch.device("cpu"))
+    client = server.clients[args.client]
+    package = server.make_package(0, [args.client])
+    model = server.model
+    job = client.plan_job(package)
+    plan = [idx for idx in job.plan][: args.steps]
+    table = dataset.input_table
+    rows = [(decode_inputs(client.data.train_x[idx], table), client.data.train_y[idx]) for idx in plan]
+
+    def platform():
+        client.local_train(model, package)
+
+    def bare():
+        model.load(package.global_params)
+        model.module.train()
+        for x, y in rows:
+            model.zero_grad()
+            F.cross_entropy(model.module(x), y).backward()
+            model.params.add_(model.grad, alpha=-0.005)
+
+    steps = len(job.plan)
+    print(f"client {args.client}: {steps} steps per round (bare loop: the first {len(rows)})")
+    times = {"platform (per step)": [], "bare loop (per step)": []}
+    for _ in range(args.reps):
+        start = time.process_time()
+        platform()
+        times["platform (per step)"].append((time.process_time() - start) / steps)
+        start = time.process_time()
+        bare()
+        times["bare loop (per step)"].append((time.process_time() - start) / len(rows))
+    report("P1 client round", {k: statistics.median(v) for k, v in times.items()}, "ms per step", {})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=["train", "eval", "batched", "evaluation"], default="train")
+    parser.add_argument("--part", choices=["train", "eval", "batched", "evaluation", "client"], default="train")
     parser.add_argument("--variants", nargs="+", default=["eager", "compile"])
     parser.add_argument("--eval-variants", nargs="+", default=["eager", "compile", "jit-freeze", "mkldnn"])
     parser.add_argument("--eval-batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--clients", type=int, default=20)
+    parser.add_argument("--client", type=int, default=0, help="--part client: which P1 client")
     parser.add_argument("--data", default="/work/main/experiments/out/data/MNIST-dir0.1-20",
                         help="--part evaluation: P1's data folder")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    {"train": train_part, "eval": eval_part, "batched": batched_part, "evaluation": evaluation_part}[args.part](args)
+    {"train": train_part, "eval": eval_part, "batched": batched_part, "evaluation": evaluation_part, "client": client_part}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -207,9 +207,11 @@ def _current_rss_mb() -> float:
         return float("nan")
 
 
-#: ``--engines`` entries may carry variants: ``batched+eager``, ``batched+compiled``, ``batched+bf16``
+#: ``--engines`` entries may carry variants: ``batched+eager``, ``batched+compiled``, ``batched+bf16``, ``auto+evaleager``
 STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
+#: ``auto+evaleager``: evaluation without the frozen copies of flcore/frozen.py (the before of issue 28's change)
+EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"]}
 
 
 def split_variant(name: str, precision: str | None = None) -> tuple[str, list[str]]:
@@ -221,9 +223,12 @@ def split_variant(name: str, precision: str | None = None) -> tuple[str, list[st
             flags += ["--step_runner", token]
         elif token in PRECISION_VARIANTS:
             precision = token
+        elif token in EVAL_VARIANTS:
+            flags += EVAL_VARIANTS[token]
         else:
             raise SystemExit(f"--engines {name}: unknown variant {token!r} (step runners "
-                             f"{', '.join(STEP_RUNNER_VARIANTS)}; precisions {', '.join(PRECISION_VARIANTS)})")
+                             f"{', '.join(STEP_RUNNER_VARIANTS)}; precisions {', '.join(PRECISION_VARIANTS)}; "
+                             f"evaluation {', '.join(EVAL_VARIANTS)})")
     if precision and precision != "fp32":
         flags += ["--precision", precision]
     return engine, flags

@@ -17,6 +17,7 @@ def test_engine_variants_become_flags():
         "batched", ["--step_runner", "compiled", "--precision", "bf16"])
     assert benchmark.split_variant("sequential", "tf32") == ("sequential", ["--precision", "tf32"])
     assert benchmark.split_variant("sequential+fp32", "bf16") == ("sequential", [])
+    assert benchmark.split_variant("auto+evaleager") == ("auto", ["--eval_frozen", "False"])
     with pytest.raises(SystemExit, match="unknown variant"):
         benchmark.split_variant("batched+fast")
 
