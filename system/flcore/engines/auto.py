@@ -32,6 +32,22 @@ convolutions take half of it in PyTorch's im2col kernel, on any engine). Against
 engine on PyTorch's default two intra-op threads (``--num_threads 0``) it took 0.03-0.15x the
 time: OpenMP's team waits for a busy core at every operation. So no size rule is applied.
 
+Other ways to a faster CPU step, measured and not taken (issue 28; P1's CNN at B=10, one thread,
+CPU time, variants interleaved in one process at a load of 5-7,
+``experiments/issue28_step_variants.py``): ``torch.compile`` (inductor) of the forward pass, whose
+backward it compiles too, took 0.63x the eager step's speed channels-last, 0.65x NCHW, 0.70x under
+bf16 autocast and 0.77x with max-pooling left eager (its generated max-pool-with-indices kernel
+alone cost 2.2 ms of a 5.7 ms step), after 2-4 CPU s of compiling; a 20-client step under vmap
+(grouped convolutions) 0.69x per client-step and the same step written as unfold + batched matrix
+products 0.39x (im2col and col2im cost more than the products save); oneDNN's implicit bf16 for fp32
+(``torch.backends.mkldnn.*.fp32_precision = "bf16"``) is not applied to convolutions in torch 2.13
+(1.05x, within noise); max-pooling before ReLU (the same numbers) 1.00x. The platform's own
+per-step work (the hooks, the batch index, decoding uint8 inputs, the flat update) measured nothing
+beside a bare loop of the same steps (5.67 vs 5.81 ms). What remains is oneDNN's convolutions
+(conv2's forward and backward about 3.0 ms of the step) and the fully connected layer's 2 MB weight
+read and written at every step (about 1 ms): at B=10 the step does not get cheaper in fp32 with
+these kernels. bf16 autocast (``--precision bf16``) made it 1.30-1.32x faster.
+
 Each of them trains sequentially whatever it cannot handle (a client class that is not
 vectorisable, a model with dropout, ...), so ``auto`` changes speed and memory, not results beyond
 float rounding (checked by ``tests/engines``). Its choice and any fallback are logged at info level.

@@ -58,7 +58,10 @@ Design (what a reader should know before changing it):
   channels-last kernels. Measured on the project's 2-core EPYC (torch 2.13, idle), one step of
   the CIFAR-shaped CNN at batch 10 per client: 3.9 ms sequentially (channels-last, 2 threads),
   8.1-8.4 ms per client under vmap over 50 clients, 5.7 ms for a hand-written channels-last
-  grouped convolution. P2's round (250 client steps) therefore has a floor of about 0.98 s on
+  grouped convolution; for P1's MNIST CNN over 20 clients (one thread, loaded machine) vmap
+  took 8.05 ms per client-step against 5.55 sequentially, and the convolutions written as unfold +
+  batched matrix products 14.3 ms (issue 28, ``experiments/issue28_step_variants.py --part
+  batched``). P2's round (250 client steps) therefore has a floor of about 0.98 s on
   this CPU; the sequential engine takes 1.22 s and the threaded one 1.04 s, so no batched engine
   can be 1.2x faster than the sequential one there. ``auto`` uses the threaded engine on CPUs.
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
