@@ -45,7 +45,7 @@ decides how many forward passes that takes.
   P1's 70,000 rows in 4.5 s against 8.0 s on one thread. A GPU computes batch after batch as before.
 * **Frozen copies (CPU).** A pass of at least 512 rows on a CPU runs a frozen TorchScript copy
   of the model with the pass's parameters (``flcore/frozen.py``: oneDNN's prepacked, fused
-  convolutions; P1's CNN 1.6-1.9x faster per batch), with logits equal to the eager module's up
+  convolutions; a whole P1 evaluation 8.6 -> 7.1 CPU s), with logits equal to the eager module's up
   to float rounding; its first batch is checked against the eager module. Where a copy cannot
   be built or trusted, the eager module runs from then on (one notice). ``--eval_frozen False``
   keeps the eager module.

@@ -541,7 +541,7 @@ def generic_parser() -> argparse.ArgumentParser:
              help="batch size of evaluation passes (128: fastest measured for the CNNs with channels-last on a CPU)")
     add_flag(o, "--eval_frozen", type=bool, default=True,
              help="CPU evaluation passes of 512+ rows run a frozen TorchScript copy of the model (oneDNN's "
-                  "prepacked, fused convolutions: P1's CNN 1.6-1.9x faster; logits equal up to float rounding); "
+                  "prepacked, fused convolutions: a P1 evaluation 1.2x cheaper; logits equal up to float rounding); "
                   "False = the eager model")
     add_flag(o, "--eval_group", type=int, default=0,
              help="personal models evaluated at once under torch.func.vmap (personalised algorithms): 0 = auto "
