@@ -51,6 +51,10 @@ ALGORITHM_FLAGS: dict[str, list[str]] = {
     "FedCAC": ["-tau", "0.5", "-bt", "50"], "PFL-DA": ["-lam", "1.0"], "FedAS": [], "FedGC": ["-lam", "1.0"],
     "FedCP": ["-lam", "1.0"], "GPFL": ["-lam", "1.0", "-mu", "0.0"],
 }
+# Two defaults of ours that no PFLlib flag sets: APPLE's core rate is the paper's lr (PFLlib's N·lr is
+# our --apple_core_lr_scale True; PFLlib's clients also see the cores of earlier clients of the same
+# round, through shared objects), and GPFL's conditions come from the client's own trained GCE, as in
+# PFLlib (--gpfl_condition). RESULTS.md, "GPFL's conditions and APPLE's core rate".
 #: issue 24's and 25's PFLlib algorithms
 DEFAULT_ALGORITHMS = ["FD", "FedProto", "FedPCL", "FedGH", "FedPAC", "FML", "FedKD", "FedMTL", "FedFomo", "APPLE",
                       "FedPHP", "FedDBE", "FedCAC", "PFL-DA", "FedAS", "FedGC", "FedCP", "GPFL"]

@@ -25,11 +25,12 @@ def test_proximal_schedule():
     assert proximal_weight(2, 10) == pytest.approx((math.cos(0.2 * math.pi) + 1) / 2)
 
 
-@pytest.mark.parametrize("p_grad,scale", [("inner", True), ("pfllib", True), ("inner", False)])
+@pytest.mark.parametrize("p_grad,scale", [("inner", None), ("pfllib", True), ("inner", True)])
 def test_two_rounds_by_hand(p_grad, scale):
+    """scale None: the default, the paper's core rate lr (as False)."""
     lr, dlr, mu = 0.1, 0.05, 0.5
-    data, server = apple_server("-dlr", str(dlr), "-mu", str(mu), "-L", "0.5", "--apple_p_grad", p_grad,
-                                "--apple_core_lr_scale", str(scale))
+    flags = [] if scale is None else ["--apple_core_lr_scale", str(scale)]
+    data, server = apple_server("-dlr", str(dlr), "-mu", str(mu), "-L", "0.5", "--apple_p_grad", p_grad, *flags)
     w0 = server.global_params.double()
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
     p0 = torch.tensor([4.0, 6.0, 10.0], dtype=torch.float64) / 20
@@ -65,6 +66,27 @@ def test_two_rounds_by_hand(p_grad, scale):
             assert torch.allclose(server.state.get("core", i).double(), cores[i], atol=1e-5)
             assert torch.allclose(server.eval_params(i).double(), personal[i], atol=1e-5)
     assert not torch.allclose(dr[0], torch.full((3,), 1 / 3, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("scale", [False, True])
+def test_with_fixed_dr_vectors_a_round_moves_the_mean_of_the_cores_by_lr_over_n(scale):
+    # -dlr 0, one full-batch step a round: p = 1/3, so every client's gradient is taken at the mean m
+    # of the cores and its core moves by η_c/3 · g_i; the mean moves by η_c/9 · Σ_i g_i(m): η/N² at the
+    # default rate, η/N (N times more) at PFLlib's N·η. Client i's personalised model is m with only its
+    # own core's step: m − η_c/9 · g_i(m)
+    lr = 0.3
+    data, server = apple_server("-dlr", "0", "--apple_core_lr_scale", str(scale), local_epochs=1,
+                                local_learning_rate=lr)
+    mean = server.global_params.double()
+    core_lr = lr * (3 if scale else 1)
+    for rnd in range(2):
+        grads = [linear_grad(mean, c.train_x.double(), c.train_y, 2) for c in data.clients]
+        run_round(server, rnd)
+        for i in range(3):
+            assert torch.allclose(server.eval_params(i).double(), mean - core_lr / 9 * grads[i], atol=1e-6)
+        mean = mean - core_lr / 9 * sum(grads)
+        cores = torch.stack([server.core(i).double() for i in range(3)])
+        assert torch.allclose(cores.mean(0), mean, atol=1e-6)
 
 
 def test_one_client_with_a_fixed_dr_vector_is_fedavg():
@@ -104,8 +126,11 @@ def test_warnings_and_flags():
         messages.clear()
         _, server = apple_server("-dlr", "0.01", "-mu", "0.1")
         assert messages == []
-    assert server.summary() == {"dr_learning_rate": 0.01, "mu": 0.1, "L": 1.0, "core_lr_scale": True,
+    assert server.summary() == {"dr_learning_rate": 0.01, "mu": 0.1, "L": 1.0, "core_lr_scale": False,
                                 "p_grad": "inner"}
+    with fl_log_messages() as messages:
+        apple_server("-dlr", "0.01", "-mu", "0.1", "--apple_core_lr_scale", "True")
+        assert len(messages) == 1 and "N·lr" in messages[0] and "one after another" in messages[0]
 
 
 def test_two_round_run_through_main(tmp_path):

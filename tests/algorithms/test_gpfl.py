@@ -1,5 +1,6 @@
 """GPFL: the local step (task, angle- and magnitude-level guidance, weight decay of GCE and CoV) and
-the aggregation by hand on the two-layer model, the evaluated model, what is uploaded, partial
+the aggregation by hand on the two-layer model, with the conditions from the client's own trained
+GCE (zero at first) or from the received one, the evaluated model, what is uploaded, partial
 participation, refusals, main."""
 from __future__ import annotations
 
@@ -31,13 +32,17 @@ def valve(p, f, c):
     return torch.relu(f * (branch("gamma") + 1) + branch("beta"))
 
 
-def local_round(p, x, y, steps, lr, lam, mu, form):
-    """``steps`` full-batch GPFL steps from the named tensors ``p`` (float64), conditions from the received GCE."""
-    received = p["gce.weight"].clone()
+def conditions(gce, y):
+    """[g, p_i] of a GCE for a client with labels y."""
     shares = torch.bincount(y, minlength=CLASSES).double() / len(y)
-    generic, personal = received.mean(0), shares @ received
+    return gce.mean(0), shares @ gce
+
+
+def local_round(p, x, y, steps, lr, lam, mu, form, generic, personal):
+    """``steps`` full-batch GPFL steps from the named tensors ``p`` (float64) with the conditions given."""
+    received = p["gce.weight"].clone()
     p = {k: v.clone() for k, v in p.items()}
-    trained = [k for k in p if k != "label_share"]
+    trained = [k for k in p if k != "condition"]
     for _ in range(steps):
         leaves = {k: p[k].detach().clone().requires_grad_(True) for k in trained}
         f = x @ leaves["body.weight"].T + leaves["body.bias"]
@@ -54,18 +59,22 @@ def local_round(p, x, y, steps, lr, lam, mu, form):
     return p
 
 
-@pytest.mark.parametrize("form", ["batch", "sample"])
-def test_two_rounds_by_hand(form):
+@pytest.mark.parametrize("form,source", [("batch", "trained"), ("sample", "trained"), ("batch", "received")])
+def test_two_rounds_by_hand(form, source):
     lr, lam, mu = 0.1, 0.3, 0.2
     data, server = two_layer_server("GPFL", "-lam", str(lam), "-mu", str(mu), "--gpfl_mlg", form,
-                                    local_learning_rate=lr)
+                                    "--gpfl_condition", source, local_learning_rate=lr)
     flat = server.model
     start = {k: v.double() for k, v in flat.unflatten(server.global_params).items()}
     xy = [(c.train_x.double(), c.train_y) for c in data.clients]
     heads = [{k: start[k] for k in ("head.weight", "head.bias")}] * 2
+    kept = [(torch.zeros(HIDDEN, dtype=torch.float64),) * 2] * 2  # "trained": zero before the first training
     for rnd in range(2):
-        trained = [local_round({**start, **heads[i]}, x, y, 2, lr, lam, mu, form) for i, (x, y) in enumerate(xy)]
+        conds = kept if source == "trained" else [conditions(start["gce.weight"], y) for _, y in xy]
+        trained = [local_round({**start, **heads[i]}, x, y, 2, lr, lam, mu, form, *conds[i])
+                   for i, (x, y) in enumerate(xy)]
         heads = [{k: t[k] for k in ("head.weight", "head.bias")} for t in trained]
+        kept = [conditions(t["gce.weight"], y) for t, (_, y) in zip(trained, xy)]  # each client's own trained GCE
         start = {k: (0.4 * trained[0][k] + 0.6 * trained[1][k]) if k.startswith(SHARED) else start[k] for k in start}
         run_round(server, rnd)
         got = {k: v.double() for k, v in flat.unflatten(server.global_params).items()}
@@ -73,13 +82,13 @@ def test_two_rounds_by_hand(form):
             assert torch.allclose(got[k], start[k], atol=1e-5), (rnd, k)
         for i, (x, y) in enumerate(xy):
             evaluated = {k: v.double() for k, v in flat.unflatten(server.eval_params(i)).items()}
-            shares = torch.bincount(y, minlength=CLASSES).double() / len(y)
-            assert torch.allclose(evaluated["label_share"], shares)
+            # evaluated with the p_i of its next round: its own trained GCE's, or the new global GCE's
+            personal = kept[i][1] if source == "trained" else conditions(got["gce.weight"], y)[1]
+            assert torch.allclose(evaluated["condition"], personal, atol=1e-6)
             for k in heads[i]:
                 assert torch.allclose(evaluated[k], heads[i][k], atol=1e-5)
-            # the evaluated forward is the personalised route with p_i from the new global GCE
             f = x @ got["body.weight"].T + got["body.bias"]
-            expected = valve(got, f, shares @ got["gce.weight"]) @ heads[i]["head.weight"].T + heads[i]["head.bias"]
+            expected = valve(got, f, personal) @ heads[i]["head.weight"].T + heads[i]["head.bias"]
             flat.load(server.eval_params(i))
             flat.module.eval()
             assert torch.allclose(flat.module(x.float()).double(), expected, atol=1e-5)
@@ -94,11 +103,11 @@ def test_weight_decay_touches_only_gce_and_cov():
     assert not decayed.all() and decayed.any()
 
 
-def test_heads_and_label_shares_never_leave_the_client_and_partial_participation():
+def test_heads_and_conditions_never_leave_the_client_and_partial_participation():
     data, server = two_layer_server("GPFL", num_clients=4, join_ratio=0.5)
     private = ~server.shared_mask
     names = {seg.name for seg in server.model.segments if bool(private[seg.start])}
-    assert names == {"head.weight", "head.bias", "label_share"}
+    assert names == {"head.weight", "head.bias", "condition"}
     initial = server.global_params.clone()
     round0 = run_round(server, 0)
     for u in round0.updates:
@@ -128,7 +137,7 @@ def test_models_without_a_linear_head_split_are_refused_in_one_line():
 
 def test_summary_and_shapes():
     _, server = two_layer_server("GPFL", "-lam", "0.01", "-mu", "0.1")
-    assert server.summary() == {"lamda": 0.01, "mu": 0.1, "mlg": "batch"}
+    assert server.summary() == {"lamda": 0.01, "mu": 0.1, "mlg": "batch", "condition": "trained"}
     assert server.model.unflatten(server.global_params)["gce.weight"].shape == (CLASSES, HIDDEN)
 
 

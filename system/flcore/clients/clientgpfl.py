@@ -10,10 +10,10 @@ turns the features f = φ(x) into
     f^G = ReLU((γ + 1) ⊙ f + β),  {γ, β} = CoV(g)        the global guidance route
     f^P = ReLU((γ_i + 1) ⊙ f + β_i), {γ_i, β_i} = CoV(p_i)  the personalised task route
 
-(γ(c) and β(c) are each Linear → ReLU → LayerNorm of the condition c). The conditions come from
-the GCE Ĉ the client received this round and stay fixed while it trains: g = (1/U) Σ_u Ĉ_u and
-p_i = Σ_u α_iu Ĉ_u, α_iu the share of class u in the client's training data. Every local step
-takes SGD (learning rate ``-lr``) on
+(γ(c) and β(c) are each Linear → ReLU → LayerNorm of the condition c). The conditions are
+g = (1/U) Σ_u E_u and p_i = Σ_u α_iu E_u, α_iu the share of class u in the client's training data,
+for a GCE E that ``--gpfl_condition`` chooses (below); they stay fixed while the client trains.
+With Ĉ the GCE the client received this round, every local step takes SGD (learning rate ``-lr``) on
 
     CE(ψ_i(f^P), y) + L^alg + λ·L^mlg,
     L^alg = CE over the cosine similarities cos(f^G, C_u) (the angle-level guidance, paper eq. 3),
@@ -21,8 +21,8 @@ takes SGD (learning rate ``-lr``) on
 
 and GCE's and CoV's parameters also take the weight decay μ·w (μ = ``-mu``, as the authors' code
 and PFLlib: their own SGD optimisers with ``weight_decay=μ``). The body, GCE and CoV are uploaded
-and averaged (sample-weighted); ψ_i and α_i never leave the client. The client is evaluated with
-ψ_i(f^P), p_i computed from the current global GCE (what its next round starts from).
+and averaged (sample-weighted); ψ_i and its conditions never leave the client. The client is
+evaluated with ψ_i(f^P) and the p_i its next round would train with.
 
 Choices where PFLlib departs from the paper or leaves a gap:
 
@@ -30,11 +30,19 @@ Choices where PFLlib departs from the paper or leaves a gap:
   f^G − Ĉ_y, unsquared and summed over the batch (``torch.norm(·, 2)`` of a matrix), for which the
   authors' λ values (0.01 for the 4-layer CNN) were tuned; ``sample`` is eq. 4 read per sample,
   the mean over the batch of ‖f^G − Ĉ_y‖₂ (smaller by about √B).
-* PFLlib computes g and p_i from the GCE the client held *before* it received the new one (its own
-  last trained GCE, or the previous global one): a round late. Here they come from the received
-  Ĉ, as the paper's data flow (Fig. 1: both are looked up in the GCE).
+* ``--gpfl_condition trained`` (default) is the authors' code and PFLlib: E is the GCE the client
+  itself trained in its last round, before the server's average replaced it (their ``set_GCE``
+  computes the conditions first and copies the received GCE in after), and both conditions are
+  zero before its first training. Under full participation (``-jr 1``) this is exactly theirs;
+  a client that sat out rounds keeps its own last GCE here, where theirs would take the global GCE
+  of the round before. ``received`` takes E = Ĉ, the GCE just received (the paper's Fig. 1
+  looks both conditions up in "the" GCE without saying which copy). The choice hardly moves the
+  side by side on the whole MNIST Dir 0.1 partition: PFLlib with its conditions taken from the
+  received GCE ended at 81.3, within its own spread (experiments/RESULTS.md, "GPFL's conditions and
+  APPLE's core rate"); what it changes visibly is round 0 (zero conditions: ~10% before training,
+  like PFLlib's, against ~4-7% from the initial GCE).
 * With ``-ld`` GCE's and CoV's learning rate decays with the model's (PFLlib's two extra
-  optimisers never decay).
+  optimisers never decay; the side by side runs without ``-ld``).
 * PFLlib's defaults ``-lam 1 -mu 0`` are kept, so its command lines run the same; the authors
   recommend ``-lam 0.01 -mu 0.1`` for the CNN and the MLP.
 """
@@ -48,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 from flcore.flat import Net
 from utils.cli import add_flag
 
@@ -78,11 +86,11 @@ class ConditionalValve(nn.Module):
 
 
 class GPFLModel(nn.Module):
-    """body → CoV(·, p_i) → head, with the GCE; ``label_share`` holds the client's α_i (the
-    server's uniform 1/U in the global vector), so the flat vector a client is evaluated with
-    carries its own condition. It is never trained (the loss reads the round's conditions from
-    the context), and it is a parameter rather than a buffer so that the batched engine, which
-    refuses float buffers, can train GPFL."""
+    """body → CoV(·, p_i) → head, with the GCE; ``condition`` holds the personalised condition p_i
+    the client is evaluated with (written by the server's ``eval_params``; zero in the global
+    vector), so the flat vector a client is evaluated with carries its own condition. It is never
+    trained (the loss reads the round's conditions from the context), and it is a parameter
+    rather than a buffer so that the batched engine, which refuses float buffers, can train GPFL."""
 
     def __init__(self, model: nn.Module, num_classes: int):
         super().__init__()
@@ -91,10 +99,10 @@ class GPFLModel(nn.Module):
         dim = model.head.in_features
         self.gce = CategoryEmbedding(num_classes, dim)
         self.cov = ConditionalValve(dim)
-        self.label_share = nn.Parameter(torch.full((num_classes,), 1.0 / num_classes), requires_grad=False)
+        self.condition = nn.Parameter(torch.zeros(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.cov(self.body(x), self.label_share @ self.gce.weight))
+        return self.head(self.cov(self.body(x), self.condition))
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ class GPFLLayout:
 
     gce: tuple[int, int]
     decayed: tuple[int, int]  # GCE and CoV, contiguous: what ``-mu`` decays
-    label_share: tuple[int, int]
+    condition: tuple[int, int]
     num_classes: int
     dim: int
 
@@ -137,22 +145,38 @@ class GPFLClient(Client):
         add_flag(parser, "--gpfl_mlg", type=str, default="batch", choices=["batch", "sample"],
                  help="GPFL: magnitude-level guidance as the minibatch's Frobenius norm (PFLlib) or the mean "
                       "per-sample norm (paper eq. 4 read per sample)")
+        add_flag(parser, "--gpfl_condition", type=str, default="trained", choices=["trained", "received"],
+                 help="GPFL: the conditions g, p_i come from the GCE this client trained last round, zero before "
+                      "its first (authors' code, PFLlib), or from the GCE received this round")
 
     def label_shares(self) -> torch.Tensor:
         layout = self.gpfl_layout
         return label_shares(self.data.train_y, layout.num_classes, torch.float32)
 
-    def start_point(self, package: RoundPackage) -> torch.Tensor:
-        start, (a, b) = package.global_params.clone(), self.gpfl_layout.label_share
-        start[a:b] = self.label_shares().to(start)
-        return start
-
-    def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
+    def gce_of(self, params: torch.Tensor) -> torch.Tensor:
         layout = self.gpfl_layout
         a, b = layout.gce
-        received = package.global_params[a:b].view(layout.num_classes, layout.dim)  # Ĉ, fixed this round
-        shares = self.label_shares().to(received)
-        return {"gce_received": received, "generic": received.mean(0), "personal": shares @ received}
+        return params[a:b].view(layout.num_classes, layout.dim)
+
+    def conditions(self, global_params: torch.Tensor) -> torch.Tensor:
+        """[g, p_i] for a round that starts from ``global_params``: from its GCE (``received``), or
+        those this client kept after its last training (``trained``; zero before its first)."""
+        if self.hp.gpfl_condition == "trained":
+            kept = self.state.get("gpfl_conditions", self.index)
+            return torch.zeros(2, self.gpfl_layout.dim).to(global_params) if kept is None else kept.to(global_params)
+        gce = self.gce_of(global_params)
+        return torch.stack([gce.mean(0), self.label_shares().to(gce) @ gce])
+
+    def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
+        generic, personal = self.conditions(package.global_params)
+        return {"gce_received": self.gce_of(package.global_params), "generic": generic, "personal": personal}
+
+    def end_round(self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int,
+                  loss: float) -> ClientUpdate:
+        if self.hp.gpfl_condition == "trained":  # next round's conditions, from the GCE as trained here
+            gce = self.gce_of(params)
+            self.state.set("gpfl_conditions", self.index, torch.stack([gce.mean(0), self.label_shares().to(gce) @ gce]))
+        return super().end_round(params, package, ctx, steps, loss)
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         features = net.features(x)

@@ -36,6 +36,11 @@ class APPLEServer(Server):
         if self.hp.dr_learning_rate == 0:
             log.warning("warning: APPLE with -dlr 0 (PFLlib's default) never learns the DR vectors: every "
                         "personalised model is the plain mean of the core models; set -dlr")
+        if self.hp.apple_core_lr_scale:
+            log.warning("warning: APPLE with --apple_core_lr_scale True (PFLlib's N·lr for the core models): with "
+                        "parallel clients one round moves the mean of the cores by about lr × local steps × the "
+                        "full gradient; it oscillated at PFLlib's own -lr 0.005 on MNIST. PFLlib is stable at this "
+                        "rate only because its clients train one after another on shared cores")
         if self.hp.mu == 0:
             log.warning("warning: APPLE with -mu 0 (PFLlib's default) has no proximal pull of the DR vectors "
                         "towards p0 (its λ(t) schedule then does nothing); set -mu")

@@ -3,10 +3,10 @@
 The server wraps the model with GPFL's global category embedding and conditional valve
 (:class:`~flcore.clients.clientgpfl.GPFLModel`, ``build_module``), so they are part of the flat
 vector; clients upload the body, GCE and CoV (``shared``), which are averaged sample-weighted as
-in FedAvg (PFLlib averages the three the same way), and keep their heads and label shares. Each
-client is evaluated with its head on the personalised route, its condition p_i computed from the
-current global GCE (``eval_params``); there is no meaningful global model (its head is the
-initial one). The client's side is in ``clientgpfl.py``.
+in FedAvg (PFLlib averages the three the same way), and keep their heads and conditions. Each
+client is evaluated with its head on the personalised route, with the condition p_i its next
+round would train with (``eval_params``; ``--gpfl_condition``); there is no meaningful global
+model (its head is the initial one). The client's side is in ``clientgpfl.py``.
 """
 from __future__ import annotations
 
@@ -33,19 +33,20 @@ class GPFLServer(Server):
 
     def setup(self) -> None:
         segments = {seg.name: seg for seg in self.model.segments}
-        gce, share = segments["gce.weight"], segments["label_share"]
+        gce, condition = segments["gce.weight"], segments["condition"]
         cov = [seg for seg in self.model.segments if seg.name.startswith("cov.")]
         layout = GPFLLayout(gce=(gce.start, gce.stop), decayed=(gce.start, cov[-1].stop),
-                            label_share=(share.start, share.stop), num_classes=self.num_classes,
+                            condition=(condition.start, condition.stop), num_classes=self.num_classes,
                             dim=self.model.module.head.in_features)
         for client in self.clients:
             client.configure(gpfl_layout=layout)
 
     def summary(self) -> dict[str, object]:
-        return {"lamda": self.hp.lamda, "mu": self.hp.mu, "mlg": self.hp.gpfl_mlg}
+        return {"lamda": self.hp.lamda, "mu": self.hp.mu, "mlg": self.hp.gpfl_mlg, "condition": self.hp.gpfl_condition}
 
     def eval_params(self, index: int) -> torch.Tensor:
         params = super().eval_params(index).clone()
-        a, b = self.clients[index].gpfl_layout.label_share
-        params[a:b] = self.clients[index].label_shares().to(params)
+        client = self.clients[index]
+        a, b = client.gpfl_layout.condition
+        params[a:b] = client.conditions(self.global_params)[1].to(params)
         return params
