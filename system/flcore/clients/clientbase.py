@@ -52,7 +52,7 @@ from flcore.flat import FlatModel, Net
 # the protocol's types, importable from here as before (flcore/protocol.py is their home)
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part  # noqa: F401
 from flcore.state import ClientStateStore
-from utils.cli import add_flag, hyperparameters
+from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import Diverged, FLError
 from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
@@ -103,7 +103,9 @@ class Client:
         self.local_step = local_step
         local_step.prepare(self)
         self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
-        if self.hp.local_momentum and not type(self).uses_local_momentum():
+        #: heavy-ball momentum β of the local SGD (``--local_momentum``, a generic flag; 0 = plain SGD)
+        self.local_momentum = float(getattr(args, "local_momentum", 0.0) or 0.0)
+        if self.local_momentum and not type(self).uses_local_momentum():
             raise FLError(f"--local_momentum: {type(self).__name__} trains with its own optimiser, not the base "
                           "client's SGD; run it without --local_momentum")
 
@@ -116,12 +118,6 @@ class Client:
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         """Declare this algorithm's client flags (called once per class in the MRO)."""
-        if cls is Client:  # every algorithm's client inherits the base flags
-            add_flag(parser, "--local_momentum", type=float, default=0.0, low=0, below=1,
-                     help="heavy-ball momentum β of the clients' local SGD, PyTorch's convention without "
-                          "dampening (v ← β·v + g; w ← w − lr·v); the buffer starts at zero in every local "
-                          "training call, as the official Sageflow code's new torch.optim.SGD per round "
-                          "(it trains with lr 0.01, momentum 0.9); 0 = plain SGD")
 
     @classmethod
     def uses_local_momentum(cls) -> bool:
@@ -269,7 +265,7 @@ class Client:
         buffer that lives only in this call (as a new ``torch.optim.SGD`` per local training)."""
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
-        beta = self.hp.local_momentum
+        beta = self.local_momentum
         velocity: torch.Tensor | None = None
         for step, idx in enumerate(plan):
             step_ctx = self.context_at(ctx, step)

@@ -461,7 +461,7 @@ class BatchedEngine(Engine):
         # one segment for the chunk: the step function trains the first n rows of these tensors
         consts = {"lr": lr_col, "ctx": {k: v for k, v in ctx_values.items() if k not in per_step}}
         state = {"weights": weights, "losses": losses}
-        if owner.hp.local_momentum:  # --local_momentum: each client's buffer, zero at the job's start
+        if owner.local_momentum:  # --local_momentum: each client's buffer, zero at the job's start
             state["velocity"] = torch.zeros(count, flat.num_params, dtype=weights.dtype, device=device)
         segment = runner.open(state, consts)
         with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
@@ -496,7 +496,7 @@ class BatchedEngine(Engine):
         adjust = owner.adjust_grad if "adjust_grad" in cls.capabilities.overrides else None
         dims_key = tuple(sorted(ctx_dims.items()))
         x_all, y_all, _ = self.runtime.dataset.split("train")
-        beta = owner.hp.local_momentum
+        beta = owner.local_momentum
         key = ("cohort", cls if (own_loss or adjust) else Client, masked, batched, dims_key, retire, self.precision,
                x_all.data_ptr(), y_all.data_ptr(), beta)
         fn = self._step_fns.get(key)
