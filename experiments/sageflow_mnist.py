@@ -14,8 +14,9 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
   s = ``--attack_scale`` (the official script's 0.1), stragglers S = 2: the side-by-side with the
   official code (experiments/RESULTS.md). A third row, Sageflow with E_th = inf and δ = 0, is what
   the official code runs as "Fedavg" (its ``Sag()`` groups plain averages by staleness too).
-* ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8),
-  FedAvg ignoring stragglers and FedAvg waiting for all (``--straggler_wait 1``: every round lasts
+* ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8, the
+  Sageflow paper's baseline, staleness in rounds; and again with staleness in server updates,
+  ``--staleness_unit upload``, as Xie et al.'s Algorithm 1 counts it), FedAvg ignoring stragglers and FedAvg waiting for all (``--straggler_wait 1``: every round lasts
   until its latest upload, 1 + max d periods of the virtual clock); the table adds the virtual time
   to ``--target`` accuracy.
 * ``sign_flip``: 20% attackers, sign flip s = 10, no stragglers: FedAvg, Sageflow, the median,
@@ -29,11 +30,13 @@ divergence and the row says ``diverged at round r in k/n seeds`` (``common.run_v
 
 Differences from the official code, on purpose or forced (also in RESULTS.md):
 
-* local training is plain SGD: the platform's clients have no momentum. The default lr 0.1 is the
-  step size lr/(1 − β) that lr 0.01 with momentum β = 0.9 settles to;
+* local training is plain SGD by default, at lr 0.1: the step size lr/(1 − β) that lr 0.01 with
+  momentum β = 0.9 settles to. ``--local_momentum 0.9 --lr 0.01`` trains with the official optimiser
+  (SGD, momentum 0.9, a new optimiser per client and round); its results go to folders of their own;
 * the model is the platform's ``CNN`` (PFLlib's FedAvgCNN, FC 512) rather than the official
   ``CNNMnist`` (padded convolutions, FC 1024);
-* our ``sign_flip`` flips the update, u ← −s·u; the official one flips the weights, w ← −s·w;
+* our ``sign_flip`` flips the update, u ← −s·u, by default; the official one flips the weights,
+  w ← −s·w, which ``--attack_flip weights`` selects in the ``official`` and ``sign_flip`` settings;
 * clients train on all of their ~590 samples (the official code keeps 20% of them aside);
 * every delay is drawn from the seed and a client with an upload in flight may be selected again.
 
@@ -44,6 +47,7 @@ Usage (from the repository root; E and rounds are reduced on a small CPU, say so
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --times 3 --target 0.6
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting backdoor --samples 150 --rounds 6 --backdoor_from_round 2
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --dataset FashionMNIST --setting sign_flip --samples 150 --rounds 10
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --local_momentum 0.9 --lr 0.01
 """
 from __future__ import annotations
 
@@ -77,9 +81,9 @@ STRAGGLERS = ["--straggler_delay", "2"]
 RAW = {"MNIST": MNIST_RAW, "FashionMNIST": Path("/usr/share/datasets/fashion-mnist")}
 
 
-def attack(scale: float) -> list[str]:
+def attack(scale: float, flip: str = "update") -> list[str]:
     return ["--attack", "sign_flip", "--attack_fraction", "0.2", "--attack_resample", "True",
-            "--attack_scale", str(scale)]
+            "--attack_scale", str(scale), "--attack_flip", flip]
 
 
 def backdoor(from_round: int) -> list[str]:
@@ -87,30 +91,35 @@ def backdoor(from_round: int) -> list[str]:
             "--backdoor_from_round", str(from_round)]
 
 
-def variants(setting: str, scale: float, from_round: int = 10, halving: int = 15) -> list[tuple[str, str, list[str]]]:
-    """(label, -algo, flags) of the setting's rows (``halving``: Sageflow's γ halving period)."""
+def variants(setting: str, scale: float, from_round: int = 10, halving: int = 15,
+             flip: str = "update") -> list[tuple[str, str, list[str]]]:
+    """(label, -algo, flags) of the setting's rows (``halving``: Sageflow's γ halving period;
+    ``flip``: what sign flip negates, ``--attack_flip``)."""
     sage = sageflow(halving)
     if setting == "official":
-        both = [*STRAGGLERS, *attack(scale)]
+        both = [*STRAGGLERS, *attack(scale, flip)]
         # the official code's "Fedavg" rule still groups by staleness (its Sag() on plain averages):
         # that is Sageflow with no filter and δ = 0
         plain = [*sage, "--sageflow_eth", "inf", "--sageflow_delta", "0"]
         return [("FedAvg", "FedAvg", both), ("Sageflow", "Sageflow", [*both, *sage]),
                 ("Sageflow E_th=inf, delta=0", "Sageflow", [*both, *plain])]
     if setting == "stragglers":
+        fedasync = [*STRAGGLERS, "--staleness_fn", "polynomial", "--staleness_a", "0.5", "--async_alpha", "0.8"]
         return [("Sageflow", "Sageflow", [*STRAGGLERS, *sage]),
-                ("FedAsync", "FedAsync", [*STRAGGLERS, "--staleness_fn", "polynomial", "--staleness_a", "0.5",
-                                          "--async_alpha", "0.8"]),
+                ("FedAsync", "FedAsync", fedasync),
+                # the same with t − τ counted in server updates, as t in Xie et al.'s Algorithm 1
+                ("FedAsync, staleness in uploads", "FedAsync", [*fedasync, "--staleness_unit", "upload"]),
                 ("FedAvg ignoring stragglers", "FedAvg", [*STRAGGLERS, "--straggler_policy", "ignore"]),
                 ("FedAvg waiting for all", "FedAvg", [*STRAGGLERS, "--straggler_wait", "1"])]
     if setting == "backdoor":
         return [("FedAvg", "FedAvg", backdoor(from_round)),
                 ("Sageflow", "Sageflow", [*backdoor(from_round), *sage]),
                 ("clip", "FedAvg", [*backdoor(from_round), "--robust", "clip"])]
-    return [("FedAvg", "FedAvg", attack(10.0)), ("Sageflow", "Sageflow", [*attack(10.0), *sage]),
-            ("median", "FedAvg", [*attack(10.0), "--robust", "median"]),
-            ("Multi-Krum", "FedAvg", [*attack(10.0), "--robust", "multi_krum"]),
-            ("RFA", "FedAvg", [*attack(10.0), "--robust", "rfa"])]
+    flipped = attack(10.0, flip)
+    return [("FedAvg", "FedAvg", flipped), ("Sageflow", "Sageflow", [*flipped, *sage]),
+            ("median", "FedAvg", [*flipped, "--robust", "median"]),
+            ("Multi-Krum", "FedAvg", [*flipped, "--robust", "multi_krum"]),
+            ("RFA", "FedAvg", [*flipped, "--robust", "rfa"])]
 
 
 def curves(paths: list[Path], series: str = "rs_test_acc", width: int = 0) -> np.ndarray:
@@ -156,7 +165,12 @@ def main() -> None:
                         help="training samples kept per client, before the public set is taken out (0: all ~600; "
                              "fewer make a round cheaper on a small CPU)")
     parser.add_argument("--raw_dir", type=Path, default=None, help="the dataset's four IDX files (default: RAW)")
-    add_training_flags(parser, lr=0.1, lr_help="local lr (plain SGD; see the module docstring)", batch_size=10)
+    parser.add_argument("--local_momentum", type=float, default=0.0,
+                        help="clients' SGD momentum (main.py --local_momentum; the official code: 0.9 with --lr 0.01)")
+    parser.add_argument("--attack_flip", choices=["update", "weights"], default="update",
+                        help="official and sign_flip settings: sign flip of the update (ours) or of the weights (official)")
+    add_training_flags(parser, lr=0.1, lr_help="local lr (plain SGD unless --local_momentum; see the module docstring)",
+                       batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
     args = parser.parse_args()
     load_all()
@@ -167,7 +181,10 @@ def main() -> None:
         cap = ["--samples-per-client", str(args.samples)] if args.samples else []
         generate_data(f"generate_{args.dataset}.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split",
                                                       "global", "--raw-dir", str(raw), "--out-dir", str(data), *cap])
-    name = f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
+    # runs with another optimiser or attack keep the default runs' results: folders of their own
+    name = (f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
+            + (f"_momentum{args.local_momentum:g}_lr{args.lr:g}" if args.local_momentum else "")
+            + ("_flip_weights" if args.attack_flip == "weights" else ""))
     columns = [f"round {r}" for r in range(args.rounds + 1)]
     if args.setting == "stragglers":
         columns.append(f"virtual s to {100 * args.target:g}%")
@@ -175,13 +192,15 @@ def main() -> None:
         columns += [f"ASR round {r}" for r in range(args.rounds + 1)]
     lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {args.samples or 'all'} training samples per client, "
              f"{args.rounds} rounds, E = {args.local_epochs}, "
-             f"B = {args.batch_size}, lr {args.lr}, {args.times} seed(s) from {args.seed}",
+             f"B = {args.batch_size}, lr {args.lr}, momentum {args.local_momentum:g}, "
+             + (f"sign flip of the {args.attack_flip}, " if args.setting in ("official", "sign_flip") else "")
+             + f"{args.times} seed(s) from {args.seed}",
              "", "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    extra = ["--engine", "sequential", "--num_threads", "1"]
+    extra = ["--engine", "sequential", "--num_threads", "1", "--local_momentum", str(args.local_momentum)]
     if args.setting == "stragglers":
         extra += ["--target_acc", str(args.target)]
     for label, algo, flags in variants(args.setting, args.attack_scale, args.backdoor_from_round,
-                                         GAMMA_HALVING[args.dataset]):
+                                       GAMMA_HALVING[args.dataset], args.attack_flip):
         if args.only and label not in args.only:
             continue
         run = run_variant(name, label, algo, ["-jr", "0.2", *public(args.samples), *flags], data, args, "CNN", args.rounds,

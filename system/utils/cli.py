@@ -367,6 +367,11 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-ld", "--learning_rate_decay", type=bool, default=False,
              help="decay each client's lr by -ldg after every local training call")
     add_flag(g, "-ldg", "--learning_rate_decay_gamma", type=float, default=0.99, above=0, help="lr decay factor")
+    add_flag(g, "--local_momentum", type=float, default=0.0, low=0, below=1,
+             help="heavy-ball momentum β of the clients' local SGD, PyTorch's convention without dampening "
+                  "(v ← β·v + g; w ← w − lr·v); the buffer starts at zero in every local training, as the official "
+                  "Sageflow code's new torch.optim.SGD per client and round (lr 0.01, β 0.9); 0 = plain SGD "
+                  "(flcore/clients/clientbase.py)")
     add_flag(g, "-gr", "--global_rounds", type=int, default=2000, low=1, help="communication rounds")
     add_flag(g, "-tc", "--top_cnt", type=int, default=100, low=1, help="auto-break patience in evaluations")
     add_flag(g, "-ls", "--local_epochs", type=int, default=1, low=1, help="local epochs E per round")

@@ -56,3 +56,14 @@ def test_flchain_gap_is_the_largest_difference_from_fedavg_of_the_same_seed(tmp_
     final, best, gap, outvoted, seconds = td.flchain_cells(chain, fedavg)
     assert (final, best, gap, outvoted, seconds) == ("61.00 ± 0.00", "61.00 ± 0.00", "1.0000 ± 0.0000",
                                                      "2 ± 0", "2.5 ± 0.0")
+
+
+def test_weights_flip_reaches_every_attacked_row_and_main_takes_it_with_local_momentum():
+    load_all()
+    for setting in ("official", "sign_flip"):
+        for label, algo, flags in sf.variants(setting, 0.1, flip="weights"):
+            assert flags[flags.index("--attack_flip") + 1] == "weights", label
+            args = main.parse_args(["-algo", algo, "-m", "CNN", "--local_momentum", "0.9", *flags])
+            assert args.attack_flip == "weights" and args.local_momentum == 0.9
+            assert getattr(args, main.IGNORED_DEST) == [], label
+    assert all("--attack_flip" not in flags for _, _, flags in sf.variants("stragglers", 0.1, flip="weights"))

@@ -69,6 +69,33 @@ def test_fedasync_mixes_each_upload_by_its_staleness():
     assert any(late > 0 for row in srv.history.extra_series["staleness"] for late in row)
 
 
+def test_fedasync_staleness_in_uploads_counts_the_server_updates_since_the_start_model():
+    # no delays: the k-th upload mixed in a round is k - 1 updates stale (Xie et al.'s t)
+    srv = server("FedAsync", async_alpha=0.8, staleness_unit="upload")
+    model = srv.global_params.clone()
+    updates = run_round(srv, 0, cohort=[1, 3, 4]).updates
+    for k, update in enumerate(updates):
+        weight = 0.8 * (k + 1) ** -0.5
+        model = model * (1 - weight) + update.params * weight
+    assert torch.allclose(srv.global_params, model, atol=1e-7)
+    # with delays: an upload started in round tau is stale by the updates mixed since that round's package
+    srv = server("FedAsync", straggler_delay=2, async_alpha=0.8, staleness_unit="upload")
+    mixed, version_at = 0, {}
+    for rnd in range(4):
+        version_at[rnd] = mixed
+        model = srv.global_params.clone()
+        result = srv.run_round(rnd, evaluate=False)
+        for update, late in zip(result.updates, srv.history.extra_series["staleness"][-1]):
+            weight = 0.8 * (mixed - version_at[rnd - late] + 1) ** -0.5
+            model = model * (1 - weight) + update.params * weight
+            mixed += 1
+        assert torch.allclose(srv.global_params, model, atol=1e-7)
+    rounds = server("FedAsync", straggler_delay=2, async_alpha=0.8)
+    for rnd in range(4):
+        run_round(rounds, rnd)
+    assert not torch.allclose(rounds.global_params, srv.global_params)  # the unit matters
+
+
 def test_fedbuff_with_the_cohort_as_buffer_and_no_delay_is_fedavg():
     fedavg, fedbuff = server("FedAvg"), server("FedBuff", buffer_size=CLIENTS)
     for rnd in range(2):
@@ -90,9 +117,11 @@ def test_fedbuff_steps_once_its_buffer_is_full_and_keeps_the_rest():
     assert torch.allclose(srv.buffer_sum, sum(u.params - start for u in second[1:]), atol=1e-7)
 
 
-@pytest.mark.parametrize("algorithm", ["FedAsync", "FedBuff"])
+@pytest.mark.parametrize("algorithm", ["FedAsync", "FedBuff", "FedAsync-upload"])
 def test_an_asynchronous_run_resumes_exactly(algorithm):
     flags = dict(straggler_delay=2, buffer_size=4) if algorithm == "FedBuff" else dict(straggler_delay=2)
+    if algorithm == "FedAsync-upload":  # the update count and each round's start version are checkpointed
+        algorithm, flags = "FedAsync", {**flags, "staleness_unit": "upload"}
     whole = server(algorithm, **flags)
     for rnd in range(4):
         run_round(whole, rnd)

@@ -103,10 +103,28 @@ class Client:
         self.local_step = local_step
         local_step.prepare(self)
         self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
+        #: heavy-ball momentum β of the local SGD (``--local_momentum``, a generic flag; 0 = plain SGD)
+        self.local_momentum = float(getattr(args, "local_momentum", 0.0) or 0.0)
+        if self.local_momentum and not type(self).uses_local_momentum():
+            raise FLError(f"--local_momentum: {type(self).__name__} trains with its own optimiser, not the base "
+                          "client's SGD; run it without --local_momentum")
+
+    #: whether this class's local training steps through :meth:`sgd`, so that ``--local_momentum``
+    #: reaches it. None: yes unless the class replaces the local procedure (``train_job``, ``sgd``,
+    #: ``local_train``); a class whose own ``train_job`` still calls ``sgd`` says True, one with its
+    #: own optimiser (pFedMe, Per-FedAvg, ...) keeps None and the flag is refused for it
+    steps_through_sgd: ClassVar[bool | None] = None
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         """Declare this algorithm's client flags (called once per class in the MRO)."""
+
+    @classmethod
+    def uses_local_momentum(cls) -> bool:
+        """Whether ``--local_momentum`` reaches this class's local training (see ``steps_through_sgd``)."""
+        if cls.steps_through_sgd is not None:
+            return cls.steps_through_sgd
+        return not cls.capabilities.overrides_any("train_job", "sgd", "local_train")
 
     # ----------------------------------------------------------------- hooks
     def start_point(self, package: RoundPackage) -> torch.Tensor:
@@ -242,13 +260,21 @@ class Client:
     def sgd(
         self, model: FlatModel, package: RoundPackage, ctx: dict[str, torch.Tensor], plan: list[torch.Tensor], lr: float
     ) -> float:
-        """Minibatch SGD over ``plan``, each step ``w -= lr * adjust_grad(w, g)``; returns the mean loss."""
+        """Minibatch SGD over ``plan``, each step ``w -= lr * adjust_grad(w, g)``; returns the mean loss.
+        With ``--local_momentum β`` the step is ``w -= lr * v``, ``v = β·v + adjust_grad(w, g)``, with a
+        buffer that lives only in this call (as a new ``torch.optim.SGD`` per local training)."""
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
+        beta = self.local_momentum
+        velocity: torch.Tensor | None = None
         for step, idx in enumerate(plan):
             step_ctx = self.context_at(ctx, step)
             loss_sum += self.step_gradient(model, idx, step_ctx, package.round, step)
             direction = self.adjust_grad(model.params, model.grad, step_ctx)
+            if beta:
+                # PyTorch's first step copies the gradient into the buffer (= β·0 + g)
+                velocity = direction.clone() if velocity is None else velocity.mul_(beta).add_(direction)
+                direction = velocity
             model.params.add_(direction, alpha=-lr)
         return self.check_loss(loss_sum, len(plan), package.round)
 

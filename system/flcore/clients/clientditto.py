@@ -29,6 +29,7 @@ class DittoClient(Client):
     """Two SGD runs per round: the personal model (proximal to w^t) and the global model."""
 
     vectorisable: ClassVar[bool] = False
+    steps_through_sgd = True  # its own train_job trains through the base sgd (--local_momentum reaches it)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

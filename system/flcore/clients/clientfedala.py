@@ -54,6 +54,7 @@ class FedALAClient(Client):
     """ALA on the received global model, then FedAvg's local SGD; the local model is kept as state."""
 
     vectorisable = False
+    steps_through_sgd = True  # its own train_job trains through the base sgd (--local_momentum reaches it)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

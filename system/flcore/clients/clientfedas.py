@@ -46,6 +46,7 @@ class FedASClient(Client):
     """Parameter alignment of the global body, local SGD, then the Fisher trace."""
 
     vectorisable: ClassVar[bool] = False
+    steps_through_sgd = True  # its own train_job trains through the base sgd (--local_momentum reaches it)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -43,6 +43,7 @@ class FedFomoClient(Client):
     """Personalised first-order aggregation of the received models, then local SGD."""
 
     vectorisable: ClassVar[bool] = False
+    steps_through_sgd = True  # its own train_job trains through the base sgd (--local_momentum reaches it)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

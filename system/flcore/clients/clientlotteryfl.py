@@ -43,6 +43,7 @@ class LotteryFLClient(SparseClient):
     #: the pruning decision needs a forward pass of the received model before training and may
     #: change the mask and the start point within the job, which the hooks alone cannot do
     vectorisable: ClassVar[bool] = False
+    steps_through_sgd = True  # its own train_job trains through the base sgd (--local_momentum reaches it)
     #: reset the kept weights to the initial model after pruning (the lottery ticket's rewind)
     rewind: ClassVar[bool] = True
 

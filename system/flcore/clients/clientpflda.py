@@ -51,6 +51,7 @@ class PFLDAClient(Client):
     """Two SGD phases a round: the personal head (body frozen), then LG-FedAvg's step."""
 
     vectorisable: ClassVar[bool] = False
+    steps_through_sgd = True  # its own train_job trains through the base sgd (--local_momentum reaches it)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -48,7 +48,8 @@ Design (what a reader should know before changing it):
   the gradient per step (measured: the concatenation was ~12% of a CPU step). Learning rates are
   per client (``-ld`` decays them with each client's own participations); equal rates use a
   scalar ``add_`` (the sequential arithmetic), different ones an ``addcmul_`` with a ``[K, 1]``
-  rate tensor. When one client is left (the tail of a ragged cohort) the same function runs
+  rate tensor. With ``--local_momentum`` each client's momentum buffer is a row of a ``[K, P]``
+  tensor, zero at the chunk's start, updated by the sequential rule (``_update``). When one client is left (the tail of a ragged cohort) the same function runs
   without vmap, which only adds overhead for K = 1.
 * **Speed.** On a GPU the sequential engine is launch-bound (batch 10) and batching K clients
   multiplies the work per kernel; replaying the step from a CUDA graph removes the launches and
@@ -462,7 +463,10 @@ class BatchedEngine(Engine):
         runner = self.runner
         # one segment for the chunk: the step function trains the first n rows of these tensors
         consts = {"lr": lr_col, "ctx": {k: v for k, v in ctx_values.items() if k not in per_step}}
-        segment = runner.open({"weights": weights, "losses": losses}, consts)
+        state = {"weights": weights, "losses": losses}
+        if owner.local_momentum:  # --local_momentum: each client's buffer, zero at the job's start
+            state["velocity"] = torch.zeros(count, flat.num_params, dtype=weights.dtype, device=device)
+        segment = runner.open(state, consts)
         with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
             for t in range(max_steps):
                 n = runner.rows_for(active[t], count)
@@ -488,14 +492,16 @@ class BatchedEngine(Engine):
         ``inputs``: ``rows`` [n, B] rows of the training data, ``mask`` [n, B] (partial batches),
         ``active`` [n] (with ``retire``: rows whose client has no batch left keep their weights
         and loss exactly), ``ctx`` the per-step context entries. ``consts``: ``lr`` [K, 1] and the
-        rest of the context (per-client entries [K, ...])."""
+        rest of the context (per-client entries [K, ...]). With ``--local_momentum`` ``state`` also
+        holds ``velocity`` [K, P], the clients' momentum buffers."""
         cls = type(owner)
         own_loss = cls.capabilities.own_loss
         adjust = owner.adjust_grad if "adjust_grad" in cls.capabilities.overrides else None
         dims_key = tuple(sorted(ctx_dims.items()))
         x_all, y_all, _ = self.runtime.dataset.split("train")
+        beta = owner.local_momentum
         key = ("cohort", cls if (own_loss or adjust) else Client, masked, batched, dims_key, retire, self.precision,
-               x_all.data_ptr(), y_all.data_ptr())
+               x_all.data_ptr(), y_all.data_ptr(), beta)
         fn = self._step_fns.get(key)
         if fn is not None:
             return fn
@@ -515,6 +521,7 @@ class BatchedEngine(Engine):
             weights, losses = state["weights"][:n], state["losses"][:n]
             params = weights[:, :num_params]
             views = {s.name: params[:, s.start : s.stop].view(n, *s.shape) for s in segments}
+            velocity = state["velocity"][:n] if beta else None
             ctx = {k: (v[:n] if ctx_dims[k] == 0 else v) for k, v in consts["ctx"].items()}
             ctx.update(inputs.get("ctx", {}))
             if batched:
@@ -537,12 +544,13 @@ class BatchedEngine(Engine):
                 flat_grad = torch.cat([grads[s.name].reshape(n, -1) for s in segments], dim=1)
                 del grads  # peak memory: the per-name gradients are no longer needed
                 direction = vadjust(params, flat_grad, ctx) if batched else vadjust(params[0], flat_grad[0], ctx).unsqueeze(0)
-                _update(params, lr, direction.to(params.dtype), keep)
+                _update(params, lr, direction.to(params.dtype), keep, velocity, beta)
             else:
                 # plain SGD: update each parameter's view in place (no flat gradient copy)
-                for name, view in views.items():
-                    g = grads[name]
-                    _update(view, lr.view(n, *([1] * (g.dim() - 1))), g, keep)
+                for s in segments:
+                    g = grads[s.name]
+                    buffer = None if velocity is None else velocity[:, s.start : s.stop].view(n, *s.shape)
+                    _update(views[s.name], lr.view(n, *([1] * (g.dim() - 1))), g, keep, buffer, beta)
             loss = loss.to(losses.dtype)
             losses.add_(loss if keep is None else torch.where(keep, loss, torch.zeros_like(loss)))
 
@@ -550,8 +558,15 @@ class BatchedEngine(Engine):
         return step
 
 
-def _update(target: torch.Tensor, lr: torch.Tensor, direction: torch.Tensor, keep: torch.Tensor | None) -> None:
-    """``target -= lr * direction`` in place; rows where ``keep`` is False stay exactly as they are."""
+def _update(target: torch.Tensor, lr: torch.Tensor, direction: torch.Tensor, keep: torch.Tensor | None,
+            velocity: torch.Tensor | None = None, beta: float = 0.0) -> None:
+    """``target -= lr * direction`` in place; rows where ``keep`` is False stay exactly as they are.
+    With a momentum buffer ``velocity`` (``--local_momentum β``, the sequential ``Client.sgd``'s rule):
+    ``velocity = β·velocity + direction``, then ``target -= lr * velocity``, on the kept rows only."""
+    if velocity is not None:
+        moved = velocity.mul(beta).add_(direction)
+        velocity.copy_(moved if keep is None else torch.where(keep.view(-1, *([1] * (velocity.dim() - 1))), moved, velocity))
+        direction = moved
     if keep is None:
         target.addcmul_(lr, direction, value=-1)
         return

@@ -9,7 +9,15 @@ where x_new was trained from the global model of round τ and t is the current r
 functions ``--staleness_fn`` (the paper's): ``constant`` s = 1; ``polynomial``
 s = (t − τ + 1)^(−a); ``hinge`` s = 1 if t − τ ≤ b else 1 / (a (t − τ − b) + 1), with
 a = ``--staleness_a``, b = ``--staleness_b``. Defaults: the Sageflow paper's baseline (polynomial,
-a = 0.5, α = 0.8). Stragglers come from ``--straggler_delay S``; without it every upload is fresh
+a = 0.5, α = 0.8).
+
+What t − τ counts, ``--staleness_unit``: ``round`` (the default) counts rounds, as the Sageflow
+paper defines FedAsync's staleness ("the difference between the current round t and the past round
+τ when the device first received the global model"). ``upload`` counts the server's model updates,
+as t in Xie et al.'s Algorithm 1 (the updater's step index): an upload's staleness is the number of
+uploads mixed in since the global model it started from, so the k-th upload mixed in a round is at
+least k − 1 stale even when it is fresh in rounds, and a round of many uploads is no longer
+dominated by its last few at α = 0.8. Stragglers come from ``--straggler_delay S``; without it every upload is fresh
 (τ = t), and with α = 1 and one client a round FedAsync is sequential SGD in the server's order.
 The paper's optional proximal term on the client is not used (clients are FedAvg's).
 """
@@ -25,6 +33,7 @@ from utils.cli import add_flag
 from utils.errors import FLError
 
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")
+STALENESS_UNITS = ("round", "upload")
 
 
 def staleness_weight(kind: str, staleness: int, a: float, b: float) -> float:
@@ -46,23 +55,43 @@ class FedAsync(Server):
         add_flag(parser, "--staleness_fn", type=str, default="polynomial", choices=list(STALENESS_FUNCTIONS),
                  help="FedAsync: staleness function s(t - tau)")
         add_flag(parser, "--staleness_a", type=float, default=0.5, low=0, help="FedAsync: a of the polynomial/hinge functions")
-        add_flag(parser, "--staleness_b", type=float, default=4.0, low=0, help="FedAsync: b of the hinge function (rounds)")
+        add_flag(parser, "--staleness_b", type=float, default=4.0, low=0,
+                 help="FedAsync: b of the hinge function (in --staleness_unit)")
+        add_flag(parser, "--staleness_unit", type=str, default="round", choices=list(STALENESS_UNITS),
+                 help="FedAsync: what t - tau counts: rounds (the Sageflow paper's definition) or the server's "
+                      "model updates, one per upload mixed (t of Xie et al.'s Algorithm 1)")
 
     def setup(self) -> None:
         if not 0 < self.hp.async_alpha <= 1:
             raise FLError(f"--async_alpha must be in (0, 1], got {self.hp.async_alpha}")
         if self.hp.staleness_a < 0 or self.hp.staleness_b < 0:
             raise FLError("--staleness_a and --staleness_b must be >= 0")
+        #: model updates so far (uploads mixed), and that count when each round's package was made:
+        #: the version of the global model a client of that round starts from (--staleness_unit upload)
+        self.mixes = 0
+        self.version_at_round: dict[int, int] = {}
+
+    def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
+        self.version_at_round[rnd] = self.mixes
+        return super().make_package(rnd, cohort)
+
+    def staleness(self, start: int, package: RoundPackage) -> int:
+        """t − τ of an upload that started from round ``start``'s global model, in ``--staleness_unit``."""
+        if self.hp.staleness_unit == "round":
+            return package.round - start
+        return self.mixes - self.version_at_round.get(start, self.mixes)
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         model = self.global_params.clone()
         for update in updates:
             start, _ = origin_of(self.plugins, update, package)
-            weight = self.hp.async_alpha * staleness_weight(self.hp.staleness_fn, package.round - start,
+            weight = self.hp.async_alpha * staleness_weight(self.hp.staleness_fn, self.staleness(start, package),
                                                             self.hp.staleness_a, self.hp.staleness_b)
             model = model * (1 - weight) + update.params * weight
+            self.mixes += 1
         self.global_params = model
 
     def summary(self) -> dict[str, object]:
         return {"async_alpha": self.hp.async_alpha, "staleness_fn": self.hp.staleness_fn,
-                "staleness_a": self.hp.staleness_a, "staleness_b": self.hp.staleness_b}
+                "staleness_a": self.hp.staleness_a, "staleness_b": self.hp.staleness_b,
+                "staleness_unit": self.hp.staleness_unit}
