@@ -22,6 +22,7 @@ and printed. Both sides of one algorithm run at the same time (two processes); r
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -264,6 +265,18 @@ def load_records(path: Path) -> dict[str, dict]:
         raise SystemExit(f"{path} is not valid JSON; move it away to start afresh") from None
 
 
+@contextlib.contextmanager
+def records_lock(path: Path):
+    """Held while a record is read, merged and written, so that two invocations (e.g. ``--side pfllib``
+    and ``--side ours`` side by side) do not lose each other's record."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def save_records(path: Path, records: dict[str, dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -302,6 +315,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch threads of each side (PFLlib's through OMP_NUM_THREADS; ours --num_threads)")
     p.add_argument("--records", type=Path, default=RECORDS,
                    help="the JSON file the records accumulate in; the table of all of them goes beside it as .md")
+    p.add_argument("--side", choices=["both", "pfllib", "ours"], default="both",
+                   help="run one side only and keep the other side of the record (on a loaded machine, one "
+                        "invocation per side keeps both lanes busy: PFLlib's side takes about twice as long)")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: read our results files of the records again and rewrite the table")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per run")
@@ -402,19 +418,24 @@ def main(argv: list[str] | None = None) -> int:
             argv = pfllib_argv(algo, flags, args)
             earlier = records.get(base, {}).get("pfllib", {})
             reuse = bool(args.our_flags) and earlier.get("argv") == argv  # a failed run would fail again
-            print(f"{label}: {'ours (PFLlib run reused)' if reuse else 'PFLlib and ours'}, {args.rounds} rounds ...",
-                  flush=True)
+            sides = {"both": "PFLlib and ours", "pfllib": "PFLlib only", "ours": "ours only"}[args.side]
+            print(f"{label}: {'ours (PFLlib run reused)' if reuse else sides}, {args.rounds} rounds ...", flush=True)
             with ThreadPoolExecutor(2) as pool:
-                theirs = None if reuse else pool.submit(run_pfllib, workspace, env, args.pfllib_python, argv,
-                                                        args.timeout, results / "pfllib_stdout.txt")
-                ours = pool.submit(run_ours, our_argv(algo, flags + shlex.split(args.our_flags), data, results, args),
-                                   results, args.timeout)
-                record = {"flags": flags, "our_flags": shlex.split(args.our_flags), "data": str(data),
-                          "pfllib_commit": commit, "model": args.model, "our_model": our_model(algo, args.model),
-                          "pfllib": earlier if reuse else theirs.result(), "ours": ours.result()}
-            records = load_records(args.records)  # another invocation may have added records meanwhile
-            records[label] = record
-            save_records(args.records, records)
+                theirs = None if reuse or args.side == "ours" else pool.submit(
+                    run_pfllib, workspace, env, args.pfllib_python, argv, args.timeout, results / "pfllib_stdout.txt")
+                ours = None if args.side == "pfllib" else pool.submit(
+                    run_ours, our_argv(algo, flags + shlex.split(args.our_flags), data, results, args), results,
+                    args.timeout)
+                ran = {"pfllib": theirs and theirs.result(), "ours": ours and ours.result()}
+            record = {"flags": flags, "our_flags": shlex.split(args.our_flags), "data": str(data),
+                      "pfllib_commit": commit, "model": args.model, "our_model": our_model(algo, args.model)}
+            with records_lock(args.records):  # another invocation may have added records (or this one's other side)
+                records = load_records(args.records)
+                kept = records.get(label, {})
+                record["pfllib"] = ran["pfllib"] or (earlier if reuse else kept.get("pfllib", {}))
+                record["ours"] = ran["ours"] or kept.get("ours", {})
+                records[label] = record
+                save_records(args.records, records)
             for side in ("pfllib", "ours"):
                 if record[side].get("error"):
                     print(f"  {side}: {record[side]['error']}", flush=True)

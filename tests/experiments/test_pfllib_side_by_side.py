@@ -213,3 +213,23 @@ def test_seed_summary_gives_mean_std_over_seeds_and_whether_ours_is_in_pfllibs_r
     assert "| 72.00 ± 1.63 | 74.00 ± 0.82 | +2.00 | 70.00–74.00 | yes |" in lines[2]
     assert lines[3].startswith("| Local | 1 / 2 | 90.00 ± 0.00 | 95.50 ± 0.50 | +5.50 | 90.00–90.00 | no |")
     assert sbs.seed_summary_lines({"FD": rec(0.5, 0.5)}) == []
+
+
+def test_one_side_at_a_time_keeps_the_other_side_of_the_record(tmp_path, monkeypatch):
+    (tmp_path / "pfllib" / "system").mkdir(parents=True)
+    (tmp_path / "pfllib" / "system" / "main.py").write_text("")
+    monkeypatch.setattr(sbs, "OUT", tmp_path / "out")
+    monkeypatch.setattr(benchmark, "pfllib_workspace", lambda *a, **k: {})
+    monkeypatch.setattr(benchmark, "pfllib_commit", lambda path: "abc")
+    monkeypatch.setattr(sbs, "run_pfllib", lambda *a: {"argv": a[3], "acc": [0.1, 0.5]})
+    monkeypatch.setattr(sbs, "run_ours", lambda argv, *a: {"argv": argv, "acc": [0.1, 0.6]})
+    records = tmp_path / "records.json"
+    common = ["--pfllib", str(tmp_path / "pfllib"), "--data", str(tmp_path), "--records", str(records),
+              "--only", "FedAvg", "--seed", "1"]
+    sbs.main([*common, "--side", "pfllib"])
+    record = sbs.load_records(records)["FedAvg seed=1"]
+    assert record["pfllib"]["acc"] == [0.1, 0.5] and record["ours"] == {}
+    sbs.main([*common, "--side", "ours"])
+    record = sbs.load_records(records)["FedAvg seed=1"]
+    assert record["pfllib"]["acc"] == [0.1, 0.5] and record["ours"]["acc"] == [0.1, 0.6]
+    assert record["pfllib"]["argv"][:3] == ["-c", sbs.SEEDED_LAUNCHER, "1"] and "--seed" in record["ours"]["argv"]
