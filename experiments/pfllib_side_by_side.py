@@ -17,7 +17,14 @@ the "Averaged Test Accuracy" line it prints at every evaluation); ours is ``syst
 accumulate in ``experiments/out/pfllib_side_by_side.json`` (a rerun of an algorithm replaces its
 record) and the table of every record so far is written to ``experiments/out/pfllib_side_by_side.md``
 and printed. Both sides of one algorithm run at the same time (two processes); run it with
-``nice -n 10`` on a shared machine.
+``nice -n 10`` on a shared machine. ``--side pfllib`` and ``--side ours`` run one side each (two
+invocations, one per side, keep two cores busy when PFLlib's side is the slower one).
+
+``--seed N`` seeds both sides (PFLlib's main.py through :data:`SEEDED_LAUNCHER`); the records of
+N ≠ 0 are ``'<algo> seed=N'``, and the table ends with a summary over the seeds of each algorithm
+(mean ± std per side, and whether our mean lies inside PFLlib's own range over its seeds):
+
+    for seed in 0 1 2; do python experiments/pfllib_side_by_side.py --pfllib /tmp/pfllib --seed $seed --only FedAvg Local; done
 """
 from __future__ import annotations
 
