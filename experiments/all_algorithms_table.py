@@ -38,8 +38,8 @@ from common import OUT, add_training_flags, generate_data, mean_std, results_fol
 from flcore.registry import list_algorithms, load_all  # noqa: E402  (common puts system/ on the path)
 
 FMNIST_RAW = Path("/usr/share/datasets/fashion-mnist")
+#: the default ``--name``: the rows of the issue's table
 EXPERIMENT = "all_algorithms"
-ROWS_DIR = OUT / EXPERIMENT
 #: the baselines every row is read against; the strongest of REFERENCE_PFL is picked from the table
 REFERENCE_PFL = ("Ditto", "FedRep")
 #: rows run first (the baselines and issue 25's eleven), so that a run cut short has them
@@ -73,6 +73,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval_gap", type=int, default=25, help="-eg: evaluate every N rounds (and after the last)")
     parser.add_argument("--model", default="DNN")
     parser.add_argument("--engine", default="sequential", help="--engine of main.py (sequential: one core per process)")
+    parser.add_argument("--name", default=EXPERIMENT,
+                        help="the experiment: its rows are kept in out/<name>/ and its table written to "
+                             "out/<name>_table.md (give another scale another name: a row's record is replaced "
+                             "by a rerun, and one table never mixes scales)")
     parser.add_argument("--table-only", action="store_true", help="run nothing: write the table of the rows run so far")
     parser.add_argument("--skip-done", action="store_true", help="skip rows already run at this scale or being run by another process")
     return parser.parse_args(argv)
@@ -109,7 +113,7 @@ def run_row(algo: str, data: Path, args: argparse.Namespace) -> dict:
     errors = io.StringIO()
     try:
         with contextlib.redirect_stderr(errors):
-            run = run_variant(EXPERIMENT, algo, algo, flags, data, args, args.model, args.rounds, extra=extra, quiet=True)
+            run = run_variant(args.name, algo, algo, flags, data, args, args.model, args.rounds, extra=extra, quiet=True)
     except Exception as exc:  # noqa: BLE001 - an algorithm's crash is a row of the table, not the end of it
         run = f"crashed: {type(exc).__name__}: {exc}"
         traceback.print_exc()
@@ -119,8 +123,8 @@ def run_row(algo: str, data: Path, args: argparse.Namespace) -> dict:
     else:
         record["runs"] = [curve_numbers(path) for path in run.paths]
         record["s_per_run"] = run.seconds() / max(len(run.paths), 1)
-    ROWS_DIR.mkdir(parents=True, exist_ok=True)
-    (ROWS_DIR / f"{algo}.json").write_text(json.dumps(record, indent=1))
+    rows_dir(args.name).mkdir(parents=True, exist_ok=True)
+    (rows_dir(args.name) / f"{algo}.json").write_text(json.dumps(record, indent=1))
     return record
 
 
@@ -163,14 +167,14 @@ def table(records: dict[str, dict]) -> list[str]:
 
 def is_done(name: str, args: argparse.Namespace) -> bool:
     """The row has a record at this scale (read afresh: another process may have just written it)."""
-    path = ROWS_DIR / f"{name}.json"
+    path = rows_dir(args.name) / f"{name}.json"
     return path.is_file() and json.loads(path.read_text()).get("scale") == scale_text(args)
 
 
-def in_progress(name: str) -> bool:
+def in_progress(name: str, experiment: str = EXPERIMENT) -> bool:
     """Another process runs the row now: ``main`` holds a lock file, naming a live process, in its results
     folder (a killed run leaves its lock files behind)."""
-    for lock in results_folder(EXPERIMENT, name).glob(".*.lock"):
+    for lock in results_folder(experiment, name).glob(".*.lock"):
         try:
             os.kill(int(lock.read_text().strip()), 0)
         except (ValueError, ProcessLookupError):
@@ -181,8 +185,13 @@ def in_progress(name: str) -> bool:
     return False
 
 
-def load_records() -> dict[str, dict]:
-    return {path.stem: json.loads(path.read_text()) for path in sorted(ROWS_DIR.glob("*.json"))}
+def rows_dir(experiment: str) -> Path:
+    """Where an experiment's rows are kept: ``out/<name>/``, one JSON file per row."""
+    return OUT / experiment
+
+
+def load_records(experiment: str = EXPERIMENT) -> dict[str, dict]:
+    return {path.stem: json.loads(path.read_text()) for path in sorted(rows_dir(experiment).glob("*.json"))}
 
 
 def main_(argv: list[str] | None = None) -> None:
@@ -196,14 +205,14 @@ def main_(argv: list[str] | None = None) -> None:
         part, parts = (int(v) for v in args.shard.split("/"))
         data = ensure_data(args)
         for name in names[part - 1::parts]:
-            if args.skip_done and (is_done(name, args) or in_progress(name)):
+            if args.skip_done and (is_done(name, args) or in_progress(name, args.name)):
                 continue
             rec = run_row(name, data, args)
             print(f"{name}: {rec.get('failed') or mean_std([r['final'] for r in rec['runs']])} "
                   f"({rec.get('s_per_run', 0):.0f} s/run)", flush=True)
-    lines = table(load_records())
+    lines = table(load_records(args.name))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "all_algorithms_table.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{args.name}_table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

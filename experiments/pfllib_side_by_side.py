@@ -17,11 +17,19 @@ the "Averaged Test Accuracy" line it prints at every evaluation); ours is ``syst
 accumulate in ``experiments/out/pfllib_side_by_side.json`` (a rerun of an algorithm replaces its
 record) and the table of every record so far is written to ``experiments/out/pfllib_side_by_side.md``
 and printed. Both sides of one algorithm run at the same time (two processes); run it with
-``nice -n 10`` on a shared machine.
+``nice -n 10`` on a shared machine. ``--side pfllib`` and ``--side ours`` run one side each (two
+invocations, one per side, keep two cores busy when PFLlib's side is the slower one).
+
+``--seed N`` seeds both sides (PFLlib's main.py through :data:`SEEDED_LAUNCHER`); the records of
+N ≠ 0 are ``'<algo> seed=N'``, and the table ends with a summary over the seeds of each algorithm
+(mean ± std per side, and whether our mean lies inside PFLlib's own range over its seeds):
+
+    for seed in 0 1 2; do python experiments/pfllib_side_by_side.py --pfllib /tmp/pfllib --seed $seed --only FedAvg Local; done
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -82,8 +90,18 @@ def common_flags(args: argparse.Namespace) -> list[str]:
             "-dev", "cpu"]
 
 
+#: PFLlib's main.py has no seed flag: it calls ``torch.manual_seed(0)`` on import (and its Client
+#: constructor again), and never seeds numpy or ``random``. For a seed s ≠ 0 its unchanged main.py runs
+#: through this launcher, which adds s to every ``torch.manual_seed`` argument (argv: s, then main.py's)
+SEEDED_LAUNCHER = ("import runpy, sys, torch; offset = int(sys.argv.pop(1)); seed_torch = torch.manual_seed; "
+                   "torch.manual_seed = lambda s: seed_torch(s + offset); sys.argv = sys.argv[1:]; "
+                   "sys.path.insert(0, ''); runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
 def pfllib_argv(algo: str, flags: list[str], args: argparse.Namespace) -> list[str]:
-    return ["main.py", "-data", "MNIST", "-algo", algo, "-m", args.model, *common_flags(args), "-did", "0", *flags]
+    """PFLlib's main.py command line (after the interpreter); seed s ≠ 0 through :data:`SEEDED_LAUNCHER`."""
+    argv = ["main.py", "-data", "MNIST", "-algo", algo, "-m", args.model, *common_flags(args), "-did", "0", *flags]
+    return argv if args.seed == 0 else ["-c", SEEDED_LAUNCHER, str(args.seed), *argv]
 
 
 def our_argv(algo: str, flags: list[str], data: Path, results: Path, args: argparse.Namespace) -> list[str]:
@@ -204,6 +222,53 @@ def table_lines(records: dict[str, dict], order: list[str] | None = None) -> lis
     return lines
 
 
+def _unseeded(name: str) -> str:
+    words = name.split()
+    return " ".join(words[:-1]) if len(words) > 1 and words[-1].startswith("seed=") else name
+
+
+def seed_summary_lines(records: dict[str, dict], order: list[str] | None = None) -> list[str]:
+    """Over the seeds of each algorithm that has more than one ('<algo>' is seed 0, '<algo> seed=N' the
+    others): final and best accuracy per side as mean ± std (population std, as experiments/common.py),
+    PFLlib's own spread over its seeds (max − min of its finals), and whether the difference of the two
+    means is within it (a difference PFLlib's runs show among themselves). A run counts where its
+    curve has every evaluation (PFLlib's FedAS fails only after its last one). Empty when no algorithm
+    has two seeds."""
+    import numpy as np
+
+    groups: dict[str, list[dict]] = {}
+    for name, rec in records.items():
+        groups.setdefault(_unseeded(name), []).append(rec)
+    names = [n for n in (order or []) if n in groups] + [n for n in groups if n not in (order or [])]
+    names = [n for n in names if len(groups[n]) > 1]
+    if not names:
+        return []
+
+    def stats(values: list[float]) -> str:
+        return "–" if not values else f"{100 * np.mean(values):.2f} ± {100 * np.std(values):.2f}"
+
+    lines = ["| algorithm | seeds (PFLlib / ours) | PFLlib final | ours final | ours − PFLlib (means) "
+             "| PFLlib spread (max − min) | difference within it | PFLlib best | ours best |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name in names:
+        finals, bests = [], []
+        for side in ("pfllib", "ours"):
+            metric = "acc" if side == "pfllib" else SAME_METRIC.get(name.split()[0], "acc")
+            curves = [rec.get(side, {}).get(metric) or [] for rec in groups[name]]
+            rounds = max(len(c) for c in curves)
+            curves = [c for c in curves if c and len(c) == rounds]
+            finals.append([c[-1] for c in curves])
+            bests.append([max(a for a in c if a == a) for c in curves])  # a == a: not NaN
+        both = all(finals)
+        gap = float(np.mean(finals[1]) - np.mean(finals[0])) if both else None
+        spread = max(finals[0]) - min(finals[0]) if len(finals[0]) > 1 else None
+        within = "–" if gap is None or spread is None else ("yes" if abs(gap) <= spread + 1e-12 else "no")
+        lines.append(f"| {name} | {len(finals[0])} / {len(finals[1])} | {stats(finals[0])} | {stats(finals[1])} "
+                     f"| {'–' if gap is None else f'{100 * gap:+.2f}'} | {_pct(spread)} | {within} "
+                     f"| {stats(bests[0])} | {stats(bests[1])} |")
+    return lines
+
+
 def load_records(path: Path) -> dict[str, dict]:
     if not path.is_file():
         return {}
@@ -211,6 +276,18 @@ def load_records(path: Path) -> dict[str, dict]:
         return json.loads(path.read_text())
     except json.JSONDecodeError:
         raise SystemExit(f"{path} is not valid JSON; move it away to start afresh") from None
+
+
+@contextlib.contextmanager
+def records_lock(path: Path):
+    """Held while a record is read, merged and written, so that two invocations (e.g. ``--side pfllib``
+    and ``--side ours`` side by side) do not lose each other's record."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def save_records(path: Path, records: dict[str, dict]) -> None:
@@ -238,7 +315,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch_size", type=int, default=10)
     p.add_argument("--local_epochs", type=int, default=1)
     p.add_argument("--num_clients", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0, help="our --seed (PFLlib seeds torch with 0 itself)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="both sides' seed: our --seed; PFLlib's main.py, which has no seed flag and seeds torch with "
+                        "0 itself, runs unchanged at 0 and otherwise with every torch.manual_seed offset by the seed "
+                        "(it never seeds numpy). The records of a seed other than 0 are '<algo> seed=N'")
     p.add_argument("--flags", default="", help="extra flags for both sides, one string (e.g. '-lam 0.5')")
     p.add_argument("--our-flags", default="",
                    help="extra flags for our side only (e.g. a choice of ours that reproduces PFLlib's reading); the "
@@ -248,6 +328,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch threads of each side (PFLlib's through OMP_NUM_THREADS; ours --num_threads)")
     p.add_argument("--records", type=Path, default=RECORDS,
                    help="the JSON file the records accumulate in; the table of all of them goes beside it as .md")
+    p.add_argument("--side", choices=["both", "pfllib", "ours"], default="both",
+                   help="run one side only and keep the other side of the record (on a loaded machine, one "
+                        "invocation per side keeps both lanes busy: PFLlib's side takes about twice as long)")
     p.add_argument("--table-only", action="store_true",
                    help="run nothing: read our results files of the records again and rewrite the table")
     p.add_argument("--timeout", type=int, default=3600, help="seconds per run")
@@ -303,15 +386,25 @@ def reread_ours(records: dict[str, dict]) -> None:
             ours.update(read_our_results(paths[0]))
 
 
+def write_tables(records: dict[str, dict], path: Path) -> None:
+    """The table and curves of every record, then the summary over seeds where there are several, to
+    ``path`` and stdout."""
+    order = ["FedAvg", "Local", *DEFAULT_ALGORITHMS]
+    lines = table_lines(records, order)
+    summary = seed_summary_lines(records, order)
+    if summary:
+        lines += ["Over the seeds (final: the last evaluation):", "", *summary, ""]
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.table_only:
         records = load_records(args.records)
         reread_ours(records)
         save_records(args.records, records)
-        lines = table_lines(records, ["FedAvg", "Local", *DEFAULT_ALGORITHMS])
-        args.records.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        print("\n".join(lines))
+        write_tables(records, args.records.with_suffix(".md"))
         return 0
     data = args.data
     if data is None:
@@ -330,32 +423,36 @@ def main(argv: list[str] | None = None) -> int:
         env["OMP_NUM_THREADS"] = str(args.threads)
         for algo in args.only:
             flags = ALGORITHM_FLAGS[algo] + extra
-            base = f"{algo} {args.flags}".strip()  # the record of the run both sides share
-            label = f"{base} {args.our_flags}".strip()
+            seed = f"seed={args.seed}" if args.seed else ""
+            base = " ".join(filter(None, [algo, args.flags, seed]))  # the record of the run both sides share
+            label = " ".join(filter(None, [algo, args.flags, args.our_flags, seed]))
             results = OUT / "results" / "pfllib_side_by_side" / "".join(c if c.isalnum() else "_" for c in label)
             results.mkdir(parents=True, exist_ok=True)
             argv = pfllib_argv(algo, flags, args)
             earlier = records.get(base, {}).get("pfllib", {})
             reuse = bool(args.our_flags) and earlier.get("argv") == argv  # a failed run would fail again
-            print(f"{label}: {'ours (PFLlib run reused)' if reuse else 'PFLlib and ours'}, {args.rounds} rounds ...",
-                  flush=True)
+            sides = {"both": "PFLlib and ours", "pfllib": "PFLlib only", "ours": "ours only"}[args.side]
+            print(f"{label}: {'ours (PFLlib run reused)' if reuse else sides}, {args.rounds} rounds ...", flush=True)
             with ThreadPoolExecutor(2) as pool:
-                theirs = None if reuse else pool.submit(run_pfllib, workspace, env, args.pfllib_python, argv,
-                                                        args.timeout, results / "pfllib_stdout.txt")
-                ours = pool.submit(run_ours, our_argv(algo, flags + shlex.split(args.our_flags), data, results, args),
-                                   results, args.timeout)
-                record = {"flags": flags, "our_flags": shlex.split(args.our_flags), "data": str(data),
-                          "pfllib_commit": commit, "model": args.model, "our_model": our_model(algo, args.model),
-                          "pfllib": earlier if reuse else theirs.result(), "ours": ours.result()}
-            records = load_records(args.records)  # another invocation may have added records meanwhile
-            records[label] = record
-            save_records(args.records, records)
+                theirs = None if reuse or args.side == "ours" else pool.submit(
+                    run_pfllib, workspace, env, args.pfllib_python, argv, args.timeout, results / "pfllib_stdout.txt")
+                ours = None if args.side == "pfllib" else pool.submit(
+                    run_ours, our_argv(algo, flags + shlex.split(args.our_flags), data, results, args), results,
+                    args.timeout)
+                ran = {"pfllib": theirs and theirs.result(), "ours": ours and ours.result()}
+            record = {"flags": flags, "our_flags": shlex.split(args.our_flags), "data": str(data),
+                      "pfllib_commit": commit, "model": args.model, "our_model": our_model(algo, args.model)}
+            with records_lock(args.records):  # another invocation may have added records (or this one's other side)
+                records = load_records(args.records)
+                kept = records.get(label, {})
+                record["pfllib"] = ran["pfllib"] or (earlier if reuse else kept.get("pfllib", {}))
+                record["ours"] = ran["ours"] or kept.get("ours", {})
+                records[label] = record
+                save_records(args.records, records)
             for side in ("pfllib", "ours"):
                 if record[side].get("error"):
                     print(f"  {side}: {record[side]['error']}", flush=True)
-    lines = table_lines(records, ["FedAvg", "Local", *DEFAULT_ALGORITHMS])
-    args.records.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_tables(records, args.records.with_suffix(".md"))
     return 0
 
 

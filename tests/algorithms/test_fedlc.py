@@ -119,3 +119,22 @@ def test_engines_match_the_sequential_engine(engine):
     out = engine_run("FedLC", engine, tau=2.0)
     assert out.engine.stats[f"{engine}_clients"] > 0
     assert_same_training(ref, out, exact=engine == "threaded", atol=2e-5, rtol=1e-4)  # batched: up to rounding
+
+
+def test_a_client_holding_one_class_uploads_what_it_received_and_the_server_warns():
+    # with its own counts (the paper's) every other class has an infinite margin: the softmax runs over
+    # one class, the loss is 0 and the client never moves; PFLlib's global counts leave it training
+    g = torch.Generator().manual_seed(4)
+    labels = [torch.tensor([1, 1, 1, 1]), torch.tensor([2, 1, 2, 0, 2, 2])]
+    data = dataset_from_arrays([(torch.randn(len(y), 2, generator=g), y, torch.randn(3, 2, generator=g),
+                                 torch.tensor([0, 1, 2])) for y in labels], num_classes=3)
+    with fl_log_messages() as messages:
+        server = build_server(make_args("FedLC", batch_size=2), data)
+        assert any("1 of 2 clients hold one class" in m and "--fedlc_counts global" in m for m in messages)
+    received = server.global_params.clone()
+    updates = run_round(server, 0).updates
+    assert torch.equal(updates[0].params, received) and not torch.equal(updates[1].params, received)
+    with fl_log_messages() as messages:
+        server = build_server(make_args("FedLC", "--fedlc_counts", "global", batch_size=2), data)
+        assert messages == []
+    assert not torch.equal(run_round(server, 0).updates[0].params, received)

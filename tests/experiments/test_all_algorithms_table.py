@@ -45,3 +45,20 @@ def test_table_lists_every_registered_name_with_differences_to_the_strongest_ref
     assert "| FedAvg | global | – | 60.00 ± 10.00 | 60.00 ± 10.00 | -30.00 | +0.00 | -25.00 | 3 |" == rows["FedAvg"]
     assert "failed: error: diverged" in rows["APPLE"] and "`-dlr 0.01`" in rows["APPLE"]
     assert "not run" in rows["FedCP"]
+
+
+def test_each_name_keeps_its_own_rows_and_table(tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setattr(table_script, "OUT", tmp_path)
+    small, large = table_script.parse([]), table_script.parse(["--name", "fmnist_300s", "--samples", "300"])
+    assert small.name == "all_algorithms"
+    for args, final in ((small, 0.7), (large, 0.8)):
+        table_script.rows_dir(args.name).mkdir(parents=True)
+        (table_script.rows_dir(args.name) / "FedAvg.json").write_text(json.dumps(
+            run(final, personalised=False) | {"scale": table_script.scale_text(args)}))
+    assert table_script.load_records()["FedAvg"]["runs"][0]["final"] == 0.7
+    assert table_script.load_records("fmnist_300s")["FedAvg"]["runs"][0]["final"] == 0.8
+    assert table_script.is_done("FedAvg", large) and not table_script.is_done("Local", large)
+    table_script.main_(["--name", "fmnist_300s", "--table-only"])
+    assert "| FedAvg | global | – | 80.00 ± 0.00 |" in (tmp_path / "fmnist_300s_table.md").read_text()

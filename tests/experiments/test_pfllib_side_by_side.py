@@ -173,3 +173,65 @@ def test_a_run_that_failed_shows_where_and_is_compared_only_when_its_curve_is_co
     fedas, fd = sbs.table_lines(records)[2:4]
     assert "| 80.00 (failed after entry 2) | 82.00 | +2.00 |" in fedas
     assert "| 70.00 (failed after entry 1) | 90.00 | – |" in fd
+
+
+def test_pfllib_runs_unchanged_at_seed_0_and_offsets_every_torch_seed_otherwise(tmp_path):
+    import subprocess
+
+    assert sbs.pfllib_argv("FedAvg", [], _args())[0] == "main.py"  # seed 0: exactly PFLlib's own command
+    argv = sbs.pfllib_argv("FedAvg", [], _args(seed=2))
+    assert argv[:3] == ["-c", sbs.SEEDED_LAUNCHER, "2"] and argv[3:] == sbs.pfllib_argv("FedAvg", [], _args())
+    # a stand-in main.py that seeds torch with 0 as PFLlib's does, and prints its argv and first draw
+    (tmp_path / "main.py").write_text("import sys, torch\ntorch.manual_seed(0)\n"
+                                      "print(sys.argv[1:], torch.rand(1).item())\n")
+    outputs = {}
+    for seed in (0, 2):
+        done = subprocess.run([sys.executable, *sbs.pfllib_argv("FedAvg", [], _args(seed=seed))], cwd=tmp_path,
+                              capture_output=True, text=True, check=True)
+        outputs[seed] = done.stdout.split("] ")
+    import torch
+
+    def first_draw(seed):
+        torch.manual_seed(seed)
+        return torch.rand(1).item()
+
+    assert outputs[0][0] == outputs[2][0]  # main.py sees the same arguments
+    assert float(outputs[0][1]) == pytest.approx(first_draw(0))
+    assert float(outputs[2][1]) == pytest.approx(first_draw(2))
+
+
+def test_seed_summary_gives_mean_std_over_seeds_and_whether_the_gap_is_within_pfllibs_spread():
+    def rec(theirs, ours):
+        return {"flags": [], "pfllib": {"acc": [0.1, theirs]}, "ours": {"acc": [0.1, ours]}}
+
+    records = {"FedAvg": rec(0.70, 0.75), "FedAvg seed=1": rec(0.72, 0.73), "FedAvg seed=2": rec(0.74, 0.74),
+               "Local": rec(0.9, 0.95), "Local seed=1": rec(0.92, 0.96),
+               "FD": rec(0.5, 0.5)}  # one seed: no summary row
+    records["Local seed=1"]["pfllib"] = {"acc": [0.1], "error": "exit 1"}  # stopped early: left out
+    lines = sbs.seed_summary_lines(records, ["FedAvg", "Local"])
+    assert len(lines) == 4 and lines[2].startswith("| FedAvg | 3 / 3 |")
+    assert "| 72.00 ± 1.63 | 74.00 ± 0.82 | +2.00 | 4.00 | yes |" in lines[2]
+    assert lines[3].startswith("| Local | 1 / 2 | 90.00 ± 0.00 | 95.50 ± 0.50 | +5.50 | – | – |")  # one PFLlib seed
+    records["FedAvg seed=2"]["ours"]["acc"][-1] = 0.9  # ours 79.33 on average: 7.33 points over PFLlib, spread 4
+    assert "| +7.33 | 4.00 | no |" in sbs.seed_summary_lines(records)[2]
+    assert sbs.seed_summary_lines({"FD": rec(0.5, 0.5)}) == []
+
+
+def test_one_side_at_a_time_keeps_the_other_side_of_the_record(tmp_path, monkeypatch):
+    (tmp_path / "pfllib" / "system").mkdir(parents=True)
+    (tmp_path / "pfllib" / "system" / "main.py").write_text("")
+    monkeypatch.setattr(sbs, "OUT", tmp_path / "out")
+    monkeypatch.setattr(benchmark, "pfllib_workspace", lambda *a, **k: {})
+    monkeypatch.setattr(benchmark, "pfllib_commit", lambda path: "abc")
+    monkeypatch.setattr(sbs, "run_pfllib", lambda *a: {"argv": a[3], "acc": [0.1, 0.5]})
+    monkeypatch.setattr(sbs, "run_ours", lambda argv, *a: {"argv": argv, "acc": [0.1, 0.6]})
+    records = tmp_path / "records.json"
+    common = ["--pfllib", str(tmp_path / "pfllib"), "--data", str(tmp_path), "--records", str(records),
+              "--only", "FedAvg", "--seed", "1"]
+    sbs.main([*common, "--side", "pfllib"])
+    record = sbs.load_records(records)["FedAvg seed=1"]
+    assert record["pfllib"]["acc"] == [0.1, 0.5] and record["ours"] == {}
+    sbs.main([*common, "--side", "ours"])
+    record = sbs.load_records(records)["FedAvg seed=1"]
+    assert record["pfllib"]["acc"] == [0.1, 0.5] and record["ours"]["acc"] == [0.1, 0.6]
+    assert record["pfllib"]["argv"][:3] == ["-c", sbs.SEEDED_LAUNCHER, "1"] and "--seed" in record["ours"]["argv"]
