@@ -164,7 +164,10 @@ class GPFLClient(Client):
         if self.hp.gpfl_condition == "trained":
             kept = self.state.get("gpfl_conditions", self.index)
             return torch.zeros(2, self.gpfl_layout.dim).to(global_params) if kept is None else kept.to(global_params)
-        gce = self.gce_of(global_params)
+        return self.conditions_from(self.gce_of(global_params))
+
+    def conditions_from(self, gce: torch.Tensor) -> torch.Tensor:
+        """[g, p_i] looked up in ``gce``: its mean row, and its rows weighted by this client's label shares."""
         return torch.stack([gce.mean(0), self.label_shares().to(gce) @ gce])
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
@@ -174,8 +177,7 @@ class GPFLClient(Client):
     def end_round(self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int,
                   loss: float) -> ClientUpdate:
         if self.hp.gpfl_condition == "trained":  # next round's conditions, from the GCE as trained here
-            gce = self.gce_of(params)
-            self.state.set("gpfl_conditions", self.index, torch.stack([gce.mean(0), self.label_shares().to(gce) @ gce]))
+            self.state.set("gpfl_conditions", self.index, self.conditions_from(self.gce_of(params)))
         return super().end_round(params, package, ctx, steps, loss)
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
