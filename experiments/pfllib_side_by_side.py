@@ -40,7 +40,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import MNIST_RAW, OUT, REPO, generate_data
+from common import MNIST_RAW, OUT, REPO, generate_data, mean_std
 
 import benchmark  # noqa: E402  (system/ is on the path through common)
 
@@ -244,9 +244,6 @@ def seed_summary_lines(records: dict[str, dict], order: list[str] | None = None)
     if not names:
         return []
 
-    def stats(values: list[float]) -> str:
-        return "–" if not values else f"{100 * np.mean(values):.2f} ± {100 * np.std(values):.2f}"
-
     lines = ["| algorithm | seeds (PFLlib / ours) | PFLlib final | ours final | ours − PFLlib (means) "
              "| PFLlib spread (max − min) | difference within it | PFLlib best | ours best |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -263,9 +260,9 @@ def seed_summary_lines(records: dict[str, dict], order: list[str] | None = None)
         gap = float(np.mean(finals[1]) - np.mean(finals[0])) if both else None
         spread = max(finals[0]) - min(finals[0]) if len(finals[0]) > 1 else None
         within = "–" if gap is None or spread is None else ("yes" if abs(gap) <= spread + 1e-12 else "no")
-        lines.append(f"| {name} | {len(finals[0])} / {len(finals[1])} | {stats(finals[0])} | {stats(finals[1])} "
+        lines.append(f"| {name} | {len(finals[0])} / {len(finals[1])} | {mean_std(finals[0])} | {mean_std(finals[1])} "
                      f"| {'–' if gap is None else f'{100 * gap:+.2f}'} | {_pct(spread)} | {within} "
-                     f"| {stats(bests[0])} | {stats(bests[1])} |")
+                     f"| {mean_std(bests[0])} | {mean_std(bests[1])} |")
     return lines
 
 
