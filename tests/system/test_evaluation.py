@@ -233,7 +233,7 @@ def test_whole_runs_agree_across_group_sizes():
 
 
 @pytest.mark.parametrize("argv, needle", [(["--eval_group", "-1"], "--eval_group must be >= 0"),
-                                          (["--eval_batch_size", "0"], "--eval_batch_size must be >= 1")])
+                                          (["--eval_batch_size", "-1"], "--eval_batch_size")])
 def test_bad_evaluation_flags_are_one_line_errors(tmp_path, capsys, argv, needle):
     folder = make_dataset(tmp_path, num_clients=3, input_shape=(1, 8, 8))
     code = main.main(["-data", str(folder), "-m", "DNN", "-algo", "Local", "-gr", "1", "-dev", "cpu",
@@ -384,3 +384,14 @@ def test_no_frozen_copy_where_it_cannot_be_trusted_one_notice(monkeypatch, notic
             (reference.test_acc, reference.test_auc, reference.train_loss)
     said = [r.getMessage() for r in notices if "no frozen copy" in r.getMessage()]
     assert len(said) == 1, said
+
+
+def test_auto_eval_batch_is_per_device():
+    """``--eval_batch_size 0``: 128 on a CPU, larger on a GPU (batches of 128 leave it launch-bound);
+    an explicit size is kept on both, and the server writes the resolved size back for every reader."""
+    from flcore.evaluation import resolve_eval_batch
+    assert resolve_eval_batch(0, torch.device("cpu")) == 128
+    assert resolve_eval_batch(0, torch.device("cuda")) == 2048
+    assert resolve_eval_batch(7, torch.device("cuda")) == resolve_eval_batch(7, torch.device("cpu")) == 7
+    server = make_server("linear", eval_batch_size=0)
+    assert server.args.eval_batch_size == 128 and server.evaluator.batch_size == 128

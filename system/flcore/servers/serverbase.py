@@ -46,7 +46,7 @@ from torch import nn
 from flcore.capabilities import SERVER_HOOKS, Capabilities
 from flcore.clients.clientbase import Client
 from flcore.clients.localstep import local_step_for
-from flcore.evaluation import Evaluator
+from flcore.evaluation import Evaluator, resolve_eval_batch
 from flcore.flat import FlatModel
 from flcore.plugins import RoundPlugin, plugins_for
 # RoundResult is the protocol's; importable from here as before
@@ -100,6 +100,9 @@ class Server:
         self.dataset = dataset
         self.device = device
         self.num_classes = dataset.num_classes
+        # --eval_batch_size 0 = auto by device; written back, so every pass of the run (the
+        # algorithms' own, the results' settings) reads the same number
+        args.eval_batch_size = resolve_eval_batch(args.eval_batch_size, device)
         if resolve_conv_layout(args.conv_layout, device) == "channels_last":
             use_channels_last(module)
         self.model = FlatModel(self.build_module(module), device)
