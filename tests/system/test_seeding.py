@@ -91,3 +91,21 @@ def test_a_run_is_bit_for_bit_that_of_the_numpy_derivation(algorithm, monkeypatc
     monkeypatch.setattr(seeding, "derive_seed", seed_sequence_seed)
     before = engine_run(algorithm, "sequential")
     assert_same_training(before, now, exact=True)
+
+
+def test_a_threads_scratch_generator_gives_the_torch_generator_stream():
+    """The generator shuffled_plan reuses (one per thread) draws what a fresh one seeded alike draws."""
+    import threading
+
+    scratch = seeding.scratch_generator(3, "batches", 4, 5)
+    assert torch.equal(torch.randperm(20, generator=scratch),
+                       torch.randperm(20, generator=seeding.torch_generator(3, "batches", 4, 5)))
+    torch.rand(3, generator=scratch)  # a state that re-seeding must reset
+    assert seeding.scratch_generator(3, "batches", 4, 5) is scratch
+    assert torch.equal(torch.randperm(20, generator=scratch),
+                       torch.randperm(20, generator=seeding.torch_generator(3, "batches", 4, 5)))
+    other = []
+    thread = threading.Thread(target=lambda: other.append(seeding.scratch_generator(3, "batches", 4, 5)))
+    thread.start()
+    thread.join()
+    assert other[0] is not scratch

@@ -55,7 +55,7 @@ from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import Diverged, FLError
-from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
+from utils.seeding import numpy_rng, rng_state, scratch_generator, seed_global_rng, set_rng_state
 
 
 class Client:
@@ -202,7 +202,7 @@ class Client:
         """Plain SGD's batches (``batch_plan``): a permutation per epoch from (seed, purpose, round,
         client), on ``device`` (default: the client's data's)."""
         n, bs = self.num_train, self.batch_size
-        generator = torch_generator(self.args.seed, purpose, rnd, self.cid)
+        generator = scratch_generator(self.args.seed, purpose, rnd, self.cid)  # used up here
         steps, plan = self.steps_per_epoch, []
         full = min(steps, n // bs)  # batches of bs rows; with --drop_last False a shorter last one
         device = self.data.train_x.device if device is None else device
