@@ -65,6 +65,11 @@ Design (what a reader should know before changing it):
   batched``). P2's round (250 client steps) therefore has a floor of about 0.98 s on
   this CPU; the sequential engine takes 1.22 s and the threaded one 1.04 s, so no batched engine
   can be 1.2x faster than the sequential one there. ``auto`` uses the threaded engine on CPUs.
+  With the step captured, a round's cost is the host's work per client (planning, the hooks,
+  the upload): P2 on an H200 took 0.03 s/round, ~7 ms of it steps. That work was cut to the
+  sequence's own (lean plans, the index and the losses per cohort, not per client): a P2 round
+  with the compute stubbed out took 95-105 us per client before and 61-75 after on the
+  project's CPU (p10 and min over 60 rounds, loaded; ``experiments/issue28_host_cost.py``).
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
