@@ -171,7 +171,7 @@ class LocalJob:
     client: Any
     package: RoundPackage
     plan: list
-    rng: tuple
+    rng: tuple | None  # None: the engine left the global RNG alone (Client.sequence_leaves_rng_alone)
     ctx: dict = field(default_factory=dict)
     start: torch.Tensor | None = None
     lr: float = 0.0

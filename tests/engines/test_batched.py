@@ -156,6 +156,16 @@ def test_padded_clients_take_no_op_steps():
         torch.testing.assert_close(a.params, o.params, atol=1e-6, rtol=1e-6)
 
 
+def test_ragged_plans_are_placed_first_and_padded_with_zeros():
+    """The cohort index of full batches built in one go: client j's rows at its first steps."""
+    rows = torch.arange(1, 13).view(6, 2)
+    index = BatchedEngine._place_steps(rows, [3, 2, 0, 1], 3, torch.device("cpu"))
+    expected = torch.zeros(4, 3, 2, dtype=torch.long)
+    expected[0], expected[1, :2], expected[3, :1] = rows[:3], rows[3:5], rows[5:]
+    assert torch.equal(index, expected)
+    assert torch.equal(BatchedEngine._place_steps(rows, [2, 2, 2], 2, torch.device("cpu")), rows.view(3, 2, 2))
+
+
 def test_partial_batches_are_masked_like_sequential():
     dataset = random_dataset(num_clients=3, dim=6, num_classes=3, sizes=[3, 12, 17], seed=3)
     flags = dict(batch_size=5, local_learning_rate=0.1, drop_last=False)

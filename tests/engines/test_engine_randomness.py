@@ -147,3 +147,57 @@ def test_per_client_seeding_is_torch_manual_seed_without_its_deferred_cuda_trace
         assert queued == []
         torch.manual_seed(1)  # what the old per-client seeding did
         assert queued  # so the check above can fail: torch.manual_seed does queue one
+
+
+def test_batched_engine_plans_plain_clients_lean_with_the_sequential_batches_and_rng(monkeypatch):
+    """FedAvg's sequence reads the global RNG only in ``train_job``, so the batched engine plans its
+    jobs lean (issue 28's per-client host cost): no per-client seeding or RNG state copies, batches
+    drawn on the host, the last cohort client seeded once at the end. The batches and the RNG it
+    leaves are the sequential engine's all the same."""
+    dataset = _dataset()
+    original_seed, original_plan = Client.seed_round, Client.shuffled_plan
+    out = {}
+    for engine in ("sequential", "batched"):
+        server = _server(engine, dataset)
+        seeded, planned = [], []
+
+        def seed_round(self, rnd):
+            seeded.append(self.cid)
+            original_seed(self, rnd)
+
+        def shuffled_plan(self, rnd, epochs, purpose="batches", device=None):
+            plan = original_plan(self, rnd, epochs, purpose, device)
+            planned.append((self.cid, [b.tolist() for b in plan], device))
+            return plan
+
+        monkeypatch.setattr(Client, "seed_round", seed_round)
+        monkeypatch.setattr(Client, "shuffled_plan", shuffled_plan)
+        torch.manual_seed(123)
+        updates, _ = _train(server, [3, 0, 4, 1, 2], rnd=3)
+        out[engine] = (seeded, sorted(planned, key=lambda p: p[0]), torch.get_rng_state(), updates)
+        monkeypatch.undo()
+    (seq_seeded, seq_plans, seq_rng, seq_updates), (bat_seeded, bat_plans, bat_rng, bat_updates) = out.values()
+    assert seq_seeded == [3, 0, 4, 1, 2] and bat_seeded == [2]  # the cohort's last, once
+    assert [p[:2] for p in seq_plans] == [p[:2] for p in bat_plans]
+    assert {p[2] for p in seq_plans} == {None} and {p[2] for p in bat_plans} == {"cpu"}
+    assert torch.equal(seq_rng, bat_rng)
+    for i in range(5):
+        torch.testing.assert_close(bat_updates[i].params, seq_updates[i].params, atol=ATOL, rtol=RTOL)
+
+
+class _PlainLookingClient(Client):
+    def begin_round(self, package, steps):  # draws nothing, but the engine cannot know that
+        return {}
+
+
+def test_a_client_whose_sequence_may_read_the_rng_is_not_planned_lean():
+    assert Client.rng_free_sequence and not _PlainLookingClient.rng_free_sequence
+    server = _server("batched", _dataset())
+    client = server.clients[0]
+    package = server.make_package(1, [0])
+    assert client.sequence_leaves_rng_alone()
+    assert client.plan_job(package, lean=True).rng is None
+    client.batch_plan = lambda rnd, epochs=None, purpose="batches": []  # replaced on the object
+    assert not client.sequence_leaves_rng_alone()
+    with pytest.raises(RuntimeError, match="may read the global RNG"):
+        client.plan_job(package, lean=True)

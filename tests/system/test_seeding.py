@@ -58,6 +58,27 @@ def test_a_clients_batches_and_dropout_stream_are_the_seed_sequence_ones():
         expected = [order[i * 4:(i + 1) * 4] for i in range(client.num_train // 4)]
         assert len(job.plan) == len(expected) and all(torch.equal(a, b) for a, b in zip(job.plan, expected))
         assert torch.equal(job.rng[0], torch.Generator().manual_seed(seed_sequence_seed(5, "local", 7, client.cid)).get_state())
+        lean = client.plan_job(package, lean=True)  # the batched engine's: on the host, the RNG left alone
+        assert lean.rng is None and len(lean.plan) == len(expected)
+        assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(lean.plan, expected))
+
+
+def test_every_epochs_batches_with_a_short_last_one():
+    """``--drop_last False``: each epoch's permutation (one generator per round and client) in
+    batches of the batch size and a shorter last one."""
+    from fltest import build_server, make_args, random_dataset
+
+    server = build_server(make_args("FedAvg", batch_size=4, seed=5, drop_last=False),
+                          random_dataset(num_clients=3, dim=4, num_classes=2, sizes=[9, 12, 3], seed=2))
+    for client in server.clients:
+        n = client.num_train
+        generator = torch.Generator().manual_seed(seed_sequence_seed(5, "batches", 7, client.cid))
+        expected = []
+        for _ in range(2):
+            order = torch.randperm(n, generator=generator)
+            expected += [order[i:i + 4] for i in range(0, n, 4)]
+        plan = client.shuffled_plan(7, 2)
+        assert [b.tolist() for b in plan] == [b.tolist() for b in expected]
 
 
 @pytest.mark.parametrize("algorithm", ["FedAvg", "Ditto"])
@@ -70,3 +91,21 @@ def test_a_run_is_bit_for_bit_that_of_the_numpy_derivation(algorithm, monkeypatc
     monkeypatch.setattr(seeding, "derive_seed", seed_sequence_seed)
     before = engine_run(algorithm, "sequential")
     assert_same_training(before, now, exact=True)
+
+
+def test_a_threads_scratch_generator_gives_the_torch_generator_stream():
+    """The generator shuffled_plan reuses (one per thread) draws what a fresh one seeded alike draws."""
+    import threading
+
+    scratch = seeding.scratch_generator(3, "batches", 4, 5)
+    assert torch.equal(torch.randperm(20, generator=scratch),
+                       torch.randperm(20, generator=seeding.torch_generator(3, "batches", 4, 5)))
+    torch.rand(3, generator=scratch)  # a state that re-seeding must reset
+    assert seeding.scratch_generator(3, "batches", 4, 5) is scratch
+    assert torch.equal(torch.randperm(20, generator=scratch),
+                       torch.randperm(20, generator=seeding.torch_generator(3, "batches", 4, 5)))
+    other = []
+    thread = threading.Thread(target=lambda: other.append(seeding.scratch_generator(3, "batches", 4, 5)))
+    thread.start()
+    thread.join()
+    assert other[0] is not scratch

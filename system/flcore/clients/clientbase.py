@@ -39,10 +39,10 @@ again after training by the sequence itself.
 """
 from __future__ import annotations
 
+import math
 from argparse import ArgumentParser, Namespace
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -55,7 +55,7 @@ from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import Diverged, FLError
-from utils.seeding import numpy_rng, rng_state, seed_global_rng, set_rng_state, torch_generator
+from utils.seeding import numpy_rng, rng_state, scratch_generator, seed_global_rng, set_rng_state
 
 
 class Client:
@@ -81,9 +81,14 @@ class Client:
     #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
     capabilities: ClassVar[Capabilities]
 
+    #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``
+    #: (``sequence_leaves_rng_alone``), computed once per class
+    rng_free_sequence: ClassVar[bool]
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.capabilities = Capabilities.of(cls, Client, CLIENT_HOOKS)
+        cls.rng_free_sequence = _keeps_rng_free_sequence(cls)
 
     def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore,
                  task: Task | None = None, local_step: LocalStep = PLAIN_SGD):
@@ -192,15 +197,20 @@ class Client:
         epochs = self.epochs_this_round(rnd) if epochs is None else epochs
         return self.local_step.batch_plan(self, rnd, epochs, purpose)
 
-    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches") -> list[torch.Tensor]:
+    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches",
+                      device: torch.device | str | None = None) -> list[torch.Tensor]:
         """Plain SGD's batches (``batch_plan``): a permutation per epoch from (seed, purpose, round,
-        client)."""
+        client), on ``device`` (default: the client's data's)."""
         n, bs = self.num_train, self.batch_size
-        generator = torch_generator(self.args.seed, purpose, rnd, self.cid)
+        generator = scratch_generator(self.args.seed, purpose, rnd, self.cid)  # used up here
         steps, plan = self.steps_per_epoch, []
+        full = min(steps, n // bs)  # batches of bs rows; with --drop_last False a shorter last one
+        device = self.data.train_x.device if device is None else device
         for _ in range(epochs):
-            order = torch.randperm(n, generator=generator).to(self.data.train_x.device)
-            plan.extend(order[i * bs : (i + 1) * bs] for i in range(steps))
+            order = torch.randperm(n, generator=generator).to(device)
+            plan.extend(order[: full * bs].view(full, bs).unbind(0))  # (one call, not one slice per batch)
+            if steps > full:
+                plan.append(order[full * bs :])
         return plan
 
     def samples_processed(self, job: "LocalJob") -> int:
@@ -247,10 +257,11 @@ class Client:
         uploads) gets what the client used."""
         return self.local_step.gradient(self, model, idx, ctx, rnd, step)
 
-    def check_loss(self, loss_sum: torch.Tensor, steps: int, rnd: int) -> float:
-        """Mean loss of the round; a NaN/inf loss stops the run with advice."""
+    def check_loss(self, loss_sum: torch.Tensor | float, steps: int, rnd: int) -> float:
+        """Mean loss of the round; a NaN/inf loss stops the run with advice. ``loss_sum`` may be
+        a float already (an engine that reads all its clients' sums back in one transfer)."""
         mean_loss = float(loss_sum) / steps if steps else 0.0
-        if not np.isfinite(mean_loss):
+        if not math.isfinite(mean_loss):  # (np.isfinite costs ~1 us a call, math's ~20 ns)
             raise Diverged(
                 f"training loss became {mean_loss} on client {self.cid} in round {rnd}; "
                 f"lower the learning rate (-lr, now {self.learning_rate()})", rnd
@@ -313,8 +324,30 @@ class Client:
         return {name: getattr(self, name) for name in self.settable}
 
     # ------------------------------------------------------ the local sequence
-    def plan_job(self, package: RoundPackage) -> LocalJob:
-        """Step 1: seed the global RNG from (seed, round, client) and plan the minibatches."""
+    def sequence_leaves_rng_alone(self) -> bool:
+        """Whether nothing of this client's sequence outside ``train_job`` reads the global RNG:
+        its class overrides none of ``RNG_FREE_SEQUENCE`` (the base versions draw nothing from it:
+        the plan has its own generator) and it trains by plain SGD's local step. Then the RNG is
+        the one ``seed_round`` leaves wherever the sequence resumes it, so an engine that trains
+        the job elsewhere may plan it ``lean`` (no seeding, no state copies: issue 28's per-client
+        host cost) and seed only the cohort's last client at the end (``seed_round``), which leaves
+        the RNG as the sequential engine does."""
+        return (type(self).rng_free_sequence and type(self.local_step) is LocalStep
+                and self.__dict__.keys().isdisjoint(RNG_FREE_SEQUENCE))  # (nor replaced on the object)
+
+    def plan_job(self, package: RoundPackage, lean: bool = False) -> LocalJob:
+        """Step 1: seed the global RNG from (seed, round, client) and plan the minibatches.
+
+        ``lean=True``, for an engine that computes the local steps itself (the batched one), only
+        where ``sequence_leaves_rng_alone``: the RNG is neither seeded nor kept (``job.rng`` is
+        None, and the later steps leave it alone too), and the batch indices stay on the CPU where
+        they are drawn (the engine moves the whole cohort's at once). The plan is ``batch_plan``'s,
+        which for such a client is ``shuffled_plan``'s."""
+        if lean:
+            if not self.sequence_leaves_rng_alone():
+                raise RuntimeError(f"plan_job(lean=True) for {type(self).__name__}, whose sequence may read the global RNG")
+            rnd = package.round
+            return LocalJob(self, package, self.shuffled_plan(rnd, self.epochs_this_round(rnd), device="cpu"), None)
         self.seed_round(package.round)
         plan = self.batch_plan(package.round)
         return LocalJob(self, package, plan, rng_state(self.data.train_y.device))
@@ -322,12 +355,14 @@ class Client:
     def open_job(self, job: LocalJob) -> None:
         """Step 2: the round's context, start point (with this client's private part) and lr.
         Resumes the RNG where step 1 left it, so an engine may run it later."""
-        set_rng_state(job.rng)
+        if job.rng is not None:
+            set_rng_state(job.rng)
         self.gradient_samples = 0
         job.ctx = self.begin_round(job.package, job.steps)
         job.start = self.with_private(self.start_point(job.package), job.package)
         job.lr = self.learning_rate()
-        job.rng = rng_state(self.data.train_y.device)
+        if job.rng is not None:
+            job.rng = rng_state(self.data.train_y.device)
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         """Step 3: local training on ``model`` (any working model); returns (params, mean loss).
@@ -341,7 +376,8 @@ class Client:
 
     def finish_job(self, job: LocalJob, params: torch.Tensor, loss: float) -> ClientUpdate:
         """Step 4: count the participation, build the upload, keep the private part."""
-        set_rng_state(job.rng)
+        if job.rng is not None:
+            set_rng_state(job.rng)
         self.participations += 1
         self.local_step.job_finished(self, job)
         update = self.end_round(params, job.package, job.ctx, job.steps, loss)
@@ -369,4 +405,18 @@ class Client:
         return with_private_part(start, package.shared, self.state.get("private", self.index))
 
 
+#: what the local sequence runs outside ``train_job``: the base versions draw nothing from the global
+#: RNG (the plan draws from its own generator), so a class keeping all of them leaves it as
+#: ``seed_round`` does (``Client.sequence_leaves_rng_alone``)
+RNG_FREE_SEQUENCE = ("plan_job", "open_job", "finish_job", "seed_round", "batch_plan", "shuffled_plan",
+                     "epochs_this_round", "begin_round", "start_point", "with_private", "learning_rate",
+                     "pre_training", "post_training", "end_round", "samples_processed", "count_gradient_samples",
+                     "check_loss")
+
+
+def _keeps_rng_free_sequence(cls: type) -> bool:
+    return all(getattr(cls, name) is getattr(Client, name) for name in RNG_FREE_SEQUENCE)
+
+
 Client.capabilities = Capabilities.of(Client, Client, CLIENT_HOOKS)
+Client.rng_free_sequence = True

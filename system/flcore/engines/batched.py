@@ -65,6 +65,11 @@ Design (what a reader should know before changing it):
   batched``). P2's round (250 client steps) therefore has a floor of about 0.98 s on
   this CPU; the sequential engine takes 1.22 s and the threaded one 1.04 s, so no batched engine
   can be 1.2x faster than the sequential one there. ``auto`` uses the threaded engine on CPUs.
+  With the step captured, a round's cost is the host's work per client (planning, the hooks,
+  the upload): P2 on an H200 took 0.03 s/round, ~7 ms of it steps. That work was cut to the
+  sequence's own (lean plans, the index and the losses per cohort, not per client): a P2 round
+  with the compute stubbed out took 95-105 us per client before and 61-75 after on the
+  project's CPU (p10 and min over 60 rounds, loaded; ``experiments/issue28_host_cost.py``).
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
@@ -89,7 +94,11 @@ Design (what a reader should know before changing it):
   ``seed_round`` is still called before each client's ``begin_round``, the global torch RNG state
   after it is restored before that client's ``end_round``, and the round ends with the state the
   last client's ``end_round`` left: a hook that draws from the global RNG sees exactly the stream
-  it sees under the sequential engine.
+  it sees under the sequential engine. A client whose sequence has no hook that could draw
+  (``Client.sequence_leaves_rng_alone``: FedAvg's) is planned lean instead: no seeding and no
+  state copies per client, its batch indices drawn on the host and moved for the whole chunk at
+  once; the cohort's last client is seeded at the end, which leaves the same state (issue 28:
+  P2's round on a GPU was bound by such per-client host work).
 * **Equivalence.** Same seed, same batches, same arithmetic per client: the global model after a
   round matches the sequential engine's up to float rounding (vmapped kernels sum in another
   order; ``tests/engines/test_batched.py`` checks every vectorisable algorithm).
@@ -201,6 +210,7 @@ class BatchedEngine(Engine):
         self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
         self._rng_after: dict[int, tuple] = {}
+        self._reseed: set[int] = set()  # clients planned lean (their RNG neither seeded nor kept)
         self._last_index: int | None = None
         self.stats = {"batched_clients": 0, "sequential_clients": 0}
 
@@ -320,8 +330,12 @@ class BatchedEngine(Engine):
         groups: dict[type, list[int]] = {}
         # only the last cohort client's RNG is needed (end_like_sequential): one state copy a round
         self._last_index = clients[-1].index if clients else None
+        qualified: dict[tuple, bool] = {}  # the answer depends on the class and the local step only
         for pos, client in enumerate(clients):
-            if self.qualifies(client):
+            kind = (type(client), client.local_step)
+            if kind not in qualified:
+                qualified[kind] = self.qualifies(client)
+            if qualified[kind]:
                 groups.setdefault(type(client), []).append(pos)
             else:
                 updates[pos] = self.train_sequentially(client, package)
@@ -336,12 +350,20 @@ class BatchedEngine(Engine):
         if clients:
             last = clients[-1].index
             self.end_like_sequential(self._finals.get(last), self._rng_after.get(last))
-        self._finals, self._rng_after = {}, {}
+            if last in self._reseed:  # planned lean: its sequence ends with the RNG its seed_round leaves
+                clients[-1].seed_round(package.round)
+        self._finals, self._rng_after, self._reseed = {}, {}, set()
         return updates  # type: ignore[return-value]
 
     def _train_group(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         """Batched local training of clients of one class; updates in the given order."""
-        jobs = [client.plan_job(package) for client in clients]
+        # a client whose sequence leaves the global RNG alone is planned lean: neither seeded nor
+        # its RNG state copied, and its batches stay on the host (issue 28: ~20 us a client, more
+        # with a GPU's generator, and a host-to-device copy); ``train`` seeds the last one at the end
+        lean = all(client.sequence_leaves_rng_alone() for client in clients)
+        jobs = [client.plan_job(package, lean=lean) for client in clients]
+        if lean:  # (groups keep cohort order: the cohort's last client, if here, is the group's last)
+            self._reseed.add(clients[-1].index)
         order = sorted(range(len(clients)), key=lambda k: -jobs[k].steps)
         size = self.chunk if self.chunk > 0 else len(clients)
         updates: list[ClientUpdate | None] = [None] * len(clients)
@@ -368,16 +390,18 @@ class BatchedEngine(Engine):
             self._run_steps_fitting(jobs, weights, losses)
 
         out = []
+        loss_sums = losses.tolist()  # one transfer for the chunk, not one (and a sync) per client
+        finals = weights.unbind(0)  # the clients' rows as views, in one call
         for j in cohort_order:
             job = jobs[j]
             client = job.client
-            loss = client.check_loss(losses[j], job.steps, job.package.round)
+            loss = client.check_loss(loss_sums[j], job.steps, job.package.round)
             for idx in job.plan:  # the vectorised steps' samples, beside those a pre_training counted
                 client.count_gradient_samples(idx)
             if "post_training" in type(client).capabilities.overrides:  # prototypes, soft predictions
-                self._around_sgd(job, "post_training", weights[j])
-            self._finals[client.index] = weights[j]
-            out.append((j, client.finish_job(job, weights[j], loss)))
+                self._around_sgd(job, "post_training", finals[j])
+            self._finals[client.index] = finals[j]
+            out.append((j, client.finish_job(job, finals[j], loss)))
             if client.index == self._last_index:
                 self._rng_after[client.index] = self.rng_now()
         return out
@@ -427,14 +451,25 @@ class BatchedEngine(Engine):
         plans, steps = [job.plan for job in jobs], [job.steps for job in jobs]
         ctxs, lrs = [job.ctx for job in jobs], [job.lr for job in jobs]
         count, max_steps = len(clients), max(steps)
-        bs = max(len(b) for p in plans for b in p)
+        bs = max(b.shape[0] for p in plans for b in p)  # (Tensor.__len__ is a Python method: 5x slower)
         _, _, offsets = self._data_for(clients)
 
         # [K, T_max, B] rows into the training data; a sample mask only where some batch is
         # partial (--drop_last False), and which steps have one (known here, without a sync)
-        index = torch.zeros(count, max_steps, bs, dtype=torch.long, device=device)
         mask: torch.Tensor | None = None
         partial_steps: set[int] = set()
+        batches = [b for plan in plans for b in plan]
+        rows = torch.cat(batches) if batches else None  # (lean plans are on the host: one copy below)
+        if rows is not None and rows.numel() == bs * len(batches):
+            # full batches only (every batch has at most bs rows): the whole index in a few ops,
+            # not three per client (issue 28: per-client host work and kernel launches)
+            rows = rows.view(len(batches), bs)
+            rows += torch.tensor(offsets, device=rows.device).repeat_interleave(
+                torch.tensor(steps, device=rows.device)).unsqueeze(1)
+            index = self._place_steps(rows.to(device), steps, max_steps, device)
+            plans = []  # placed
+        else:
+            index = torch.zeros(count, max_steps, bs, dtype=torch.long, device=device)
         for j, plan in enumerate(plans):
             if not plan:
                 continue
@@ -481,6 +516,19 @@ class BatchedEngine(Engine):
                                      for k, v in ctx_values.items() if k in per_step}
                 segment.step(self._cohort_step(owner, masked, n > 1, ctx_dims, "active" in inputs), inputs)
         segment.close()
+
+    @staticmethod
+    def _place_steps(rows: torch.Tensor, steps: list[int], max_steps: int, device: torch.device) -> torch.Tensor:
+        """The ``[K, T_max, B]`` index holding each client's ``steps[j]`` rows of ``rows`` (client by
+        client, in step order) at its first steps, zero after them."""
+        count, bs = len(steps), rows.shape[1]
+        if all(s == max_steps for s in steps):
+            return rows.view(count, max_steps, bs)
+        index = torch.zeros(count * max_steps, bs, dtype=torch.long, device=device)
+        first = torch.arange(count).mul_(max_steps).repeat_interleave(torch.tensor(steps))  # each row's client's start
+        within = torch.arange(len(rows)) - torch.tensor([0, *steps[:-1]]).cumsum(0).repeat_interleave(torch.tensor(steps))
+        index.index_copy_(0, (first + within).to(device), rows)
+        return index.view(count, max_steps, bs)
 
     def _cohort_step(self, owner: Client, masked: bool, batched: bool, ctx_dims: dict, retire: bool) -> Callable:
         """One local step of the first n rows (n = the rows of ``inputs["rows"]``):
