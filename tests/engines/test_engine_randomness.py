@@ -165,9 +165,9 @@ def test_batched_engine_plans_plain_clients_lean_with_the_sequential_batches_and
             seeded.append(self.cid)
             original_seed(self, rnd)
 
-        def shuffled_plan(self, rnd, epochs, purpose="batches", device=None):
-            plan = original_plan(self, rnd, epochs, purpose, device)
-            planned.append((self.cid, [b.tolist() for b in plan], device))
+        def shuffled_plan(self, rnd, epochs, purpose="batches", device=None, stacked=False):
+            plan = original_plan(self, rnd, epochs, purpose, device, stacked)
+            planned.append((self.cid, [b.tolist() for b in plan], (device, stacked, type(plan).__name__)))
             return plan
 
         monkeypatch.setattr(Client, "seed_round", seed_round)
@@ -179,7 +179,8 @@ def test_batched_engine_plans_plain_clients_lean_with_the_sequential_batches_and
     (seq_seeded, seq_plans, seq_rng, seq_updates), (bat_seeded, bat_plans, bat_rng, bat_updates) = out.values()
     assert seq_seeded == [3, 0, 4, 1, 2] and bat_seeded == [2]  # the cohort's last, once
     assert [p[:2] for p in seq_plans] == [p[:2] for p in bat_plans]
-    assert {p[2] for p in seq_plans} == {None} and {p[2] for p in bat_plans} == {"cpu"}
+    # (full batches only, --drop_last: the lean plans are [steps, B] tensors)
+    assert {p[2] for p in seq_plans} == {(None, False, "list")} and {p[2] for p in bat_plans} == {("cpu", True, "Tensor")}
     assert torch.equal(seq_rng, bat_rng)
     for i in range(5):
         torch.testing.assert_close(bat_updates[i].params, seq_updates[i].params, atol=ATOL, rtol=RTOL)

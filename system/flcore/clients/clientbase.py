@@ -197,17 +197,23 @@ class Client:
         epochs = self.epochs_this_round(rnd) if epochs is None else epochs
         return self.local_step.batch_plan(self, rnd, epochs, purpose)
 
-    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches",
-                      device: torch.device | str | None = None) -> list[torch.Tensor]:
+    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches", device: torch.device | str | None = None,
+                      stacked: bool = False) -> list[torch.Tensor] | torch.Tensor:
         """Plain SGD's batches (``batch_plan``): a permutation per epoch from (seed, purpose, round,
-        client), on ``device`` (default: the client's data's)."""
+        client), on ``device`` (default: the client's data's). ``stacked=True``, where every batch
+        is full: the batches as the rows of one ``[steps, B]`` tensor, which has the list's length
+        and iterates as it does, without a tensor object per batch (a lean plan, ``plan_job``)."""
         n, bs = self.num_train, self.batch_size
         generator = scratch_generator(self.args.seed, purpose, rnd, self.cid)  # used up here
-        steps, plan = self.steps_per_epoch, []
+        steps = self.steps_per_epoch
         full = min(steps, n // bs)  # batches of bs rows; with --drop_last False a shorter last one
         device = self.data.train_x.device if device is None else device
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=generator).to(device)
+        orders = [torch.randperm(n, generator=generator).to(device) for _ in range(epochs)]
+        if stacked and steps == full and orders:
+            rows = [order[: full * bs].view(full, bs) for order in orders]
+            return rows[0] if len(rows) == 1 else torch.cat(rows)
+        plan = []
+        for order in orders:
             plan.extend(order[: full * bs].view(full, bs).unbind(0))  # (one call, not one slice per batch)
             if steps > full:
                 plan.append(order[full * bs :])
@@ -341,13 +347,15 @@ class Client:
         ``lean=True``, for an engine that computes the local steps itself (the batched one), only
         where ``sequence_leaves_rng_alone``: the RNG is neither seeded nor kept (``job.rng`` is
         None, and the later steps leave it alone too), and the batch indices stay on the CPU where
-        they are drawn (the engine moves the whole cohort's at once). The plan is ``batch_plan``'s,
-        which for such a client is ``shuffled_plan``'s."""
+        they are drawn (the engine moves the whole cohort's at once), as the rows of one tensor where
+        every batch is full (``shuffled_plan(stacked=True)``). The plan is ``batch_plan``'s, which
+        for such a client is ``shuffled_plan``'s."""
         if lean:
             if not self.sequence_leaves_rng_alone():
                 raise RuntimeError(f"plan_job(lean=True) for {type(self).__name__}, whose sequence may read the global RNG")
             rnd = package.round
-            return LocalJob(self, package, self.shuffled_plan(rnd, self.epochs_this_round(rnd), device="cpu"), None)
+            plan = self.shuffled_plan(rnd, self.epochs_this_round(rnd), device="cpu", stacked=True)
+            return LocalJob(self, package, plan, None)
         self.seed_round(package.round)
         plan = self.batch_plan(package.round)
         return LocalJob(self, package, plan, rng_state(self.data.train_y.device))
