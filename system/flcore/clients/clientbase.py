@@ -81,8 +81,12 @@ class Client:
     #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
     capabilities: ClassVar[Capabilities]
 
-    #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``
-    #: (``sequence_leaves_rng_alone``), computed once per class
+    #: a promise that this class's own ``begin_round``, ``start_point`` and ``end_round`` draw nothing
+    #: from the global torch RNG (they use streams of their own from (seed, round, client), or none),
+    #: so that an engine may plan its jobs lean as it plans FedAvg's (``sequence_leaves_rng_alone``)
+    hooks_draw_no_rng: ClassVar[bool] = False
+    #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``, or
+    #: overrides only hooks it promises draw nothing (``hooks_draw_no_rng``); computed once per class
     rng_free_sequence: ClassVar[bool]
 
     def __init_subclass__(cls, **kwargs):
@@ -333,11 +337,12 @@ class Client:
     def sequence_leaves_rng_alone(self) -> bool:
         """Whether nothing of this client's sequence outside ``train_job`` reads the global RNG:
         its class overrides none of ``RNG_FREE_SEQUENCE`` (the base versions draw nothing from it:
-        the plan has its own generator) and it trains by plain SGD's local step. Then the RNG is
-        the one ``seed_round`` leaves wherever the sequence resumes it, so an engine that trains
-        the job elsewhere may plan it ``lean`` (no seeding, no state copies: issue 28's per-client
-        host cost) and seed only the cohort's last client at the end (``seed_round``), which leaves
-        the RNG as the sequential engine does."""
+        the plan has its own generator) but hooks it promises draw nothing (``hooks_draw_no_rng``),
+        and it trains by plain SGD's local step. Then the RNG is the one ``seed_round`` leaves
+        wherever the sequence resumes it, so an engine that trains the job elsewhere may plan it
+        ``lean`` (no seeding, no state copies: issue 28's per-client host cost) and seed only the
+        cohort's last client at the end (``seed_round``), which leaves the RNG as the sequential
+        engine does."""
         return (type(self).rng_free_sequence and type(self.local_step) is LocalStep
                 and self.__dict__.keys().isdisjoint(RNG_FREE_SEQUENCE))  # (nor replaced on the object)
 
@@ -422,8 +427,14 @@ RNG_FREE_SEQUENCE = ("plan_job", "open_job", "finish_job", "seed_round", "batch_
                      "check_loss")
 
 
+#: the methods of ``RNG_FREE_SEQUENCE`` a class may override and still be planned lean, when it
+#: promises ``hooks_draw_no_rng`` (not the plan's, nor those an engine runs from the saved RNG state)
+RNG_PROMISABLE = ("begin_round", "start_point", "end_round")
+
+
 def _keeps_rng_free_sequence(cls: type) -> bool:
-    return all(getattr(cls, name) is getattr(Client, name) for name in RNG_FREE_SEQUENCE)
+    own = {name for name in RNG_FREE_SEQUENCE if getattr(cls, name) is not getattr(Client, name)}
+    return not own or (bool(cls.hooks_draw_no_rng) and own <= set(RNG_PROMISABLE))
 
 
 Client.capabilities = Capabilities.of(Client, Client, CLIENT_HOOKS)
