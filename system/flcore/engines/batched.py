@@ -68,8 +68,10 @@ Design (what a reader should know before changing it):
   With the step captured, a round's cost is the host's work per client (planning, the hooks,
   the upload): P2 on an H200 took 0.03 s/round, ~7 ms of it steps. That work was cut to the
   sequence's own (lean plans, the index and the losses per cohort, not per client): a P2 round
-  with the compute stubbed out took 95-105 us per client before and 61-75 after on the
-  project's CPU (p10 and min over 60 rounds, loaded; ``experiments/issue28_host_cost.py``).
+  with the compute stubbed out took 94-127 us per client before and 61-101 after on the
+  project's 2-core CPU (10th percentile of 60 rounds, ten runs at load 5-7;
+  ``experiments/issue28_host_cost.py``), and no longer makes ~8 CUDA calls per client (RNG state
+  copies and seeding, a plan copy, three index kernels, a read-back).
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
