@@ -36,7 +36,8 @@ from flcore.engines import batched, capture  # noqa: E402
 from flcore.servers.serverbase import Server  # noqa: E402
 
 #: the methods a round is split by (owner, name)
-SECTIONS = [(Client, "plan_job"), (Client, "open_job"), (Client, "finish_job"), (Client, "check_loss"),
+SECTIONS = [(Client, "plan_job"), (Client, "seed_round"), (Client, "shuffled_plan"), (Client, "open_job"),
+            (Client, "finish_job"), (Client, "check_loss"), (Client, "count_gradient_samples"),
             (Client, "train_job"), (Server, "select_clients"), (Server, "make_package"), (Server, "aggregate"),
             (Server, "_check_finite"), (Server, "after_round"), (batched.BatchedEngine, "_run_steps"),
             (batched.BatchedEngine, "_train_chunk"), (batched.BatchedEngine, "train")]
@@ -88,6 +89,9 @@ def main() -> None:
             if args.engine == "batched" or owner is not batched.BatchedEngine:
                 timed(owner, name, totals)
     server = build(args.engine, args.model, args.clients, args.per_round)
+    if args.sections:
+        for plugin in server.plugins.values():  # the virtual clock times every upload
+            timed(type(plugin), "after_training", totals)
     for rnd in range(3):  # warm-up: the first rounds build functorch's and the allocator's state
         server.run_round(rnd, evaluate=False)
     seconds, split = [], {}

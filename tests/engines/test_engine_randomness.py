@@ -165,9 +165,9 @@ def test_batched_engine_plans_plain_clients_lean_with_the_sequential_batches_and
             seeded.append(self.cid)
             original_seed(self, rnd)
 
-        def shuffled_plan(self, rnd, epochs, purpose="batches", device=None):
-            plan = original_plan(self, rnd, epochs, purpose, device)
-            planned.append((self.cid, [b.tolist() for b in plan], device))
+        def shuffled_plan(self, rnd, epochs, purpose="batches", device=None, stacked=False):
+            plan = original_plan(self, rnd, epochs, purpose, device, stacked)
+            planned.append((self.cid, [b.tolist() for b in plan], (device, stacked, type(plan).__name__)))
             return plan
 
         monkeypatch.setattr(Client, "seed_round", seed_round)
@@ -179,7 +179,8 @@ def test_batched_engine_plans_plain_clients_lean_with_the_sequential_batches_and
     (seq_seeded, seq_plans, seq_rng, seq_updates), (bat_seeded, bat_plans, bat_rng, bat_updates) = out.values()
     assert seq_seeded == [3, 0, 4, 1, 2] and bat_seeded == [2]  # the cohort's last, once
     assert [p[:2] for p in seq_plans] == [p[:2] for p in bat_plans]
-    assert {p[2] for p in seq_plans} == {None} and {p[2] for p in bat_plans} == {"cpu"}
+    # (full batches only, --drop_last: the lean plans are [steps, B] tensors)
+    assert {p[2] for p in seq_plans} == {(None, False, "list")} and {p[2] for p in bat_plans} == {("cpu", True, "Tensor")}
     assert torch.equal(seq_rng, bat_rng)
     for i in range(5):
         torch.testing.assert_close(bat_updates[i].params, seq_updates[i].params, atol=ATOL, rtol=RTOL)
@@ -201,3 +202,48 @@ def test_a_client_whose_sequence_may_read_the_rng_is_not_planned_lean():
     assert not client.sequence_leaves_rng_alone()
     with pytest.raises(RuntimeError, match="may read the global RNG"):
         client.plan_job(package, lean=True)
+
+
+class _AnchoredClient(Client):
+    """Hooks of its own that draw nothing: a FedProx-like anchor and a scaled upload."""
+
+    def begin_round(self, package, steps):
+        return {"anchor": package.global_params}
+
+    def adjust_grad(self, w, g, ctx):
+        return g + 0.1 * (w - ctx["anchor"])
+
+    def end_round(self, params, package, ctx, steps, loss):
+        return ClientUpdate(self.index, self.num_train, steps, 0.5 * (params + package.global_params), loss)
+
+
+class _PromisingClient(_AnchoredClient):
+    hooks_draw_no_rng = True
+
+
+class _PromisingPlanClient(_PromisingClient):
+    def batch_plan(self, rnd, epochs=None, purpose="batches"):  # not a hook the promise covers
+        return super().batch_plan(rnd, epochs, purpose)
+
+
+def test_a_client_promising_its_hooks_draw_nothing_is_planned_lean_with_the_same_results():
+    """``hooks_draw_no_rng`` lets a class with its own begin_round/end_round be planned lean; its
+    updates and the RNG it leaves are those of the same class planned the usual way, to the bit."""
+    assert not _AnchoredClient.rng_free_sequence and _PromisingClient.rng_free_sequence
+    assert not _PromisingPlanClient.rng_free_sequence
+    dataset = _dataset()
+    out = {}
+    for client_cls in (_AnchoredClient, _PromisingClient):
+        server_cls = type("S", (Server,), {"client_cls": client_cls})
+        args = make_args("FedAvg", engine="batched", batch_size=5, local_learning_rate=0.1)
+        torch.manual_seed(0)
+        server = server_cls(args, dataset, TinyLinear(6, 3), torch.device("cpu"))
+        assert server.clients[0].sequence_leaves_rng_alone() == (client_cls is _PromisingClient)
+        torch.manual_seed(5)
+        updates, _ = _train(server, [3, 0, 4, 1])
+        out[client_cls] = (updates, torch.get_rng_state())
+        assert server.engine.stats["batched_clients"] == 4
+    (usual, usual_rng), (lean, lean_rng) = out.values()
+    for i in (0, 1, 3, 4):
+        assert torch.equal(lean[i].params, usual[i].params) and lean[i].loss == usual[i].loss
+    assert torch.equal(lean_rng, usual_rng)

@@ -79,6 +79,9 @@ def test_every_epochs_batches_with_a_short_last_one():
             expected += [order[i:i + 4] for i in range(0, n, 4)]
         plan = client.shuffled_plan(7, 2)
         assert [b.tolist() for b in plan] == [b.tolist() for b in expected]
+        stacked = client.shuffled_plan(7, 2, stacked=True)  # the rows of one tensor where no batch is short
+        assert [b.tolist() for b in stacked] == [b.tolist() for b in expected]
+        assert isinstance(stacked, torch.Tensor) == (n % 4 == 0)
 
 
 @pytest.mark.parametrize("algorithm", ["FedAvg", "Ditto"])

@@ -81,8 +81,12 @@ class Client:
     #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
     capabilities: ClassVar[Capabilities]
 
-    #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``
-    #: (``sequence_leaves_rng_alone``), computed once per class
+    #: a promise that this class's own ``begin_round``, ``start_point`` and ``end_round`` draw nothing
+    #: from the global torch RNG (they use streams of their own from (seed, round, client), or none),
+    #: so that an engine may plan its jobs lean as it plans FedAvg's (``sequence_leaves_rng_alone``)
+    hooks_draw_no_rng: ClassVar[bool] = False
+    #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``, or
+    #: overrides only hooks it promises draw nothing (``hooks_draw_no_rng``); computed once per class
     rng_free_sequence: ClassVar[bool]
 
     def __init_subclass__(cls, **kwargs):
@@ -197,17 +201,23 @@ class Client:
         epochs = self.epochs_this_round(rnd) if epochs is None else epochs
         return self.local_step.batch_plan(self, rnd, epochs, purpose)
 
-    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches",
-                      device: torch.device | str | None = None) -> list[torch.Tensor]:
+    def shuffled_plan(self, rnd: int, epochs: int, purpose: str = "batches", device: torch.device | str | None = None,
+                      stacked: bool = False) -> list[torch.Tensor] | torch.Tensor:
         """Plain SGD's batches (``batch_plan``): a permutation per epoch from (seed, purpose, round,
-        client), on ``device`` (default: the client's data's)."""
+        client), on ``device`` (default: the client's data's). ``stacked=True``, where every batch
+        is full: the batches as the rows of one ``[steps, B]`` tensor, which has the list's length
+        and iterates as it does, without a tensor object per batch (a lean plan, ``plan_job``)."""
         n, bs = self.num_train, self.batch_size
         generator = scratch_generator(self.args.seed, purpose, rnd, self.cid)  # used up here
-        steps, plan = self.steps_per_epoch, []
+        steps = self.steps_per_epoch
         full = min(steps, n // bs)  # batches of bs rows; with --drop_last False a shorter last one
         device = self.data.train_x.device if device is None else device
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=generator).to(device)
+        orders = [torch.randperm(n, generator=generator).to(device) for _ in range(epochs)]
+        if stacked and steps == full and orders:
+            rows = [order[: full * bs].view(full, bs) for order in orders]
+            return rows[0] if len(rows) == 1 else torch.cat(rows)
+        plan = []
+        for order in orders:
             plan.extend(order[: full * bs].view(full, bs).unbind(0))  # (one call, not one slice per batch)
             if steps > full:
                 plan.append(order[full * bs :])
@@ -327,11 +337,12 @@ class Client:
     def sequence_leaves_rng_alone(self) -> bool:
         """Whether nothing of this client's sequence outside ``train_job`` reads the global RNG:
         its class overrides none of ``RNG_FREE_SEQUENCE`` (the base versions draw nothing from it:
-        the plan has its own generator) and it trains by plain SGD's local step. Then the RNG is
-        the one ``seed_round`` leaves wherever the sequence resumes it, so an engine that trains
-        the job elsewhere may plan it ``lean`` (no seeding, no state copies: issue 28's per-client
-        host cost) and seed only the cohort's last client at the end (``seed_round``), which leaves
-        the RNG as the sequential engine does."""
+        the plan has its own generator) but hooks it promises draw nothing (``hooks_draw_no_rng``),
+        and it trains by plain SGD's local step. Then the RNG is the one ``seed_round`` leaves
+        wherever the sequence resumes it, so an engine that trains the job elsewhere may plan it
+        ``lean`` (no seeding, no state copies: issue 28's per-client host cost) and seed only the
+        cohort's last client at the end (``seed_round``), which leaves the RNG as the sequential
+        engine does."""
         return (type(self).rng_free_sequence and type(self.local_step) is LocalStep
                 and self.__dict__.keys().isdisjoint(RNG_FREE_SEQUENCE))  # (nor replaced on the object)
 
@@ -341,13 +352,15 @@ class Client:
         ``lean=True``, for an engine that computes the local steps itself (the batched one), only
         where ``sequence_leaves_rng_alone``: the RNG is neither seeded nor kept (``job.rng`` is
         None, and the later steps leave it alone too), and the batch indices stay on the CPU where
-        they are drawn (the engine moves the whole cohort's at once). The plan is ``batch_plan``'s,
-        which for such a client is ``shuffled_plan``'s."""
+        they are drawn (the engine moves the whole cohort's at once), as the rows of one tensor where
+        every batch is full (``shuffled_plan(stacked=True)``). The plan is ``batch_plan``'s, which
+        for such a client is ``shuffled_plan``'s."""
         if lean:
             if not self.sequence_leaves_rng_alone():
                 raise RuntimeError(f"plan_job(lean=True) for {type(self).__name__}, whose sequence may read the global RNG")
             rnd = package.round
-            return LocalJob(self, package, self.shuffled_plan(rnd, self.epochs_this_round(rnd), device="cpu"), None)
+            plan = self.shuffled_plan(rnd, self.epochs_this_round(rnd), device="cpu", stacked=True)
+            return LocalJob(self, package, plan, None)
         self.seed_round(package.round)
         plan = self.batch_plan(package.round)
         return LocalJob(self, package, plan, rng_state(self.data.train_y.device))
@@ -414,8 +427,14 @@ RNG_FREE_SEQUENCE = ("plan_job", "open_job", "finish_job", "seed_round", "batch_
                      "check_loss")
 
 
+#: the methods of ``RNG_FREE_SEQUENCE`` a class may override and still be planned lean, when it
+#: promises ``hooks_draw_no_rng`` (not the plan's, nor those an engine runs from the saved RNG state)
+RNG_PROMISABLE = ("begin_round", "start_point", "end_round")
+
+
 def _keeps_rng_free_sequence(cls: type) -> bool:
-    return all(getattr(cls, name) is getattr(Client, name) for name in RNG_FREE_SEQUENCE)
+    own = {name for name in RNG_FREE_SEQUENCE if getattr(cls, name) is not getattr(Client, name)}
+    return not own or (bool(cls.hooks_draw_no_rng) and own <= set(RNG_PROMISABLE))
 
 
 Client.capabilities = Capabilities.of(Client, Client, CLIENT_HOOKS)

@@ -68,8 +68,10 @@ Design (what a reader should know before changing it):
   With the step captured, a round's cost is the host's work per client (planning, the hooks,
   the upload): P2 on an H200 took 0.03 s/round, ~7 ms of it steps. That work was cut to the
   sequence's own (lean plans, the index and the losses per cohort, not per client): a P2 round
-  with the compute stubbed out took 95-105 us per client before and 61-75 after on the
-  project's CPU (p10 and min over 60 rounds, loaded; ``experiments/issue28_host_cost.py``).
+  with the compute stubbed out took 94-127 us per client before and 61-101 after on the
+  project's 2-core CPU (10th percentile of 60 rounds, ten runs at load 5-7;
+  ``experiments/issue28_host_cost.py``), and no longer makes ~8 CUDA calls per client (RNG state
+  copies and seeding, a plan copy, three index kernels, a read-back).
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
@@ -396,8 +398,11 @@ class BatchedEngine(Engine):
             job = jobs[j]
             client = job.client
             loss = client.check_loss(loss_sums[j], job.steps, job.package.round)
-            for idx in job.plan:  # the vectorised steps' samples, beside those a pre_training counted
-                client.count_gradient_samples(idx)
+            if isinstance(job.plan, torch.Tensor):  # a lean plan's batches, all at once
+                client.count_gradient_samples(job.plan)
+            else:
+                for idx in job.plan:  # the vectorised steps' samples, beside those a pre_training counted
+                    client.count_gradient_samples(idx)
             if "post_training" in type(client).capabilities.overrides:  # prototypes, soft predictions
                 self._around_sgd(job, "post_training", finals[j])
             self._finals[client.index] = finals[j]
@@ -451,19 +456,25 @@ class BatchedEngine(Engine):
         plans, steps = [job.plan for job in jobs], [job.steps for job in jobs]
         ctxs, lrs = [job.ctx for job in jobs], [job.lr for job in jobs]
         count, max_steps = len(clients), max(steps)
-        bs = max(b.shape[0] for p in plans for b in p)  # (Tensor.__len__ is a Python method: 5x slower)
         _, _, offsets = self._data_for(clients)
 
         # [K, T_max, B] rows into the training data; a sample mask only where some batch is
         # partial (--drop_last False), and which steps have one (known here, without a sync)
         mask: torch.Tensor | None = None
         partial_steps: set[int] = set()
-        batches = [b for plan in plans for b in plan]
-        rows = torch.cat(batches) if batches else None  # (lean plans are on the host: one copy below)
-        if rows is not None and rows.numel() == bs * len(batches):
+        if all(isinstance(plan, torch.Tensor) for plan in plans):  # lean plans: [steps, B] of full batches
+            bs, rows = plans[0].shape[1], torch.cat(plans)  # (on the host: one copy below)
+            full = True
+        else:  # (a lean plan with a short last batch is a list; one without, its rows)
+            plans = [list(plan) if isinstance(plan, torch.Tensor) else plan for plan in plans]
+            bs = max(b.shape[0] for p in plans for b in p)  # (Tensor.__len__ is a Python method: 5x slower)
+            batches = [b for plan in plans for b in plan]
+            rows = torch.cat(batches)
+            full = rows.numel() == bs * len(batches)  # (every batch has at most bs rows)
+        if full:
             # full batches only (every batch has at most bs rows): the whole index in a few ops,
             # not three per client (issue 28: per-client host work and kernel launches)
-            rows = rows.view(len(batches), bs)
+            rows = rows.view(-1, bs)
             rows += torch.tensor(offsets, device=rows.device).repeat_interleave(
                 torch.tensor(steps, device=rows.device)).unsqueeze(1)
             index = self._place_steps(rows.to(device), steps, max_steps, device)
