@@ -24,6 +24,8 @@ from flcore.clients.clientfedavg import FedAvgClient
 class ScaffoldClient(FedAvgClient):
     """Drift-corrected local SGD; the control variate c_i persists across participations."""
 
+    hooks_draw_no_rng = True  # begin_round/end_round only read and write the state store
+
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
         c = package.extras["control"]
         c_i = self.state.get("control", self.index, init=lambda: torch.zeros_like(c)).to(c.device)
