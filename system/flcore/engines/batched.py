@@ -53,7 +53,7 @@ Design (what a reader should know before changing it):
   without vmap, which only adds overhead for K = 1.
 * **Speed.** On a GPU the sequential engine is launch-bound (batch 10) and batching K clients
   multiplies the work per kernel; replaying the step from a CUDA graph removes the launches and
-  the Python of vmap (P1 on an H200: 0.60 s/round captured, 2.54 s eager; see ``capture.py``). On a CPU the CNNs are compute-bound at batch 10 already, so
+  the Python of vmap (P1 on an H200: 0.49 s/round captured, 3.09 s eager; see ``capture.py``). On a CPU the CNNs are compute-bound at batch 10 already, so
   batching has nothing to win and functorch's batched convolution loses: it folds the clients
   into a grouped convolution (``groups=K``) with layout copies around it and cannot use oneDNN's
   channels-last kernels. Measured on the project's 2-core EPYC (torch 2.13, idle), one step of
@@ -71,7 +71,9 @@ Design (what a reader should know before changing it):
   with the compute stubbed out took 94-127 us per client before and 61-101 after on the
   project's 2-core CPU (10th percentile of 60 rounds, ten runs at load 5-7;
   ``experiments/issue28_host_cost.py``), and no longer makes ~8 CUDA calls per client (RNG state
-  copies and seeding, a plan copy, three index kernels, a read-back).
+  copies and seeding, a plan copy, three index kernels, a read-back). On the H200 afterwards P2
+  took 19.4 ms/round against 20.4 before (sequential 0.38-0.40 s: 20.6x): the five captured steps
+  are 15.9 ms of it (3.18 ms each over 50 clients), so the step, not the host, now bounds P2.
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.

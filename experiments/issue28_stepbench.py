@@ -1,0 +1,79 @@
+"""GPU diagnostics for issue 28: per-step cost of the batched engine's step runners on a cohort of
+equal clients (one row bucket; CNN, B=10), against the sequential engine's per-client step, and the
+host syncs of one round per engine. Run from the repository root::
+
+    python experiments/issue28_stepbench.py cuda                       # P1's shape: 20 clients, 1x28x28
+    SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" python experiments/issue28_stepbench.py cuda   # P2's
+
+SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round."""
+import sys, time, warnings, os
+sys.path[:0] = ["tests/system", "system", "."]
+import torch
+from fltest import make_args, image_dataset, load_all
+from flcore.registry import ALGORITHMS, MODELS
+from utils.data_utils import ClientData, FederatedDataset
+
+dev = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
+clients = int(os.environ.get("SB_CLIENTS", 20)); per = int(os.environ.get("SB_SAMPLES", 400))
+runners = os.environ.get("SB_RUNNERS", "eager graph compiled").split()
+load_all()
+shape = tuple(int(v) for v in os.environ.get("SB_SHAPE", "1,28,28").split(","))
+base = image_dataset([per] * clients, shape=shape, num_classes=10)
+data = FederatedDataset(name=base.name, path=base.path, config=dict(base.config),
+                        clients=[ClientData(c.cid, c.train_x.to(dev), c.train_y.to(dev), c.test_x.to(dev), c.test_y.to(dev)) for c in base.clients])
+
+def server(engine, **flags):
+    args = make_args("FedAvg", engine=engine, batch_size=10, local_learning_rate=0.005, eval_auc=False, **flags)
+    torch.manual_seed(0)
+    return ALGORITHMS.get("FedAvg")(args, data, MODELS.get("CNN")(data.input_shape, 10, None).to(dev), dev)
+
+def sync():
+    if dev.type == "cuda": torch.cuda.synchronize()
+
+def one_round(s, rnd):
+    cohort = list(range(clients))
+    sync(); t = time.perf_counter()
+    out = s.engine.train([s.clients[i] for i in cohort], s.make_package(rnd, cohort))
+    sync(); return time.perf_counter() - t, out
+
+steps = per // 10
+results = {}
+
+def bench(runner):
+    try:
+        s = server("batched", step_runner=runner)
+        first, ref = one_round(s, 0)
+        times = [one_round(s, r)[0] for r in (1, 2)]
+        best = min(times)
+        results[runner] = ref
+        print(f"batched step_runner={runner}: first round {first:.2f} s (capture/compile), then {best:.3f} s/round = "
+              f"{1000 * best / steps:.3f} ms per cohort step ({clients} clients x B=10), graphs {getattr(s.engine.runner, 'captured', None)}", flush=True)
+        if runner != "eager" and "eager" in results:
+            d = max(float((a.params - b.params).abs().max()) for a, b in zip(ref, results["eager"]))
+            print(f"  {runner} vs eager after round 0: max |diff| {d:.3g}", flush=True)
+    except Exception as exc:
+        print(f"batched step_runner={runner}: FAILED {type(exc).__name__}: {exc}"[:400], flush=True)
+
+for runner in [r for r in runners if r != "compiled"]:
+    bench(runner)
+s = server("sequential")
+one_round(s, 0)
+t, _ = one_round(s, 1)
+print(f"sequential: {t:.3f} s/round = {1000 * t / (steps * clients):.3f} ms per client step", flush=True)
+
+if dev.type == "cuda":
+    for engine, flags in (("sequential", {}), ("batched", {"step_runner": "graph"}), ("batched", {"step_runner": "eager"})):
+        s = server(engine, **flags)
+        one_round(s, 0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                one_round(s, 1)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        msgs = [str(w.message).splitlines()[0][:90] for w in caught if "synchroniz" in str(w.message)]
+        print(f"host syncs in one round, {engine} {flags}: {len(msgs)} ({clients} clients x {steps} steps)"
+              + (f"; e.g. {sorted(set(msgs))[:3]}" if msgs else ""), flush=True)
+if "compiled" in runners:
+    bench("compiled")
