@@ -127,7 +127,7 @@ from flcore.engines.capture import STEP_RUNNERS, make_step_runner
 from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import Net
 from flcore.registry import register_engine
-from flcore.trainmodel.layout import plain_convolutions
+from flcore.trainmodel.layout import BATCHED_CONVS, batched_convolutions, plain_convolutions
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs
 from utils.errors import FLError
@@ -202,6 +202,10 @@ class BatchedEngine(Engine):
         add_flag(parser, "--step_runner", type=str, default="auto", choices=list(STEP_RUNNERS),
                  help="batched engine: how the cohort step runs: auto (graph on a GPU, eager elsewhere), eager, "
                       "graph (replayed from a CUDA graph per cohort and batch shape), compiled (torch.compile)")
+        add_flag(parser, "--batched_conv", type=str, default="grouped", choices=list(BATCHED_CONVS),
+                 help="batched engine: how the vmapped step convolves: grouped (vmap's rule: the clients become the "
+                      "groups of one grouped convolution) or unfold (im2col and one batched matrix product per "
+                      "layer); results differ only by float rounding")
 
     def __init__(self, runtime: "Runtime"):
         super().__init__(runtime)
@@ -211,6 +215,7 @@ class BatchedEngine(Engine):
         self.precision = check_precision(runtime.args, flat_device(runtime))
         self.runner = make_step_runner(str(getattr(runtime.args, "step_runner", "auto") or "auto"), flat_device(runtime),
                                        lambda message: self.notice(message, message))
+        self.batched_conv = str(getattr(runtime.args, "batched_conv", "grouped") or "grouped")
         self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
         self._rng_after: dict[int, tuple] = {}
@@ -258,7 +263,7 @@ class BatchedEngine(Engine):
                 return "the model's forward pass is random in train mode (dropout), which only the sequential engine reproduces per client"
             y = torch.zeros(2, len(x), dtype=torch.long, device=x.device)
             rows = flat.params.detach().unsqueeze(0).repeat(2, 1)
-            with plain_convolutions():
+            with plain_convolutions(), batched_convolutions(self.batched_conv):
                 self._step(Client, False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
         except Exception as exc:  # noqa: BLE001 - any failure means: train it sequentially
             return f"the model cannot run under torch.func.vmap ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
@@ -515,7 +520,8 @@ class BatchedEngine(Engine):
         if owner.local_momentum:  # --local_momentum: each client's buffer, zero at the job's start
             state["velocity"] = torch.zeros(count, flat.num_params, dtype=weights.dtype, device=device)
         segment = runner.open(state, consts)
-        with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
+        # vmap has no channels-last batched weights; --batched_conv picks how the clients' convolutions run
+        with torch.no_grad(), plain_convolutions(), batched_convolutions(self.batched_conv):
             for t in range(max_steps):
                 n = runner.rows_for(active[t], count)
                 masked = t in partial_steps
