@@ -208,7 +208,7 @@ def _current_rss_mb() -> float:
 
 
 #: ``--engines`` entries may carry variants: ``batched+eager``, ``batched+compiled``, ``batched+bf16``, ``auto+evaleager``,
-#: ``batched+evalbs128`` (``--eval_batch_size 128``), ``batched+unfold`` (``--batched_conv unfold``)
+#: ``batched+evalbs128`` (``--eval_batch_size 128``)
 STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
 #: ``auto+evaleager``: evaluation without the frozen copies of flcore/frozen.py (the before of issue 28's change)
@@ -226,14 +226,12 @@ def split_variant(name: str, precision: str | None = None) -> tuple[str, list[st
             precision = token
         elif token in EVAL_VARIANTS:
             flags += EVAL_VARIANTS[token]
-        elif token == "unfold":  # batched+unfold: --batched_conv unfold
-            flags += ["--batched_conv", "unfold"]
         elif token.startswith("evalbs") and token[6:].isdigit():  # batched+evalbs128: --eval_batch_size 128
             flags += ["--eval_batch_size", token[6:]]
         else:
             raise SystemExit(f"--engines {name}: unknown variant {token!r} (step runners "
                              f"{', '.join(STEP_RUNNER_VARIANTS)}; precisions {', '.join(PRECISION_VARIANTS)}; "
-                             f"evaluation {', '.join(EVAL_VARIANTS)}, evalbsN; unfold)")
+                             f"evaluation {', '.join(EVAL_VARIANTS)}, evalbsN)")
     if precision and precision != "fp32":
         flags += ["--precision", precision]
     return engine, flags

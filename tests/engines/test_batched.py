@@ -136,39 +136,6 @@ def test_cnn_round_matches_sequential_and_chunks_match_whole_cohort():
         assert c.loss == pytest.approx(w.loss, rel=1e-4, abs=1e-5)
 
 
-@pytest.mark.parametrize("runner", ["eager", "graph"])
-def test_unfolded_convolutions_match_sequential(runner, notices, monkeypatch):
-    """``--batched_conv unfold`` (im2col + batched matrix products under vmap) trains the ragged
-    cohort as the sequential engine does, up to float rounding, also replayed from static buffers."""
-    from flcore.trainmodel import layout
-    dataset = image_dataset([2, 9, 14, 5, 21])
-    seq = _one_round(_cnn_server("sequential", dataset))
-    calls, unfold = [], layout.unfolded_conv2d
-    monkeypatch.setattr(layout, "unfolded_conv2d", lambda *a, **k: calls.append(1) or unfold(*a, **k))
-    out = _one_round(_cnn_server("batched", dataset, batched_conv="unfold", step_runner=runner))
-    assert calls  # the step convolved through unfold
-    for s, o in zip(seq, out):
-        assert (s.index, s.num_steps) == (o.index, o.num_steps)
-        torch.testing.assert_close(o.params, s.params, atol=ATOL, rtol=RTOL)
-        assert o.loss == pytest.approx(s.loss, rel=1e-4, abs=1e-5)
-
-
-def test_unfolded_conv2d_equals_conv2d_or_declines():
-    from flcore.trainmodel.layout import UnfoldedConvolutions, unfolded_conv2d
-    gen = torch.Generator().manual_seed(0)
-    x, w, b = torch.randn(3, 4, 11, 9, generator=gen), torch.randn(5, 4, 3, 3, generator=gen), torch.randn(5, generator=gen)
-    for stride, padding, dilation in [(1, 0, 1), (2, 1, 1), ((1, 2), (2, 0), 1), (1, 2, 2)]:
-        torch.testing.assert_close(unfolded_conv2d(x, w, b, stride, padding, dilation),
-                                   F.conv2d(x, w, b, stride, padding, dilation), atol=1e-5, rtol=1e-5)
-    assert unfolded_conv2d(x, torch.randn(4, 2, 3, 3), groups=2) is None  # grouped: convolved as usual
-    assert unfolded_conv2d(x, w, padding="same") is None
-    conv = nn.Conv2d(4, 5, 3, padding=1, groups=1)
-    with UnfoldedConvolutions():
-        torch.testing.assert_close(conv(x), F.conv2d(x, conv.weight, conv.bias, padding=1), atol=1e-5, rtol=1e-5)
-        grouped = nn.Conv2d(4, 4, 3, groups=2)
-        torch.testing.assert_close(grouped(x), F.conv2d(x, grouped.weight, grouped.bias, groups=2))
-
-
 def test_padded_clients_take_no_op_steps():
     dataset = random_dataset(num_clients=4, dim=6, num_classes=3, sizes=[3, 5, 11, 40], seed=2)
     flags = dict(engine="batched", batch_size=5, local_learning_rate=0.1)

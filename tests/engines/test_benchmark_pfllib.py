@@ -19,7 +19,6 @@ def test_engine_variants_become_flags():
     assert benchmark.split_variant("sequential+fp32", "bf16") == ("sequential", [])
     assert benchmark.split_variant("auto+evaleager") == ("auto", ["--eval_frozen", "False"])
     assert benchmark.split_variant("batched+evalbs128") == ("batched", ["--eval_batch_size", "128"])
-    assert benchmark.split_variant("batched+unfold+eager") == ("batched", ["--batched_conv", "unfold", "--step_runner", "eager"])
     with pytest.raises(SystemExit, match="unknown variant"):
         benchmark.split_variant("batched+fast")
 

@@ -20,15 +20,12 @@ which sets channels-last strides even then (``contiguous(memory_format=)`` would
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 #: ``--conv_layout`` choices
 CONV_LAYOUTS = ("auto", "nchw", "channels_last")
@@ -77,51 +74,3 @@ def use_channels_last(module: nn.Module) -> int:
             sub.__class__ = ChannelsLastConv2d
             count += 1
     return count
-
-
-# ---------------------------------------------------------------------------- the batched step's convolutions
-#: ``--batched_conv`` choices: how the batched engine's vmapped step convolves
-BATCHED_CONVS = ("grouped", "unfold")
-
-
-def _pair(value: Any) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else tuple(value)  # type: ignore[return-value]
-
-
-def unfolded_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> torch.Tensor | None:
-    """``F.conv2d`` as unfold (im2col) and one matrix product ``W[O, C·kh·kw] @ cols[C·kh·kw, B·L]``;
-    None where that does not apply (groups, string padding, an unbatched input), so the caller
-    convolves as usual. Under ``vmap`` over clients the product becomes one batched matrix product
-    per layer, and autograd's weight gradient one more, where vmap's own rule turns the clients
-    into the groups of a grouped convolution. Equal to ``F.conv2d`` up to float rounding."""
-    if groups != 1 or isinstance(padding, str) or input.dim() != 4:
-        return None
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
-    batch, _, height, width = input.shape
-    out_channels, _, kh, kw = weight.shape
-    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    cols = F.unfold(input, (kh, kw), dilation=(dh, dw), padding=(ph, pw), stride=(sh, sw))  # [B, C·kh·kw, L]
-    cols = cols.transpose(0, 1).reshape(cols.shape[1], batch * out_h * out_w)
-    out = (weight.reshape(out_channels, -1) @ cols).view(out_channels, batch, out_h, out_w).transpose(0, 1)
-    return out if bias is None else out + bias.view(1, out_channels, 1, 1)
-
-
-class UnfoldedConvolutions(TorchFunctionMode):
-    """Inside the block, on this thread, 2-d convolutions run as :func:`unfolded_conv2d`."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.conv2d:  # (F.conv2d is the same function); nested calls bypass the mode
-            out = unfolded_conv2d(*args, **kwargs)
-            if out is not None:
-                return out
-        return func(*args, **kwargs)
-
-
-def batched_convolutions(kind: str) -> contextlib.AbstractContextManager:
-    """The context the batched step convolves in: ``grouped`` (vmap's own rule) or ``unfold``."""
-    if kind not in BATCHED_CONVS:
-        raise ValueError(f"unknown batched convolution {kind!r}")
-    return UnfoldedConvolutions() if kind == "unfold" else contextlib.nullcontext()
