@@ -15,7 +15,8 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
   official code (experiments/RESULTS.md). A third row, Sageflow with E_th = inf and δ = 0, is what
   the official code runs as "Fedavg" (its ``Sag()`` groups plain averages by staleness too).
 * ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8, the
-  Sageflow paper's baseline, staleness in rounds; and again with staleness in server updates,
+  Sageflow paper's baseline, staleness in rounds, workers' regulariser ρ = 0.005 as Xie et al.'s
+  CIFAR-10 runs; and again with staleness in server updates,
   ``--staleness_unit upload``, as Xie et al.'s Algorithm 1 counts it), FedAvg ignoring stragglers and FedAvg waiting for all (``--straggler_wait 1``: every round lasts
   until its latest upload, 1 + max d periods of the virtual clock); the table adds the virtual time
   to ``--target`` accuracy.
@@ -45,6 +46,7 @@ Usage (from the repository root; E and rounds are reduced on a small CPU, say so
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 10 --local_epochs 1 --times 1
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting sign_flip --rounds 10 --local_epochs 1 --times 3
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --times 3 --target 0.6
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 20 --eval_gap 2 --times 3
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting backdoor --samples 150 --rounds 6 --backdoor_from_round 2
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --dataset FashionMNIST --setting sign_flip --samples 150 --rounds 10
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --local_momentum 0.9 --lr 0.01
