@@ -23,7 +23,7 @@ it was trained in; NaN where nothing was dropped or no attacker uploaded).
 
 E_th = 1 (the official value) assumes local models that predict confidently: with short local
 training an honest upload's mean entropy on the public data can still be ≥ 1. On MNIST and
-Fashion-MNIST shards with E = 1 over ~140 rows (14 steps a round) it dropped 13–15% of the honest
+Fashion-MNIST shards with E = 1 over ~140 rows (14 steps a round) it dropped 12–17% of the honest
 uploads of a stragglers-only run (on MNIST half of them in the first five rounds; on Fashion-MNIST
 about one in ten to the end of a 30-round run; experiments/RESULTS.md,
 "Sageflow against ignoring stragglers at a longer horizon"); the official runs train E = 5 over
