@@ -15,7 +15,8 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
   official code (experiments/RESULTS.md). A third row, Sageflow with E_th = inf and δ = 0, is what
   the official code runs as "Fedavg" (its ``Sag()`` groups plain averages by staleness too).
 * ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8, the
-  Sageflow paper's baseline, staleness in rounds; and again with staleness in server updates,
+  Sageflow paper's baseline, staleness in rounds, workers' regulariser ρ = 0.005 as Xie et al.'s
+  CIFAR-10 runs; and again with staleness in server updates,
   ``--staleness_unit upload``, as Xie et al.'s Algorithm 1 counts it), FedAvg ignoring stragglers and FedAvg waiting for all (``--straggler_wait 1``: every round lasts
   until its latest upload, 1 + max d periods of the virtual clock); the table adds the virtual time
   to ``--target`` accuracy.
@@ -45,6 +46,7 @@ Usage (from the repository root; E and rounds are reduced on a small CPU, say so
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 10 --local_epochs 1 --times 1
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting sign_flip --rounds 10 --local_epochs 1 --times 3
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --times 3 --target 0.6
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 20 --eval_gap 2 --times 3
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting backdoor --samples 150 --rounds 6 --backdoor_from_round 2
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --dataset FashionMNIST --setting sign_flip --samples 150 --rounds 10
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --local_momentum 0.9 --lr 0.01
@@ -123,11 +125,16 @@ def variants(setting: str, scale: float, from_round: int = 10, halving: int = 15
 
 
 def curves(paths: list[Path], series: str = "rs_test_acc", width: int = 0) -> np.ndarray:
-    """``series`` of every repeat (rows), at least ``width`` wide, NaN after a run that stopped early."""
+    """``series`` of every repeat (rows), indexed by round, at least ``width`` wide: NaN at a round
+    not evaluated (``--eval_gap``) and after a run that stopped early."""
     rows = []
     for path in paths:
         with h5py.File(path, "r") as f:
-            rows.append(np.asarray(f[series], dtype=float))
+            values = np.asarray(f[series], dtype=float)
+            evaluated = np.asarray(f["rs_eval_rounds"], dtype=int)[: len(values)]
+        row = np.full(int(evaluated.max()) + 1 if len(evaluated) else 0, np.nan)
+        row[evaluated] = values
+        rows.append(row)
     width = max(width, *(len(r) for r in rows))
     return np.stack([np.pad(r, (0, width - len(r)), constant_values=np.nan) for r in rows])
 
@@ -161,6 +168,8 @@ def main() -> None:
     parser.add_argument("--backdoor_from_round", type=int, default=10,
                         help="backdoor setting: the first round of the x10 boost (Sageflow: 10 of 150)")
     parser.add_argument("--dataset", choices=list(RAW), default="MNIST")
+    parser.add_argument("--eval_gap", type=int, default=1,
+                        help="evaluate every k rounds (main.py -eg; a multiple of it as --rounds keeps the last round)")
     parser.add_argument("--samples", type=int, default=0,
                         help="training samples kept per client, before the public set is taken out (0: all ~600; "
                              "fewer make a round cheaper on a small CPU)")
@@ -173,6 +182,8 @@ def main() -> None:
                        batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
     args = parser.parse_args()
+    if args.eval_gap < 1 or args.rounds % args.eval_gap:
+        parser.error(f"--eval_gap must be >= 1 and divide --rounds ({args.rounds}), got {args.eval_gap}")
     load_all()
     data = args.data
     if data is None:
@@ -185,18 +196,20 @@ def main() -> None:
     name = (f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
             + (f"_momentum{args.local_momentum:g}_lr{args.lr:g}" if args.local_momentum else "")
             + ("_flip_weights" if args.attack_flip == "weights" else ""))
-    columns = [f"round {r}" for r in range(args.rounds + 1)]
+    shown = list(range(0, args.rounds + 1, args.eval_gap))  # the evaluated rounds
+    columns = [f"round {r}" for r in shown]
     if args.setting == "stragglers":
         columns.append(f"virtual s to {100 * args.target:g}%")
     if args.setting == "backdoor":
-        columns += [f"ASR round {r}" for r in range(args.rounds + 1)]
+        columns += [f"ASR round {r}" for r in shown]
     lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {args.samples or 'all'} training samples per client, "
              f"{args.rounds} rounds, E = {args.local_epochs}, "
              f"B = {args.batch_size}, lr {args.lr}, momentum {args.local_momentum:g}, "
              + (f"sign flip of the {args.attack_flip}, " if args.setting in ("official", "sign_flip") else "")
              + f"{args.times} seed(s) from {args.seed}",
              "", "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
-    extra = ["--engine", "sequential", "--num_threads", "1", "--local_momentum", str(args.local_momentum)]
+    extra = ["--engine", "sequential", "--num_threads", "1", "--local_momentum", str(args.local_momentum),
+             "--eval_gap", str(args.eval_gap)]
     if args.setting == "stragglers":
         extra += ["--target_acc", str(args.target)]
     for label, algo, flags in variants(args.setting, args.attack_scale, args.backdoor_from_round,
@@ -209,11 +222,12 @@ def main() -> None:
             lines.append(f"| {label} | {run} |")
             continue
         every = run.every_seed()
-        cells = [cell(col, args.times) for col in (100 * curves(every, width=args.rounds + 1)).T]
+        cells = [cell(col, args.times) for col in (100 * curves(every, width=args.rounds + 1)).T[shown]]
         if args.setting == "stragglers":
             cells.append(mean_std(target_times(every), scale=1, digits=1))
         if args.setting == "backdoor":
-            cells += [cell(col, args.times) for col in (100 * curves(every, "rs_backdoor_asr", args.rounds + 1)).T]
+            cells += [cell(col, args.times)
+                      for col in (100 * curves(every, "rs_backdoor_asr", args.rounds + 1)).T[shown]]
         shown = f"{label} ({run.note()})" if run.diverged else label
         lines.append(f"| {shown} | " + " | ".join(cells) + f" |  <!-- {run.seconds():.0f} s -->")
         print(lines[-1], flush=True)

@@ -67,3 +67,15 @@ def test_weights_flip_reaches_every_attacked_row_and_main_takes_it_with_local_mo
             assert args.attack_flip == "weights" and args.local_momentum == 0.9
             assert getattr(args, main.IGNORED_DEST) == [], label
     assert all("--attack_flip" not in flags for _, _, flags in sf.variants("stragglers", 0.1, flip="weights"))
+
+
+def test_curves_put_each_evaluation_at_its_round_and_pad_with_nan(tmp_path):
+    paths = []
+    for i, (acc, rounds) in enumerate((([0.1, 0.3, 0.5], [0, 2, 4]), ([0.2, 0.4], [0, 2]))):  # the second stopped early
+        paths.append(tmp_path / f"run{i}.h5")
+        with h5py.File(paths[-1], "w") as f:
+            f.create_dataset("rs_test_acc", data=np.asarray(acc))
+            f.create_dataset("rs_eval_rounds", data=np.asarray(rounds))
+    got = sf.curves(paths, width=5)
+    want = np.array([[0.1, np.nan, 0.3, np.nan, 0.5], [0.2, np.nan, 0.4, np.nan, np.nan]])
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.allclose(got[~np.isnan(got)], want[~np.isnan(want)])

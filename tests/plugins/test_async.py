@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from fltest import build_server, make_args, random_dataset, run_main_two_rounds, run_round
+from fltest import (build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round,
+                    two_client_server)
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.plugins.stragglers import awaited, delay_of
-from flcore.servers.serverfedasync import staleness_weight
+from flcore.servers.serverfedasync import mix_uploads, staleness_weight
 from utils import checkpoint
 from utils.errors import FLError
 from utils.result_utils import RunHistory, summarize
@@ -49,8 +50,65 @@ def test_the_staleness_functions_by_hand():
     assert staleness_weight("hinge", 6, 0.5, 4) == pytest.approx(0.5)  # 1 / (0.5 (6 - 4) + 1)
 
 
+def test_the_paper_staleness_functions_on_a_tiny_vector_by_hand():
+    # x0 = (1, 0); three uploads with staleness 0, 2 and 6, α = 0.5
+    x0 = torch.tensor([1.0, 0.0])
+    uploads = [torch.tensor([3.0, 2.0]), torch.tensor([0.0, 4.0]), torch.tensor([1.0, 1.0])]
+    # polynomial a = 0.5: s = 1, 3^-1/2, 7^-1/2
+    s = [1.0, 3 ** -0.5, 7 ** -0.5]
+    assert [staleness_weight("polynomial", k, 0.5, 4) for k in (0, 2, 6)] == pytest.approx(s)
+    x1 = 0.5 * x0 + 0.5 * uploads[0]  # (2, 1)
+    assert x1.tolist() == [2.0, 1.0]
+    w2 = 0.5 * 3 ** -0.5
+    x2 = (1 - w2) * x1 + w2 * uploads[1]  # (2 - 2 w2, 1 + 3 w2)
+    w3 = 0.5 * 7 ** -0.5
+    x3 = (1 - w3) * x2 + w3 * uploads[2]
+    got = mix_uploads(x0, list(zip(uploads, s)), 0.5)
+    assert torch.allclose(got, torch.tensor([2 - 2 * w2 - w3 * (1 - 2 * w2), x3[1].item()]))
+    assert got[1].item() == pytest.approx((1 + 3 * w2) * (1 - w3) + w3)
+    # hinge with the paper's a = 10, b = 4: s = 1, 1 (2 <= b), 1 / (10 (6 - 4) + 1) = 1/21
+    hinge = [staleness_weight("hinge", k, 10, 4) for k in (0, 2, 6)]
+    assert hinge == pytest.approx([1.0, 1.0, 1 / 21])
+    got = mix_uploads(x0, list(zip(uploads, hinge)), 0.5)
+    x2 = 0.5 * torch.tensor([2.0, 1.0]) + 0.5 * uploads[1]  # (1, 2.5)
+    assert torch.allclose(got, (1 - 0.5 / 21) * x2 + (0.5 / 21) * uploads[2])
+    # constant: α itself every time; x0 is not changed in place
+    got = mix_uploads(x0, list(zip(uploads, [1.0] * 3)), 0.5)
+    assert torch.allclose(got, torch.tensor([0.125 + 0.375 + 0.0 + 0.5, 0.25 + 1.0 + 0.5]))
+    assert x0.tolist() == [1.0, 0.0]
+
+
+def test_an_unset_staleness_a_is_the_paper_value_of_each_function():
+    assert server("FedAsync", staleness_fn="polynomial").staleness_a == 0.5
+    assert server("FedAsync", staleness_fn="hinge").staleness_a == 10.0
+    assert server("FedAsync", staleness_fn="hinge", staleness_a=4).summary()["staleness_a"] == 4.0
+
+
+def test_the_workers_regularised_step_and_the_mixing_of_a_round_by_hand():
+    rho, lr, alpha = 0.5, 0.1, 0.5
+    data, srv = two_client_server("FedAsync", "--async_rho", str(rho), "--async_alpha", str(alpha),
+                                  "--staleness_fn", "constant", seed=1, local_learning_rate=lr)
+    x0 = srv.global_params.double()
+    models = []
+    for client in data.clients:  # two full-batch steps on f + ρ/2 ||x - x0||^2 from x0
+        x, y = client.train_x.double(), client.train_y
+        w = x0.clone()
+        for _ in range(2):
+            w = w - lr * (linear_grad(w, x, y, 2) + rho * (w - x0))
+        models.append(w)
+    updates = run_round(srv, 0).updates
+    for update, want in zip(updates, models):
+        assert torch.allclose(update.params.double(), want, atol=1e-6, rtol=0)
+    # two fresh uploads mixed one by one: x = (1 - α)^2 x0 + α(1 - α) x_a + α x_b
+    want = 0.25 * x0 + 0.25 * models[0] + 0.5 * models[1]
+    assert torch.allclose(srv.global_params.double(), want, atol=1e-6, rtol=0)
+    # ρ = 0 is plain local SGD: the regulariser changes the upload
+    _, plain = two_client_server("FedAsync", "--async_rho", "0", seed=1, local_learning_rate=lr)
+    assert not torch.allclose(run_round(plain, 0).updates[0].params.double(), models[0], atol=1e-6)
+
+
 def test_fedasync_with_alpha_one_and_no_staleness_is_sequential_sgd():
-    srv = server("FedAsync", async_alpha=1.0, staleness_fn="constant")
+    srv = server("FedAsync", async_alpha=1.0, staleness_fn="constant", async_rho=0)
     for rnd, client in enumerate([2, 0, 5]):  # one client a round: the global model is its upload
         before = srv.global_params.clone()
         (update,) = run_round(srv, rnd, cohort=[client]).updates
