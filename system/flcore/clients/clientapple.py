@@ -64,6 +64,14 @@ def proximal_weight(rnd: int, horizon: int) -> float:
     return (math.cos(math.pi * rnd / horizon) + 1.0) / 2.0 if rnd < horizon else 0.0
 
 
+def double_cores(cores: torch.Tensor, p_len: int) -> torch.Tensor:
+    """The trainable part (the first ``p_len`` entries) of the rows of ``cores`` in float64,
+    contiguous; already such a tensor is returned as it is."""
+    if cores.dtype == torch.float64 and cores.shape[1] == p_len:
+        return cores
+    return cores[:, :p_len].double()
+
+
 class APPLEClient(Client):
     """SGD on the personalised mixture, updating the own core model and the DR vector."""
 
@@ -84,9 +92,10 @@ class APPLEClient(Client):
                  help="∂L/∂p_ij: ⟨g, c_j⟩ (paper) or PFLlib's mean over tensors of mean(g ⊙ c_j)")
 
     def dr_gradient(self, g: torch.Tensor, cores: torch.Tensor, model: FlatModel) -> torch.Tensor:
-        """∂L/∂p_ij for every row c_j of ``cores`` (whole vectors; only the trainable part counts)."""
+        """∂L/∂p_ij for every row c_j of ``cores`` (whole vectors; only the trainable part counts).
+        With ``inner``, ``cores`` may already be the float64 trainable part (``double_cores``)."""
         if self.hp.apple_p_grad == "inner":
-            return cores[:, : g.shape[0]].double() @ g.double()
+            return double_cores(cores, g.shape[0]) @ g.double()
         means = [(cores[:, seg.start:seg.stop] * g[seg.start:seg.stop]).double().mean(dim=1)
                  for seg in model.param_segments()]
         return torch.stack(means).mean(dim=0)
@@ -101,21 +110,32 @@ class APPLEClient(Client):
         horizon = int(self.hp.L * int(self.args.global_rounds))
         prox = proximal_weight(package.round, horizon) * self.hp.mu
 
+        # With -dlr 0 the DR vector cannot move: Σ_j p_ij c_j over the received cores is the same on
+        # every step (computed once), and the DR gradient, which would be multiplied by 0, is skipped.
+        learns_dr = self.hp.dr_learning_rate > 0
+        fixed_mixture = None if learns_dr else dr.to(cores.dtype) @ cores
+
         def personalised() -> torch.Tensor:
             weights = dr.to(cores.dtype)
-            return weights @ cores + weights[i] * (own - cores[i])
+            mixture = weights @ cores if fixed_mixture is None else fixed_mixture
+            return mixture + weights[i] * (own - cores[i])
 
+        # The received cores are fixed for the round: their float64 copy for ⟨g, c_j⟩ is made once,
+        # not on every step (a copy of N models per step cost more than the step's own products).
+        step_cores = double_cores(cores, p_len) if learns_dr and self.hp.apple_p_grad == "inner" else cores
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
         for idx in job.plan:
             model.load(personalised())
             loss_sum += self.compute_gradient(model, idx)
             g = model.grad
-            dr_grad = self.dr_gradient(g, cores, model)
-            dr_grad[i] = self.dr_gradient(g, own[None], model)[0]  # the own core as it is now
-            dr_grad += prox * (dr - p0.to(dr.dtype))
-            own[:p_len] -= core_lr * float(dr[i]) * g
-            dr -= self.hp.dr_learning_rate * dr_grad
+            core_step = core_lr * float(dr[i])
+            if learns_dr:
+                dr_grad = self.dr_gradient(g, step_cores, model)
+                dr_grad[i] = self.dr_gradient(g, own[None], model)[0]  # the own core as it is now
+                dr_grad += prox * (dr - p0.to(dr.dtype))
+                dr -= self.hp.dr_learning_rate * dr_grad
+            own[:p_len] -= core_step * g
         loss = self.check_loss(loss_sum, len(job.plan), package.round)
         self.state.set("apple_p", i, dr)
         self.state.set("personal", i, personalised())
