@@ -5,6 +5,9 @@ Each algorithm runs ``-gr 4`` rounds through ``main.main`` with evaluation only 
 after the last round (``-eg 100``), so the rounds timed (the 2nd to 4th, after a warm-up round) are
 training and aggregation only; the figure is their median ``rs_round_time``. Every algorithm sees
 the same partition and flags; those that need more (KT-pFL's public data) get it from ``NEEDS``.
+``VARIANTS`` adds rows of an algorithm with other flags, where its defaults skip its costly part
+(APPLE's -dlr 0 never learns the DR vectors, so it skips their gradient: the row "APPLE -dlr 0.01"
+times the learning method).
 
     python experiments/algorithm_cost.py                      # every algorithm, MNIST CNN, 20 clients
     python experiments/algorithm_cost.py --only FedAvg Ditto --engine threaded
@@ -37,15 +40,18 @@ from flcore.servers.serverbase import Server
 
 #: flags an algorithm cannot run without, on top of the common ones
 NEEDS = {"KT-pFL": ["--public_data", "0.05"]}
+#: extra rows: name -> (algorithm, its flags)
+VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"])}
 
 
-def round_seconds(algorithm: str, data: Path, args: argparse.Namespace) -> float:
-    """Median seconds of rounds 2..N of one run of ``algorithm`` (rounds without evaluation)."""
+def round_seconds(row: str, data: Path, args: argparse.Namespace) -> float:
+    """Median seconds of rounds 2..N of one run of the table's ``row`` (rounds without evaluation)."""
+    algorithm, flags = VARIANTS.get(row, (row, []))
     folder = OUT / "results" / "algorithm_cost" / args.engine
     argv = ["-data", str(data), "-m", args.model, "-algo", algorithm, "-gr", str(args.rounds), "-eg", "100",
             "-lbs", "10", "-ls", "1", "-lr", "0.01", "-jr", "1", "-dev", "cpu", "--engine", args.engine,
             "--num_threads", str(args.threads), "--results_dir", str(folder), "-go", "cost", "--overwrite",
-            "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, [])]
+            "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, []), *flags]
     cpu_times: list[float] = []
     run_round = Server.run_round
 
@@ -70,7 +76,7 @@ def round_seconds(algorithm: str, data: Path, args: argparse.Namespace) -> float
 
 def main_(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", default=None, help="algorithms to time (FedAvg is always timed)")
+    parser.add_argument("--only", nargs="*", default=None, help="algorithms (or VARIANTS rows) to time (FedAvg is always timed)")
     parser.add_argument("--engine", default="sequential", choices=["sequential", "threaded", "batched", "auto"])
     parser.add_argument("--threads", type=int, default=1, help="--num_threads of each run")
     parser.add_argument("--model", default="CNN")
@@ -85,7 +91,7 @@ def main_(argv: list[str] | None = None) -> None:
         generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--num-clients", "20", "--samples-per-client",
                                             "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
     load_all()
-    names = args.only or ALGORITHMS.names()
+    names = args.only or [*ALGORITHMS.names(), *VARIANTS]
     others = [n for n in names if n != "FedAvg"]
     round_seconds("FedAvg", data, args)  # warm-up, untimed: the first run of a process is slower
     seconds, failed, baseline = {}, {}, []
