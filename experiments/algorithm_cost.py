@@ -39,7 +39,7 @@ from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 
 #: flags an algorithm cannot run without, on top of the common ones
-NEEDS = {"KT-pFL": ["--public_data", "0.05"]}
+NEEDS = {"KT-pFL": ["--public_data", "0.05"], "Sageflow": ["--public_data", "0.05"]}
 #: extra rows: name -> (algorithm, its flags)
 VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"])}
 
