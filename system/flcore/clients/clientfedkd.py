@@ -121,14 +121,10 @@ class FedKDClient(Client):
         mentee_lr = self.hp.mentee_learning_rate * job.lr / float(self.args.local_learning_rate)
         mentor_params = list(model.module.parameters())
         loss_sum = torch.zeros((), device=model.device)
-        # Updated in place after each step's gradients (W_h's leaf shares its memory), and the mentee's
-        # gradient goes into one buffer: no new model-sized tensor a step.
-        projection = projection.clone()
-        mentee_grad_buffer = mentee.new_empty(n)
         clip = self.hp.fedkd_clip
         # the mentor (this client's private model) trains on the working model, the mentee functionally
         for x, y, mentee_leaves, mentee_net in paired_batches(self, job, model, mentee):
-            w_h = projection.detach().requires_grad_(True)
+            w_h = projection.clone().requires_grad_(True)
             h_s = mentee_net.features(x).flatten(1)
             out_s = mentee_net.head(h_s)
             h_t = model.net.features(x).flatten(1)
@@ -142,14 +138,14 @@ class FedKDClient(Client):
             mentee_loss = ce_s + (mentee_kl + hidden) / scale
             (w_h_from_mentor,) = torch.autograd.grad(mentor_loss, w_h, retain_graph=True)
             mentor_loss.backward(inputs=mentor_params, retain_graph=True)  # into model.grad
-            mentee_grad, w_h_from_mentee = flat_gradient(mentee_loss, mentee_leaves, w_h, out=mentee_grad_buffer)
-            w_h_grad = w_h_from_mentor.add_(w_h_from_mentee)
+            mentee_grad, w_h_from_mentee = flat_gradient(mentee_loss, mentee_leaves, w_h)
+            w_h_grad = w_h_from_mentor + w_h_from_mentee
             if clip:
                 for grad in (model.grad, mentee_grad, w_h_grad):
                     grad.mul_(torch.clamp(clip / (grad.norm() + 1e-12), max=1.0))
             model.params.sub_(model.grad, alpha=job.lr)
-            mentee[:n].sub_(mentee_grad.mul_(mentee_lr))  # mentee −= mentee_lr · g
-            projection.sub_(w_h_grad.mul_(job.lr))
+            mentee[:n] -= mentee_lr * mentee_grad
+            projection = projection - job.lr * w_h_grad
             loss_sum += mentor_loss.detach()
         rnd = job.package.round
         mean_loss = self.check_loss(loss_sum, len(job.plan), rnd)

@@ -52,9 +52,7 @@ def paired_batches(client: Client, job: LocalJob, model: FlatModel, vector: torc
     working model's gradient is zeroed and both models' samples are counted. The second model's
     float buffers are views of ``vector`` itself, so a BatchNorm layer updates that model's own
     statistics. (One leaf per parameter, not views of one flat leaf: the backward of each view
-    wrote its gradient into a zero-filled copy of the whole vector, 11% of an FML round.) The leaves
-    share ``vector``'s memory (no copy a step), so the caller updates ``vector`` only after the step's
-    gradients are computed."""
+    wrote its gradient into a zero-filled copy of the whole vector, 11% of an FML round.)"""
     model.load(job.start)
     model.module.train()
     n = model.num_params
@@ -62,7 +60,7 @@ def paired_batches(client: Client, job: LocalJob, model: FlatModel, vector: torc
         client.count_gradient_samples(idx)
         client.count_gradient_samples(idx)
         model.zero_grad()
-        params = vector[:n]
+        params = vector[:n].clone()
         leaves, named = [], {}
         for seg in model.segments:
             if seg.is_param:
@@ -73,13 +71,11 @@ def paired_batches(client: Client, job: LocalJob, model: FlatModel, vector: torc
         yield client.data.inputs("train", idx), client.data.train_y[idx], leaves, Net(model.module, model, named)
 
 
-def flat_gradient(loss: torch.Tensor, leaves: list[torch.Tensor], *others: torch.Tensor,
-                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+def flat_gradient(loss: torch.Tensor, leaves: list[torch.Tensor], *others: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The gradient of ``loss`` for the ``leaves`` of :func:`paired_batches` as one flat vector (zero
-    for a parameter the loss does not reach; written into ``out`` when given, a buffer reused every
-    step), then its gradients for ``others``."""
+    for a parameter the loss does not reach), then its gradients for ``others``."""
     grads = torch.autograd.grad(loss, [*leaves, *others], allow_unused=True, materialize_grads=True)
-    return torch.cat([g.reshape(-1) for g in grads[: len(leaves)]], out=out), *grads[len(leaves):]
+    return torch.cat([g.reshape(-1) for g in grads[: len(leaves)]]), *grads[len(leaves):]
 
 
 class FMLClient(Client):
@@ -111,7 +107,6 @@ class FMLClient(Client):
         personal = job.ctx["personal"].clone()  # the personal model: its own vector, trained functionally
         n = model.num_params
         loss_sum = torch.zeros((), device=model.device)
-        local_grad_buffer = personal.new_empty(n)  # reused every step: no new model-sized tensor a step
         for x, y, leaves, personal_net in paired_batches(self, job, model, personal):
             local_out = personal_net(x)
             meme_out = model.net(x)
@@ -119,9 +114,9 @@ class FMLClient(Client):
                 F.log_softmax(local_out, dim=1), F.softmax(meme_out, dim=1), hp.fml_kl)
             meme_loss = hp.beta * F.cross_entropy(meme_out, y) + (1 - hp.beta) * kl_divergence(
                 F.log_softmax(meme_out, dim=1), F.softmax(local_out, dim=1), hp.fml_kl)
-            (local_grad,) = flat_gradient(local_loss, leaves, out=local_grad_buffer)
+            (local_grad,) = flat_gradient(local_loss, leaves)
             meme_loss.backward()
-            personal[:n].sub_(self.clipped(local_grad).mul_(lr))  # personal −= lr · g
+            personal[:n] -= lr * self.clipped(local_grad)
             model.params.sub_(self.clipped(model.grad), alpha=lr)
             loss_sum += meme_loss.detach()
         job.ctx["personal"] = personal
