@@ -54,26 +54,20 @@ class APFLClient(Client):
         adaptive = self.hp.apfl_adaptive_alpha
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
-        # Every step's model-sized values go into buffers made once (w and v alternate with their
-        # next values): a new model-sized tensor per term and step cost more than its arithmetic.
-        w_next, v_next, share = torch.empty_like(w), torch.empty_like(v), torch.empty_like(w)
-        difference, difference64, grad64 = w[:p].new_empty(p), w.new_empty(p, dtype=torch.float64), w.new_empty(
-            p, dtype=torch.float64)
         for idx in plan:
             model.load(w)
             loss_sum += self.compute_gradient(model, idx)
-            w_next.copy_(model.vector)
+            w_next = model.snapshot()
             w_next[:p].add_(model.grad, alpha=-lr)  # the base SGD step's arithmetic
-            torch.mul(v, alpha, out=model.vector).add_(torch.mul(w, 1.0 - alpha, out=share))  # α v + (1 − α) w
+            model.load(alpha * v + (1.0 - alpha) * w)
             self.compute_gradient(model, idx)
             grad_mixed = model.grad
-            v_next.copy_(model.vector)
-            torch.add(v[:p], grad_mixed, alpha=-lr * alpha, out=v_next[:p])
+            v_next = model.snapshot()
+            v_next[:p] = v[:p].add(grad_mixed, alpha=-lr * alpha)
             if adaptive:
-                difference64.copy_(torch.sub(v[:p], w[:p], out=difference))
-                step = float(torch.dot(difference64, grad64.copy_(grad_mixed)))
+                step = float(torch.dot((v[:p] - w[:p]).double(), grad_mixed.double()))
                 alpha = min(1.0, max(0.0, alpha - lr * step))
-            w, w_next, v, v_next = w_next, w, v_next, v
+            w, v = w_next, v_next
         loss = self.check_loss(loss_sum, len(plan), rnd)
         self.state.set("personal", self.index, v)
         self.state.set("alpha", self.index, torch.tensor([alpha], dtype=torch.float64))

@@ -39,11 +39,7 @@ class DittoClient(Client):
         add_flag(parser, "-pls", "--plocal_epochs", type=int, default=1, low=1, help="local epochs of the personal model")
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        """g + μ(w − w^t), computed in the job's buffer ``ctx["term"]`` (a new model-sized tensor per
-        term and step cost more than the arithmetic; sgd uses the direction before the next step). Not
-        a pure function, which only vmapped hooks must be: Ditto is not vectorisable."""
-        term = torch.sub(w, ctx["anchor"][..., : w.shape[-1]], out=ctx["term"])
-        return term.mul_(ctx["mu"]).add_(g)
+        return g + ctx["mu"] * (w - ctx["anchor"][..., : w.shape[-1]])
 
     def expected_gradient_samples(self) -> float:
         """The personal epochs come on top of the global ones."""
@@ -54,14 +50,13 @@ class DittoClient(Client):
         anchor = package.global_params
         personal = self.state.get("personal", self.index)  # created by the server (initial model)
         mu = torch.tensor(self.hp.mu, dtype=anchor.dtype, device=anchor.device)
-        term = model.params.new_empty(model.num_params)  # adjust_grad's buffer, for both passes
 
         self.seed_round(rnd)
         model.load(personal)
-        self.sgd(model, package, {"anchor": anchor, "mu": mu, "term": term}, self.batch_plan(rnd, self.hp.plocal_epochs), lr)
+        self.sgd(model, package, {"anchor": anchor, "mu": mu}, self.batch_plan(rnd, self.hp.plocal_epochs), lr)
         self.state.set("personal", self.index, model.vector)
 
         self.seed_round(rnd)
         model.load(anchor)
-        loss = self.sgd(model, package, {"anchor": anchor, "mu": torch.zeros_like(mu), "term": term}, job.plan, lr)
+        loss = self.sgd(model, package, {"anchor": anchor, "mu": torch.zeros_like(mu)}, job.plan, lr)
         return model.snapshot(), loss
