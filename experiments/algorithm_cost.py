@@ -5,9 +5,17 @@ Each algorithm runs ``-gr 4`` rounds through ``main.main`` with evaluation only 
 after the last round (``-eg 100``), so the rounds timed (the 2nd to 4th, after a warm-up round) are
 training and aggregation only; the figure is their median ``rs_round_time``. Every algorithm sees
 the same partition and flags; those that need more (KT-pFL's public data) get it from ``NEEDS``.
+``VARIANTS`` adds rows of an algorithm with other flags, where its defaults skip its costly part
+(APPLE's -dlr 0 never learns the DR vectors, so it skips their gradient: the row "APPLE -dlr 0.01"
+times the learning method).
 
     python experiments/algorithm_cost.py                      # every algorithm, MNIST CNN, 20 clients
     python experiments/algorithm_cost.py --only FedAvg Ditto --engine threaded
+
+FedAvg, the baseline, is measured fairly: one untimed FedAvg run first warms the process up (imports,
+oneDNN's kernel caches, the allocator; the first run of a process was 15-20% slow), then FedAvg is
+timed both before and after every other algorithm, and the ratios are against the mean of those two
+(both are printed, so a drift of the machine during the run shows).
 
 The table (slowest first) is printed and written to ``experiments/out/algorithm_cost.md``. Times
 are wall-clock seconds: run it on an otherwise idle machine, and compare ratios from one run only.
@@ -31,16 +39,19 @@ from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 
 #: flags an algorithm cannot run without, on top of the common ones
-NEEDS = {"KT-pFL": ["--public_data", "0.05"]}
+NEEDS = {"KT-pFL": ["--public_data", "0.05"], "Sageflow": ["--public_data", "0.05"]}
+#: extra rows: name -> (algorithm, its flags)
+VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"])}
 
 
-def round_seconds(algorithm: str, data: Path, args: argparse.Namespace) -> float:
-    """Median seconds of rounds 2..N of one run of ``algorithm`` (rounds without evaluation)."""
+def round_seconds(row: str, data: Path, args: argparse.Namespace) -> float:
+    """Median seconds of rounds 2..N of one run of the table's ``row`` (rounds without evaluation)."""
+    algorithm, flags = VARIANTS.get(row, (row, []))
     folder = OUT / "results" / "algorithm_cost" / args.engine
     argv = ["-data", str(data), "-m", args.model, "-algo", algorithm, "-gr", str(args.rounds), "-eg", "100",
             "-lbs", "10", "-ls", "1", "-lr", "0.01", "-jr", "1", "-dev", "cpu", "--engine", args.engine,
             "--num_threads", str(args.threads), "--results_dir", str(folder), "-go", "cost", "--overwrite",
-            "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, [])]
+            "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, []), *flags]
     cpu_times: list[float] = []
     run_round = Server.run_round
 
@@ -65,7 +76,7 @@ def round_seconds(algorithm: str, data: Path, args: argparse.Namespace) -> float
 
 def main_(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", default=None, help="algorithms to time (FedAvg is always timed)")
+    parser.add_argument("--only", nargs="*", default=None, help="algorithms (or VARIANTS rows) to time (FedAvg is always timed)")
     parser.add_argument("--engine", default="sequential", choices=["sequential", "threaded", "batched", "auto"])
     parser.add_argument("--threads", type=int, default=1, help="--num_threads of each run")
     parser.add_argument("--model", default="CNN")
@@ -80,20 +91,27 @@ def main_(argv: list[str] | None = None) -> None:
         generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--num-clients", "20", "--samples-per-client",
                                             "300", "--raw-dir", str(MNIST_RAW), "--out-dir", str(data)])
     load_all()
-    names = args.only or ALGORITHMS.names()
-    names = ["FedAvg", *[n for n in names if n != "FedAvg"]]
-    seconds, failed = {}, {}
-    for name in names:
+    names = args.only or [*ALGORITHMS.names(), *VARIANTS]
+    others = [n for n in names if n != "FedAvg"]
+    round_seconds("FedAvg", data, args)  # warm-up, untimed: the first run of a process is slower
+    seconds, failed, baseline = {}, {}, []
+    for name in ["FedAvg", *others, "FedAvg"]:
         started = time.perf_counter()
         try:
             seconds[name] = round_seconds(name, data, args)
         except Exception as exc:  # noqa: BLE001 - one algorithm's failure is reported, the table goes on
             failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+        if name == "FedAvg" and name in seconds:
+            baseline.append(seconds[name])
         print(f"{name:>14}: {seconds.get(name, float('nan')):.3f} s/round "
               f"({time.perf_counter() - started:.0f} s for the run)", flush=True)
-    base = seconds["FedAvg"]
+    if not baseline:
+        raise SystemExit(f"FedAvg failed: {failed.get('FedAvg')}")
+    failed.pop("FedAvg", None)  # one of the two timings suffices
+    base = seconds["FedAvg"] = statistics.mean(baseline)
     lines = [f"{'CPU s' if args.clock == 'cpu' else 'Seconds'} per training round ({args.model}, MNIST 20 clients x 300 samples, B = 10, E = 1, all clients, "
-             f"engine {args.engine}, {args.threads} thread(s); median of rounds 2-{args.rounds})", "",
+             f"engine {args.engine}, {args.threads} thread(s); median of rounds 2-{args.rounds}); FedAvg timed before "
+             f"and after the others: {' and '.join(f'{b:.3f}' for b in baseline)} s, their mean is the baseline", "",
              "| algorithm | s/round | x FedAvg |", "|---|---:|---:|"]
     for name in sorted(seconds, key=seconds.get, reverse=True):
         lines.append(f"| {name} | {seconds[name]:.3f} | {seconds[name] / base:.2f} |")

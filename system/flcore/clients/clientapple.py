@@ -64,6 +64,13 @@ def proximal_weight(rnd: int, horizon: int) -> float:
     return (math.cos(math.pi * rnd / horizon) + 1.0) / 2.0 if rnd < horizon else 0.0
 
 
+def double_scratch(cores: torch.Tensor, p_len: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The trainable part (first ``p_len`` entries) of the rows of ``cores`` in float64, and empty
+    float64 buffers for a gradient (``p_len``) and one core (1 x ``p_len``)."""
+    like = torch.empty(0, dtype=torch.float64, device=cores.device)
+    return cores[:, :p_len].double(), like.new_empty(p_len), like.new_empty(1, p_len)
+
+
 class APPLEClient(Client):
     """SGD on the personalised mixture, updating the own core model and the DR vector."""
 
@@ -83,13 +90,27 @@ class APPLEClient(Client):
         add_flag(parser, "--apple_p_grad", type=str, default="inner", choices=["inner", "pfllib"],
                  help="∂L/∂p_ij: ⟨g, c_j⟩ (paper) or PFLlib's mean over tensors of mean(g ⊙ c_j)")
 
-    def dr_gradient(self, g: torch.Tensor, cores: torch.Tensor, model: FlatModel) -> torch.Tensor:
-        """∂L/∂p_ij for every row c_j of ``cores`` (whole vectors; only the trainable part counts)."""
+    def dr_gradient(self, g: torch.Tensor, cores: torch.Tensor, own: torch.Tensor, model: FlatModel,
+                    scratch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """∂L/∂p_ij for every j, with the own core ``own`` as it is now in place of ``cores[i]`` (whole
+        vectors; only the trainable part counts). With ``inner``, ``scratch`` is the round's float64
+        (trainable part of ``cores``, gradient buffer, own-core buffer), reused on every step."""
         if self.hp.apple_p_grad == "inner":
-            return cores[:, : g.shape[0]].double() @ g.double()
-        means = [(cores[:, seg.start:seg.stop] * g[seg.start:seg.stop]).double().mean(dim=1)
-                 for seg in model.param_segments()]
-        return torch.stack(means).mean(dim=0)
+            cores64, g64, own64 = scratch or double_scratch(cores, g.shape[0])
+            g64.copy_(g)
+            own64.copy_(own[None, : g.shape[0]])
+            grad = cores64 @ g64
+            grad[self.index] = (own64 @ g64)[0]
+            return grad
+
+        def mean_products(rows: torch.Tensor) -> torch.Tensor:
+            means = [(rows[:, seg.start:seg.stop] * g[seg.start:seg.stop]).double().mean(dim=1)
+                     for seg in model.param_segments()]
+            return torch.stack(means).mean(dim=0)
+
+        grad = mean_products(cores)
+        grad[self.index] = mean_products(own[None])[0]
+        return grad
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
         package, lr, i, p_len = job.package, job.lr, self.index, model.num_params
@@ -101,24 +122,40 @@ class APPLEClient(Client):
         horizon = int(self.hp.L * int(self.args.global_rounds))
         prox = proximal_weight(package.round, horizon) * self.hp.mu
 
-        def personalised() -> torch.Tensor:
-            weights = dr.to(cores.dtype)
-            return weights @ cores + weights[i] * (own - cores[i])
+        # With -dlr 0 the DR vector cannot move: Σ_j p_ij c_j over the received cores is the same on
+        # every step (computed once), and the DR gradient, which would be multiplied by 0, is skipped.
+        learns_dr = self.hp.dr_learning_rate > 0
+        fixed_mixture = None if learns_dr else dr.to(cores.dtype) @ cores
+        own_term = torch.empty_like(own)
 
+        def personalised(out: torch.Tensor) -> torch.Tensor:
+            """Σ_j p_ij c_j with the own core as it is now, written into ``out``."""
+            weights = dr.to(cores.dtype)
+            if fixed_mixture is None:
+                torch.mm(weights[None], cores, out=out[None])  # weights @ cores, as matmul computes it
+            else:
+                out.copy_(fixed_mixture)
+            return out.add_(torch.sub(own, cores[i], out=own_term).mul_(weights[i]))
+
+        # The received cores are fixed for the round: their float64 copy for ⟨g, c_j⟩ is made once,
+        # and every step's model-sized terms go into buffers made once (a new copy of N models per
+        # step, or a new model-sized temporary per term, cost more than the step's arithmetic).
+        scratch = double_scratch(cores, p_len) if learns_dr and self.hp.apple_p_grad == "inner" else None
         model.module.train()
         loss_sum = torch.zeros((), device=model.device)
         for idx in job.plan:
-            model.load(personalised())
+            personalised(model.vector)
             loss_sum += self.compute_gradient(model, idx)
             g = model.grad
-            dr_grad = self.dr_gradient(g, cores, model)
-            dr_grad[i] = self.dr_gradient(g, own[None], model)[0]  # the own core as it is now
-            dr_grad += prox * (dr - p0.to(dr.dtype))
-            own[:p_len] -= core_lr * float(dr[i]) * g
-            dr -= self.hp.dr_learning_rate * dr_grad
+            core_step = core_lr * float(dr[i])
+            if learns_dr:
+                dr_grad = self.dr_gradient(g, cores, own, model, scratch)
+                dr_grad += prox * (dr - p0.to(dr.dtype))
+                dr -= self.hp.dr_learning_rate * dr_grad
+            own[:p_len] -= core_step * g
         loss = self.check_loss(loss_sum, len(job.plan), package.round)
         self.state.set("apple_p", i, dr)
-        self.state.set("personal", i, personalised())
+        self.state.set("personal", i, personalised(torch.empty_like(own)))
         return own, loss
 
     def end_round(self, params, package: RoundPackage, ctx, steps, loss) -> ClientUpdate:

@@ -89,12 +89,13 @@ class FedASClient(Client):
     def fisher_trace(self, model: FlatModel, rnd: int) -> float:
         model.module.eval()
         total = torch.zeros((), dtype=torch.float64, device=model.device)
+        squares = model.grad.new_empty(model.grad.shape, dtype=torch.float64)  # reused: one buffer, not two a batch
         for idx in self.batches(rnd, "fedas-fisher", self.batch_size, 1):
             model.zero_grad()
             self.count_gradient_samples(idx)
             logits = model.module(self.data.inputs("train", idx))
             F.cross_entropy(logits, self.data.train_y[idx]).backward()
-            total += model.grad.double().pow(2).sum()
+            total += squares.copy_(model.grad).pow_(2).sum()
         return float(total)
 
     def train_job(self, job: LocalJob, model: FlatModel) -> tuple[torch.Tensor, float]:
@@ -107,12 +108,13 @@ class FedASClient(Client):
         model.module.train()
         # a body without parameters has nothing to align
         align_epochs = self.hp.fedas_align_epochs if bool((~head).any()) else 0
+        body_grad = torch.empty_like(model.grad)  # reused by every alignment step
         for idx in self.batches(rnd, "fedas-align", self.hp.fedas_align_batch, align_epochs):
             model.zero_grad()
             self.count_gradient_samples(idx)
             features = model.net.features(self.data.inputs("train", idx))
             alignment_loss(features, self.data.train_y[idx], protos).backward()
-            model.params.add_(model.grad.masked_fill(head, 0.0), alpha=-self.hp.fedas_align_lr)
+            model.params.add_(body_grad.copy_(model.grad).masked_fill_(head, 0.0), alpha=-self.hp.fedas_align_lr)
         loss = self.sgd(model, package, job.ctx, job.plan, job.lr)
         trained = model.snapshot()
         self.state.set("personal", self.index, trained)

@@ -63,11 +63,16 @@ class PFedMeClient(Client):
         theta = model.params
         w = package.global_params[: model.num_params].clone()
         loss_sum = torch.zeros((), device=model.device)
+        # Two buffers for the steps' terms, reused: a new model-sized temporary per term and inner
+        # step (five of them) cost more than the arithmetic. Same operations in the same order.
+        step, decay = torch.empty_like(theta), torch.empty_like(theta)
         for idx in plan:
             for _ in range(inner):
                 loss_sum += self.compute_gradient(model, idx)
-                theta.sub_(lrp * (model.grad + lam * (theta - w) + mu * theta))
-            w.sub_(eta * lam * (w - theta))
+                torch.sub(theta, w, out=step).mul_(lam).add_(model.grad)  # ∇f + λ(θ − w)
+                step.add_(torch.mul(theta, mu, out=decay)).mul_(lrp)  # (… + μθ) · lrp
+                theta.sub_(step)
+            w.sub_(torch.sub(w, theta, out=step).mul_(eta * lam))
         loss = self.check_loss(loss_sum, len(plan) * inner, rnd)
         personal = model.snapshot()
         self.state.set("personal", self.index, personal)
