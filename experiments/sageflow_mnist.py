@@ -195,7 +195,8 @@ def main() -> None:
     # runs with another optimiser or attack keep the default runs' results: folders of their own
     name = (f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
             + (f"_momentum{args.local_momentum:g}_lr{args.lr:g}" if args.local_momentum else "")
-            + ("_flip_weights" if args.attack_flip == "weights" else ""))
+            + ("_flip_weights" if args.attack_flip == "weights" else "")
+            + (f"_E{args.local_epochs}" if args.local_epochs != 1 else ""))  # (another E: other folders and table)
     shown = list(range(0, args.rounds + 1, args.eval_gap))  # the evaluated rounds
     columns = [f"round {r}" for r in shown]
     if args.setting == "stragglers":
