@@ -79,10 +79,10 @@ class FedPCLClient(Client):
         client_sum = contrastive(uploaders).sum() + (ctx["clients"] - len(uploaders)) * global_term
         return global_term + client_sum / ctx["clients"]
 
-    def plan_job(self, package: RoundPackage, lean: bool = False) -> LocalJob:
-        job = super().plan_job(package, lean=lean)
+    def plan_job(self, package: RoundPackage) -> LocalJob:
+        job = super().plan_job(package)
         if "global_prototypes" not in package.extras:  # nothing to learn against yet: only the prototypes
-            job.plan = job.plan[:0]  # (no steps; a lean plan is a [steps, B] tensor and stays one)
+            job.plan = []
         return job
 
     def post_training(self, job: LocalJob, model: FlatModel) -> None:
