@@ -629,9 +629,12 @@ def _update(target: torch.Tensor, lr: torch.Tensor, direction: torch.Tensor, kee
     With a momentum buffer ``velocity`` (``--local_momentum β``, the sequential ``Client.sgd``'s rule):
     ``velocity = β·velocity + direction``, then ``target -= lr * velocity``, on the kept rows only."""
     if velocity is not None:
-        moved = velocity.mul(beta).add_(direction)
-        velocity.copy_(moved if keep is None else torch.where(keep.view(-1, *([1] * (velocity.dim() - 1))), moved, velocity))
-        direction = moved
+        if keep is None:  # every row moves: the buffer in place
+            direction = velocity.mul_(beta).add_(direction)
+        else:
+            moved = velocity.mul(beta).add_(direction)
+            velocity.copy_(torch.where(keep.view(-1, *([1] * (velocity.dim() - 1))), moved, velocity))
+            direction = moved
     if keep is None:
         target.addcmul_(lr, direction, value=-1)
         return
