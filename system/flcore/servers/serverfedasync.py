@@ -22,7 +22,12 @@ Defaults, and where they come from:
   value; 0 gives plain local SGD.
 * The "decayed γ" of the Sageflow paper's FedAsync baseline is the workers' learning rate (γ in
   Xie et al.'s notation), with no schedule given: the generic ``--learning_rate_decay`` flags.
-  The FedAsync paper's update rule has a constant α, so no α schedule is offered.
+* α decay: the paper's update rule has a constant α, but the authors' code (xcgoner/async_fl,
+  ``train_cifar10_mxnet_fedasync_singlethread_impl.py`` and its ``experiment_script_1.sh``: 2,000
+  server updates, α = 0.8, ``--alpha-decay 0.5 --alpha-decay-epoch 800``) halves α once, from the
+  800th server update on. ``--async_alpha_decay_at N`` reproduces it: every upload mixed after N
+  earlier ones (N server updates, t of Algorithm 1, whatever ``--staleness_unit``) uses
+  α · ``--async_alpha_decay`` (0.5). Off by default (N = 0), as the paper states no schedule.
 
 What t − τ counts, ``--staleness_unit``: ``round`` (the default) counts rounds, as the Sageflow
 paper defines FedAsync's staleness ("the difference between the current round t and the past round
@@ -85,6 +90,11 @@ class FedAsync(Server):
                  help="FedAsync: a of the polynomial/hinge functions (unset: the paper's, 0.5 polynomial, 10 hinge)")
         add_flag(parser, "--staleness_b", type=float, default=4.0, low=0,
                  help="FedAsync: b of the hinge function (in --staleness_unit)")
+        add_flag(parser, "--async_alpha_decay_at", type=int, default=0, low=0,
+                 help="FedAsync: multiply alpha by --async_alpha_decay for every upload mixed after this many "
+                      "server updates (the authors' code: 800 of 2000; 0: constant alpha, the paper's rule)")
+        add_flag(parser, "--async_alpha_decay", type=float, default=0.5, above=0, high=1,
+                 help="FedAsync: the factor of --async_alpha_decay_at (the authors' code: 0.5)")
         add_flag(parser, "--staleness_unit", type=str, default="round", choices=list(STALENESS_UNITS),
                  help="FedAsync: what t - tau counts: rounds (the Sageflow paper's definition) or the server's "
                       "model updates, one per upload mixed (t of Xie et al.'s Algorithm 1)")
@@ -111,16 +121,23 @@ class FedAsync(Server):
             return package.round - start
         return self.mixes - self.version_at_round.get(start, self.mixes)
 
+    def alpha_factor(self) -> float:
+        """α's decay factor for the next upload, from the server updates made so far (module docstring)."""
+        decay_at = self.hp.async_alpha_decay_at
+        return self.hp.async_alpha_decay if decay_at and self.mixes >= decay_at else 1.0
+
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         weighted = []
         for update in updates:  # each upload's staleness counts the mixes before it (--staleness_unit upload)
             start, _ = origin_of(self.plugins, update, package)
-            weighted.append((update.params, staleness_weight(self.hp.staleness_fn, self.staleness(start, package),
-                                                             self.staleness_a, self.hp.staleness_b)))
+            s = staleness_weight(self.hp.staleness_fn, self.staleness(start, package), self.staleness_a,
+                                 self.hp.staleness_b)
+            weighted.append((update.params, s * self.alpha_factor()))  # α_t = (α · decay) · s(t − τ)
             self.mixes += 1
         self.global_params = mix_uploads(self.global_params, weighted, self.hp.async_alpha)
 
     def summary(self) -> dict[str, object]:
         return {"async_alpha": self.hp.async_alpha, "staleness_fn": self.hp.staleness_fn,
                 "staleness_a": self.staleness_a, "staleness_b": self.hp.staleness_b,
-                "staleness_unit": self.hp.staleness_unit}
+                "staleness_unit": self.hp.staleness_unit, "async_alpha_decay_at": self.hp.async_alpha_decay_at,
+                "async_alpha_decay": self.hp.async_alpha_decay}
