@@ -5,7 +5,8 @@ host syncs of one round per engine. Run from the repository root::
     python experiments/issue28_stepbench.py cuda                       # P1's shape: 20 clients, 1x28x28
     SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" python experiments/issue28_stepbench.py cuda   # P2's
 
-SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round."""
+SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round. SB_CUDNN_BENCHMARK=1 turns
+cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout."""
 import sys, time, warnings, os
 sys.path[:0] = ["tests/system", "system", "."]
 import torch
@@ -22,8 +23,13 @@ base = image_dataset([per] * clients, shape=shape, num_classes=10)
 data = FederatedDataset(name=base.name, path=base.path, config=dict(base.config),
                         clients=[ClientData(c.cid, c.train_x.to(dev), c.train_y.to(dev), c.test_x.to(dev), c.test_y.to(dev)) for c in base.clients])
 
+torch.backends.cudnn.benchmark = os.environ.get("SB_CUDNN_BENCHMARK", "0") == "1"
+layout = os.environ.get("SB_LAYOUT", "auto")
+print(f"cudnn.benchmark {torch.backends.cudnn.benchmark}, conv layout {layout}", flush=True)
+
 def server(engine, **flags):
-    args = make_args("FedAvg", engine=engine, batch_size=10, local_learning_rate=0.005, eval_auc=False, **flags)
+    args = make_args("FedAvg", engine=engine, batch_size=10, local_learning_rate=0.005, eval_auc=False,
+                     conv_layout=layout, **flags)
     torch.manual_seed(0)
     return ALGORITHMS.get("FedAvg")(args, data, MODELS.get("CNN")(data.input_shape, 10, None).to(dev), dev)
 

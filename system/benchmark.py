@@ -208,11 +208,14 @@ def _current_rss_mb() -> float:
 
 
 #: ``--engines`` entries may carry variants: ``batched+eager``, ``batched+compiled``, ``batched+bf16``, ``auto+evaleager``,
-#: ``batched+evalbs128`` (``--eval_batch_size 128``)
+#: ``batched+evalbs128`` (``--eval_batch_size 128``), ``batched+cudnnbench+nhwc`` (``--cudnn_benchmark``, ``--conv_layout``)
 STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
 #: ``auto+evaleager``: evaluation without the frozen copies of flcore/frozen.py (the before of issue 28's change)
 EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"]}
+#: GPU convolution leads for P2's grouped (vmapped) convolutions: cuDNN's timed algorithm choice, and the layout
+BACKEND_VARIANTS = {"cudnnbench": ["--cudnn_benchmark", "True"], "nhwc": ["--conv_layout", "channels_last"],
+                    "nchw": ["--conv_layout", "nchw"]}
 
 
 def split_variant(name: str, precision: str | None = None) -> tuple[str, list[str]]:
@@ -228,10 +231,12 @@ def split_variant(name: str, precision: str | None = None) -> tuple[str, list[st
             flags += EVAL_VARIANTS[token]
         elif token.startswith("evalbs") and token[6:].isdigit():  # batched+evalbs128: --eval_batch_size 128
             flags += ["--eval_batch_size", token[6:]]
+        elif token in BACKEND_VARIANTS:
+            flags += BACKEND_VARIANTS[token]
         else:
             raise SystemExit(f"--engines {name}: unknown variant {token!r} (step runners "
                              f"{', '.join(STEP_RUNNER_VARIANTS)}; precisions {', '.join(PRECISION_VARIANTS)}; "
-                             f"evaluation {', '.join(EVAL_VARIANTS)}, evalbsN)")
+                             f"evaluation {', '.join(EVAL_VARIANTS)}, evalbsN; backends {', '.join(BACKEND_VARIANTS)})")
     if precision and precision != "fp32":
         flags += ["--precision", precision]
     return engine, flags
@@ -271,6 +276,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
     argv += variant
     args = main.parse_args(argv + list(spec.get("extra", [])))
     device = main.resolve_device(args)
+    main.configure_backends(args, device)  # set (or reset) by every run: runs share this process
     if dataset is None:
         if spec.get("data_path"):
             dataset = load_federated_dataset(spec["data_path"], device, compact=args.compact_inputs)

@@ -220,6 +220,12 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
     return torch.device("cpu")
 
 
+def configure_backends(args: argparse.Namespace, device: torch.device) -> None:
+    """Process-wide backend switches the flags ask for on ``device`` (``--cudnn_benchmark``)."""
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+
+
 def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
     factory = MODELS.get(args.model)
     model_args = with_vocab_size(args, dataset)
@@ -307,6 +313,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     device = resolve_device(args)
+    configure_backends(args, device)
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:

@@ -557,6 +557,11 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--conv_layout", type=str, default="auto", choices=["auto", "nchw", "channels_last"],
              help="memory layout of 2-d convolutions: auto (channels_last on the CPU, where oneDNN is 1.3-3x "
                   "faster with it, nchw on GPUs); results differ only by float rounding")
+    add_flag(o, "--cudnn_benchmark", type=bool, default=False,
+             help="GPU: let cuDNN time its algorithms for each convolution shape on first use and keep the fastest "
+                  "(torch.backends.cudnn.benchmark; the batched engine's vmapped convolutions are grouped ones, "
+                  "where cuDNN's default choice may be slow); off by default because the timed choice, and so the "
+                  "last bits of the results, may differ between runs; no effect on a CPU")
     add_flag(o, "--precision", type=str, default="fp32", choices=["fp32", "tf32", "bf16"],
              help="arithmetic of local training: fp32, tf32 (TF32 tensor cores, GPU) or bf16 (autocast); weights, "
                   "state and aggregation stay fp32 (flcore/engines/precision.py); not with -dp")

@@ -19,6 +19,8 @@ def test_engine_variants_become_flags():
     assert benchmark.split_variant("sequential+fp32", "bf16") == ("sequential", [])
     assert benchmark.split_variant("auto+evaleager") == ("auto", ["--eval_frozen", "False"])
     assert benchmark.split_variant("batched+evalbs128") == ("batched", ["--eval_batch_size", "128"])
+    assert benchmark.split_variant("batched+cudnnbench+nhwc") == (
+        "batched", ["--cudnn_benchmark", "True", "--conv_layout", "channels_last"])
     with pytest.raises(SystemExit, match="unknown variant"):
         benchmark.split_variant("batched+fast")
 
@@ -85,3 +87,21 @@ def test_a_single_pfllib_round_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--warmup" in err[0]
     assert benchmark.parse(["--pfllib", str(tmp_path), "--warmup", "1", "--rounds", "1"]).rounds == 1
+
+
+def test_cudnn_benchmark_is_set_and_reset_per_run_on_cuda_and_left_alone_on_a_cpu():
+    import torch
+
+    import main
+
+    before = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = False
+        main.configure_backends(main.parse_args(["--cudnn_benchmark", "True"]), torch.device("cpu"))
+        assert torch.backends.cudnn.benchmark is False
+        main.configure_backends(main.parse_args(["--cudnn_benchmark", "True"]), torch.device("cuda"))
+        assert torch.backends.cudnn.benchmark is True
+        main.configure_backends(main.parse_args([]), torch.device("cuda"))  # the default resets it
+        assert torch.backends.cudnn.benchmark is False
+    finally:
+        torch.backends.cudnn.benchmark = before
