@@ -14,6 +14,7 @@ Run from the repository root::
 
     nice -n 10 .venv/bin/python experiments/issue28_host_cost.py --engine batched
     nice -n 10 .venv/bin/python experiments/issue28_host_cost.py --engine sequential --profile 40
+    nice -n 10 .venv/bin/python experiments/issue28_host_cost.py --engine batched --algo FedProx
 """
 from __future__ import annotations
 
@@ -64,9 +65,9 @@ def timed(owner: type, name: str, totals: dict[str, float]) -> None:
     setattr(owner, name, wrapper)
 
 
-def build(engine: str, model: str, clients: int, per_round: int):
+def build(engine: str, model: str, clients: int, per_round: int, algorithm: str):
     spec = {"config": "P2", "warmup": 0, "rounds": 1000, "device": "cpu", "seed": 0, "p2_clients": clients,
-            "extra": ["-m", model, "-jr", str(per_round / clients)]}
+            "extra": ["-algo", algorithm, "-m", model, "-jr", str(per_round / clients)]}
     server, _, _ = benchmark._build_server(spec, engine)
     return server
 
@@ -74,6 +75,7 @@ def build(engine: str, model: str, clients: int, per_round: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", default="batched", choices=["batched", "sequential"])
+    parser.add_argument("--algo", default="FedAvg", help="the algorithm (P2's is FedAvg)")
     parser.add_argument("--model", default="MLR", help="the model (its size matters only to stacking and aggregation)")
     parser.add_argument("--clients", type=int, default=200, help="clients of the P2 data (each has 50 samples)")
     parser.add_argument("--per-round", type=int, default=50, help="clients a round (P2: 50)")
@@ -88,7 +90,7 @@ def main() -> None:
         for owner, name in SECTIONS:
             if args.engine == "batched" or owner is not batched.BatchedEngine:
                 timed(owner, name, totals)
-    server = build(args.engine, args.model, args.clients, args.per_round)
+    server = build(args.engine, args.model, args.clients, args.per_round, args.algo)
     if args.sections:
         for plugin in server.plugins.values():  # the virtual clock times every upload
             timed(type(plugin), "after_training", totals)
@@ -104,7 +106,7 @@ def main() -> None:
             split.setdefault(label, []).append(value)
     count = len(result.cohort)
     ranked = sorted(seconds)
-    print(f"{args.engine}, {args.model}, {count} clients a round, compute stubbed out: host CPU us per client "
+    print(f"{args.engine}, {args.algo}, {args.model}, {count} clients a round, compute stubbed out: host CPU us per client "
           f"median {statistics.median(seconds) / count * 1e6:.0f}, p10 {ranked[len(ranked) // 10] / count * 1e6:.0f}, "
           f"min {ranked[0] / count * 1e6:.0f}")
     for label, values in sorted(split.items(), key=lambda kv: -statistics.median(kv[1])):

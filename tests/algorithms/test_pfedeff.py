@@ -190,6 +190,26 @@ def test_upload_bytes_are_values_plus_positions_and_personal_masks_stay_home():
             assert bool((sent <= mask).all()) and int(sent.sum()) < int(mask.sum())  # a strict part of it
 
 
+def test_the_download_is_decoded_once_a_round_and_training_starts_from_the_merge(monkeypatch):
+    """begin_round merges the download into the personal model; start_point, called next, takes
+    that merge instead of decoding the download a second time (it cost ~3% of a round)."""
+    from flcore.clients import clientpfedeff
+
+    decoded = []
+    monkeypatch.setattr(clientpfedeff, "decode", lambda message, n: decoded.append(n) or decode(message, n))
+    data = random_dataset(num_clients=3, dim=4, num_classes=2, seed=6)
+    server = build_server(make_args("pFedEff", "-kf", "0.5", batch_size=4), data)
+    for rnd in range(2):
+        decoded.clear()
+        cohort = run_round(server, rnd).cohort
+        assert len(decoded) == len(cohort)
+    client = server.clients[0]
+    package = server.make_package(2, [0])
+    ctx = client.begin_round(package, 1)
+    assert client.start_point(package) is ctx["start"] and "_merged" not in vars(client)  # kept until taken
+    assert torch.equal(client.start_point(package), ctx["start"])  # alone (no begin_round before): decoded
+
+
 def first_round_state(server, *names: str):
     """Round 0 with partial participation: exactly its cohort holds the state ``names``; the others
     are evaluated with the initial model. Returns (initial model, cohort)."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate
-from flcore.registry import MODELS
+from flcore.clients.clientbase import RNG_PROMISABLE, Client, ClientUpdate, _promise_covers
+from flcore.registry import ALGORITHMS, MODELS, list_algorithms
 from flcore.servers.serverbase import Server
-from fltest import TinyLinear, build_server, dataset_from_arrays, make_args, random_dataset
+from fltest import TinyLinear, assert_same_training, build_server, dataset_from_arrays, engine_run, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 
 ATOL, RTOL = 2e-5, 1e-4
@@ -247,3 +247,119 @@ def test_a_client_promising_its_hooks_draw_nothing_is_planned_lean_with_the_same
     for i in (0, 1, 3, 4):
         assert torch.equal(lean[i].params, usual[i].params) and lean[i].loss == usual[i].loss
     assert torch.equal(lean_rng, usual_rng)
+
+
+class _RepromisedClient(_PromisingClient):
+    def begin_round(self, package, steps):  # replaces a hook the inherited promise was made for
+        return {"anchor": package.global_params}
+
+
+def test_a_promise_covers_the_hooks_it_was_made_for_only():
+    """A subclass that replaces a promised hook is not planned lean until it promises again: the
+    inherited promise was made by someone who read the parent's hooks, not this one (FedRep's
+    begin_round over FedBABU's)."""
+    assert _PromisingClient.rng_free_sequence and not _RepromisedClient.rng_free_sequence
+    again = type("Again", (_RepromisedClient,), {"hooks_draw_no_rng": True})
+    withdrawn = type("Withdrawn", (_PromisingClient,), {"hooks_draw_no_rng": False})
+    assert again.rng_free_sequence and not withdrawn.rng_free_sequence
+    fedrep, fedbabu = ALGORITHMS.get("FedRep").client_cls, ALGORITHMS.get("FedBABU").client_cls
+    assert fedbabu.rng_free_sequence and issubclass(fedrep, fedbabu) and not fedrep.rng_free_sequence
+
+
+def _promises(client_cls) -> bool:
+    """Whether ``client_cls`` promises ``hooks_draw_no_rng`` itself or for the hooks it has (not
+    FedRep, which inherits FedBABU's promise and replaces its begin_round)."""
+    return client_cls.hooks_draw_no_rng and ("hooks_draw_no_rng" in vars(client_cls) or _promise_covers(client_cls))
+
+
+#: the algorithms whose client class promises ``hooks_draw_no_rng`` (lean planning in the batched engine)
+PROMISING = [a for a in list_algorithms() if _promises(ALGORITHMS.get(a).client_cls)]
+
+
+def _guard_promised_hooks(monkeypatch, client_cls) -> list[str]:
+    """Wrap ``client_cls``'s begin_round, start_point and end_round so that each raises when it
+    leaves the global torch RNG otherwise than it found it (it drew from it); returns the calls."""
+    calls: list[str] = []
+    for name in RNG_PROMISABLE:
+        def guarded(self, *args, _original=getattr(client_cls, name), _name=name, **kwargs):
+            before = torch.get_rng_state()
+            out = _original(self, *args, **kwargs)
+            if not torch.equal(before, torch.get_rng_state()):
+                raise AssertionError(f"{type(self).__name__}.{_name} drew from the global RNG")
+            calls.append(_name)
+            return out
+        monkeypatch.setattr(client_cls, name, guarded)
+    return calls
+
+
+def _lean_and_usual(monkeypatch, client_cls, train):
+    """``train()`` (a whole batched run, returning the server) with ``client_cls`` planned lean, then
+    planned the usual way (seeded per client, RNG states kept); each with the RNG it leaves and
+    whether any job was planned lean."""
+    planned = []
+    plan_job = Client.plan_job
+
+    def recording(self, package, lean=False):
+        planned.append(lean)
+        return plan_job(self, package, lean=lean)
+
+    monkeypatch.setattr(Client, "plan_job", recording)
+    out = []
+    for leaning in (True, False):
+        monkeypatch.setattr(client_cls, "rng_free_sequence", leaning)
+        planned.clear()
+        server = train()
+        out.append((server, torch.get_rng_state(), any(planned)))
+    return out
+
+
+@pytest.mark.parametrize("algo", PROMISING)
+def test_a_promising_class_draws_nothing_in_its_hooks_and_lean_plans_change_no_bit(algo, monkeypatch):
+    """For every class that promises ``hooks_draw_no_rng``: its hooks leave the global RNG alone in
+    a whole run (evaluation included), and the batched engine's lean plans give the numbers and the
+    RNG state of the same class planned the usual way, to the bit."""
+    client_cls = ALGORITHMS.get(algo).client_cls
+    assert client_cls.rng_free_sequence, f"{client_cls.__name__}'s promise does not cover its hooks"
+    calls = _guard_promised_hooks(monkeypatch, client_cls)
+    (lean, lean_rng, any_lean), (usual, usual_rng, any_usual) = _lean_and_usual(
+        monkeypatch, client_cls, lambda: engine_run(algo, "batched"))
+    assert {"begin_round", "start_point", "end_round"} <= set(calls)
+    assert not any_usual and any_lean == (lean.engine.stats["batched_clients"] > 0)
+    assert_same_training(usual, lean, exact=True)
+    assert usual.history.train_loss == lean.history.train_loss
+    assert torch.equal(lean_rng, usual_rng)
+
+
+class _FalselyPromisingClient(_AnchoredClient):
+    """Promises, but its begin_round draws a random step scale from the global RNG."""
+
+    hooks_draw_no_rng = True
+
+    def begin_round(self, package, steps):
+        return {"anchor": package.global_params, "scale": 1.0 + torch.rand(())}
+
+    def adjust_grad(self, w, g, ctx):
+        return ctx["scale"] * g + 0.1 * (w - ctx["anchor"])
+
+
+def test_a_false_promise_is_caught_by_the_guard_and_by_the_lean_comparison(monkeypatch):
+    """The checks of the test above fail for a class whose promised hook draws."""
+    dataset = _dataset()
+    server_cls = type("S", (Server,), {"client_cls": _FalselyPromisingClient})
+
+    def train():
+        args = make_args("FedAvg", engine="batched", batch_size=5, local_learning_rate=0.1, global_rounds=2,
+                         eval_auc=False, save_model=False)
+        torch.manual_seed(0)
+        server = server_cls(args, dataset, TinyLinear(6, 3), torch.device("cpu"))
+        server.train(progress=False)
+        return server
+
+    assert _FalselyPromisingClient.rng_free_sequence
+    (lean, lean_rng, any_lean), (usual, usual_rng, _) = _lean_and_usual(monkeypatch, _FalselyPromisingClient, train)
+    assert any_lean and lean.engine.stats["batched_clients"] > 0
+    assert not torch.equal(lean.global_params, usual.global_params) and not torch.equal(lean_rng, usual_rng)
+    monkeypatch.undo()
+    _guard_promised_hooks(monkeypatch, _FalselyPromisingClient)
+    with pytest.raises(AssertionError, match="_FalselyPromisingClient.begin_round drew from the global RNG"):
+        train()

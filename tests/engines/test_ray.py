@@ -12,6 +12,7 @@ import ctypes
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -106,6 +107,27 @@ def test_a_remote_error_is_reported_by_its_cause():
                           "\x1b[36mray.exceptions.RaySystemError: System error: No module named 'fltest'\x1b[0m")
     assert first_line(remote) == "ray.exceptions.RaySystemError: System error: No module named 'fltest'"
     assert first_line(RuntimeError("one\ntwo")) == "one" and first_line(RuntimeError()) == "RuntimeError"
+
+
+@pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (./prepare.sh --ray)")
+def test_default_actor_count_respects_num_threads_on_a_local_instance(monkeypatch):
+    """``--ray_workers 0`` on a local instance starts at most ``--num_threads`` CPUs' worth of actors,
+    as the threaded engine's default workers (at least one); an explicit count is kept, and attached
+    to a cluster its CPUs count. No Ray instance: the engine is asked with 8 CPUs faked."""
+    import flcore.engines.ray.engine as ray_engine
+
+    monkeypatch.setattr(ray_engine, "import_ray", lambda: SimpleNamespace(cluster_resources=lambda: {"CPU": 8.0}))
+    data = random_dataset(num_clients=10)
+
+    def actors(**flags) -> int:
+        return build_server(make_args("FedAvg", engine="ray", **flags), data).engine._worker_count()
+
+    assert actors() == actors(num_threads=0) == 8
+    assert actors(num_threads=3) == 3 and actors(num_threads=16) == 8
+    assert actors(num_threads=5, ray_cpus_per_worker=2) == 2
+    assert actors(num_threads=1, ray_cpus_per_worker=2) == 1
+    assert actors(num_threads=3, ray_workers=5) == 5
+    assert actors(num_threads=3, ray_address="auto") == 8  # a cluster's CPUs are not this process's threads
 
 
 def test_assignment_is_sticky_and_balanced_by_samples():

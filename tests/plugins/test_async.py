@@ -3,6 +3,8 @@ functions and the mixing by hand, the reductions to sequential SGD and FedAvg, t
 rounds, exact resume, and bad input."""
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -105,6 +107,22 @@ def test_the_workers_regularised_step_and_the_mixing_of_a_round_by_hand():
     # ρ = 0 is plain local SGD: the regulariser changes the upload
     _, plain = two_client_server("FedAsync", "--async_rho", "0", seed=1, local_learning_rate=lr)
     assert not torch.allclose(run_round(plain, 0).updates[0].params.double(), models[0], atol=1e-6)
+
+
+def test_the_workers_take_fedprox_step_with_rho_and_fedasync_has_no_mu():
+    """FedAsync's worker is FedProx's proximal step with ρ as its coefficient; FedProx's -mu is not
+    one of FedAsync's flags (given, it is ignored and changes nothing)."""
+    from flcore.clients.clientfedasync import FedAsyncClient
+    from flcore.clients.clientfedprox import ProximalClient
+
+    assert issubclass(FedAsyncClient, ProximalClient)
+    _, srv = two_client_server("FedAsync", "--async_rho", "0.25", seed=1)
+    assert srv.clients[0].proximal_coefficient() == 0.25
+    assert [f.name for f in dataclasses.fields(srv.clients[0].hp)] == ["async_rho"]
+    with_mu = make_args("FedAsync", "-mu", "0.3")
+    assert with_mu.ignored_flags == ["-mu"]
+    _, other = two_client_server("FedAsync", "--async_rho", "0.25", "-mu", "0.3", seed=1)
+    assert torch.equal(run_round(srv, 0).updates[0].params, run_round(other, 0).updates[0].params)
 
 
 def test_fedasync_with_alpha_one_and_no_staleness_is_sequential_sgd():

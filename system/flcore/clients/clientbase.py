@@ -83,7 +83,9 @@ class Client:
 
     #: a promise that this class's own ``begin_round``, ``start_point`` and ``end_round`` draw nothing
     #: from the global torch RNG (they use streams of their own from (seed, round, client), or none),
-    #: so that an engine may plan its jobs lean as it plans FedAvg's (``sequence_leaves_rng_alone``)
+    #: so that an engine may plan its jobs lean as it plans FedAvg's (``sequence_leaves_rng_alone``).
+    #: It covers the hooks the declaring class has: a subclass that overrides one of them is not
+    #: covered until it declares the promise again (``_promise_covers``)
     hooks_draw_no_rng: ClassVar[bool] = False
     #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``, or
     #: overrides only hooks it promises draw nothing (``hooks_draw_no_rng``); computed once per class
@@ -434,7 +436,16 @@ RNG_PROMISABLE = ("begin_round", "start_point", "end_round")
 
 def _keeps_rng_free_sequence(cls: type) -> bool:
     own = {name for name in RNG_FREE_SEQUENCE if getattr(cls, name) is not getattr(Client, name)}
-    return not own or (bool(cls.hooks_draw_no_rng) and own <= set(RNG_PROMISABLE))
+    return not own or (own <= set(RNG_PROMISABLE) and _promise_covers(cls))
+
+
+def _promise_covers(cls: type) -> bool:
+    """Whether ``cls``'s promisable hooks are those a ``hooks_draw_no_rng = True`` was made for: the
+    nearest class of its MRO that sets the attribute says True, and ``cls`` has that class's versions
+    of the hooks. A promise is made by someone who read the hooks, so one inherited by a subclass
+    that replaces a hook (FedRep's ``begin_round`` over FedBABU's) does not vouch for the new one."""
+    maker = next(k for k in cls.__mro__ if "hooks_draw_no_rng" in vars(k))  # Client at the latest
+    return bool(maker.hooks_draw_no_rng) and all(getattr(cls, name) is getattr(maker, name) for name in RNG_PROMISABLE)
 
 
 Client.capabilities = Capabilities.of(Client, Client, CLIENT_HOOKS)

@@ -27,6 +27,7 @@ from utils.cli import add_flag
 
 class FedAMPClient(Client):
     """SGD with the proximal gradient towards u_i (the server's per-client payload ``u``)."""
+    hooks_draw_no_rng = True  # start_point/begin_round read the payload and the state store
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

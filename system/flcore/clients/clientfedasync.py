@@ -4,7 +4,8 @@ A worker that received the global model x_τ minimises the regularised objective
 
     g_{x_τ}(x; z) = f(x; z) + ρ/2 · ‖x − x_τ‖²
 
-with local SGD, so every minibatch step is w ← w − γ · (∇f(w; z) + ρ · (w − x_τ)). x_τ is the
+with local SGD, so every minibatch step is w ← w − γ · (∇f(w; z) + ρ · (w − x_τ)): FedProx's
+proximal step (:class:`~flcore.clients.clientfedprox.ProximalClient`) with ρ for μ. x_τ is the
 global model the upload started from (a straggler's is its start round's, which the round package
 it trained on carries). ρ = ``--async_rho``; the default 0.005 is the paper's CIFAR-10 value (its
 WikiText-2 runs use 0.0001), and ρ = 0 is FedAvg's local step, step for step.
@@ -13,17 +14,14 @@ from __future__ import annotations
 
 from argparse import ArgumentParser
 
-import torch
-
-from flcore.clients.clientbase import RoundPackage
-from flcore.clients.clientfedavg import FedAvgClient
+from flcore.clients.clientfedprox import ProximalClient
 from utils.cli import add_flag
 
 #: ρ of the paper's CIFAR-10 experiments
 PAPER_RHO = 0.005
 
 
-class FedAsyncClient(FedAvgClient):
+class FedAsyncClient(ProximalClient):
     """Local SGD on the paper's regularised objective (module docstring)."""
 
     @classmethod
@@ -32,11 +30,5 @@ class FedAsyncClient(FedAvgClient):
                  help="FedAsync: weight rho of the workers' regulariser rho/2 ||x - x_tau||^2 (the paper's CIFAR-10 "
                       "value 0.005; 0: plain local SGD)")
 
-    def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
-        return {"start_model": package.global_params}
-
-    def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        if not self.hp.async_rho:
-            return g
-        # the start model is the whole parameter vector; w is its trainable prefix
-        return g + self.hp.async_rho * (w - ctx["start_model"][..., : w.shape[-1]])
+    def proximal_coefficient(self) -> float:
+        return self.hp.async_rho

@@ -20,6 +20,7 @@ from utils.seeding import rng_state, set_rng_state
 
 class FedBABUClient(Client):
     """Local SGD with the gradient outside ``ctx["trainable"]`` (the head) set to zero."""
+    hooks_draw_no_rng = True  # begin_round: the shared mask (fine_tune, at evaluation, restores the RNG it seeds)
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
         trainable = package.shared

@@ -44,6 +44,7 @@ def critical_mask(sensitivity: torch.Tensor, bounds: list[int], tau: float) -> t
 
 class FedCACClient(Client):
     """FedAvg's local SGD from the critical/global mixture; uploads the critical mask."""
+    hooks_draw_no_rng = True  # start_point/end_round: the state store's mask, the payload, top-k
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -117,6 +117,7 @@ class FedCPLayout:
 
 class FedCPClient(Client):
     """SGD on the split-feature output plus λ·MMD² to the global body's features."""
+    hooks_draw_no_rng = True  # begin_round's noise comes from its own (seed, round, client) generator
 
     vmappable_loss: ClassVar[bool] = True
     per_step_context: ClassVar[tuple[str, ...]] = ("fedcp_noise",)

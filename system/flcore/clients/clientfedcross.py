@@ -8,5 +8,7 @@ from flcore.clients.clientbase import Client, RoundPackage
 
 
 class FedCrossClient(Client):
+    hooks_draw_no_rng = True  # start_point reads the payload
+
     def start_point(self, package: RoundPackage) -> torch.Tensor:
         return package.payload(self.index)["start"]

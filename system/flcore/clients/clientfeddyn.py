@@ -31,6 +31,7 @@ from utils.cli import add_flag
 
 class FedDynClient(Client):
     """SGD on the dynamically regularised local objective; ∇L_k persists across participations."""
+    hooks_draw_no_rng = True  # begin_round/end_round read and write the state store
 
     #: length of the trainable prefix of the flat vector; set by the server
 

@@ -24,6 +24,7 @@ ABSENT_BIAS = -1e4
 
 class FedGCClient(Client):
     """FedAvg's local SGD on the global body and the client's own class rows."""
+    hooks_draw_no_rng = True  # start_point/end_round: the payload's head and the classes held
 
     def classes_held(self) -> torch.Tensor:
         num_classes = self.task.num_classes if self.task is not None else int(self.data.train_y.max()) + 1

@@ -27,6 +27,7 @@ from utils.seeding import torch_generator
 
 class FedGenClient(Client):
     """Cross-entropy plus the generated-feature term on the head."""
+    hooks_draw_no_rng = True  # begin_round draws from its own (seed, round, client) generator
 
     vmappable_loss = True
     per_step_context = ("gen_features", "gen_labels")

@@ -41,6 +41,7 @@ def calibration_margins(counts: torch.Tensor, tau: float, dtype: torch.dtype) ->
 
 class FedLCClient(Client):
     """Local SGD on the logit-calibrated cross-entropy."""
+    hooks_draw_no_rng = True  # begin_round: margins from the label counts
 
     vmappable_loss = True
     #: PFLlib's label counts over all clients (``--fedlc_counts global``); None = this client's own

@@ -21,6 +21,7 @@ from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 
 class FedMAClient(Client):
     """Local SGD from the received matched layers and its own layers above, the frozen ones fixed."""
+    hooks_draw_no_rng = True  # start_point/begin_round/end_round read and write the state store and payload
 
     #: ``layer_masks``: row k marks the entries of layer k (hidden layers, then the head) in the flat
     #: vector; ``initial_params``: the common initial model. Both set once by the server.

@@ -39,6 +39,7 @@ def soft_cross_entropy(logits: torch.Tensor, soft: torch.Tensor) -> torch.Tensor
 
 class FedMixClient(Client):
     """Local SGD on the FedMix (or NaiveMix) loss with the other clients' mean data."""
+    hooks_draw_no_rng = True  # begin_round/end_round draw from their own seeded generators
 
     # The derivative term differentiates with respect to the input inside the loss (not vmapped);
     # the threaded engine runs the loss as it is.

@@ -32,6 +32,7 @@ from utils.cli import add_flag
 
 class FedMTLClient(Client):
     """Local SGD on the personal model with the gradient of the multi-task regulariser."""
+    hooks_draw_no_rng = True  # start_point/begin_round/end_round read and write the state store and payload
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

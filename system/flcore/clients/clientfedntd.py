@@ -45,6 +45,7 @@ def not_true_distillation(logits: torch.Tensor, teacher_logits: torch.Tensor, y:
 
 class FedNTDClient(Client):
     """Local SGD on cross-entropy plus β times the not-true distillation from the global model."""
+    hooks_draw_no_rng = True  # begin_round returns the global model
 
     vmappable_loss = True
 

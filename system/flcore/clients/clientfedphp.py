@@ -57,6 +57,7 @@ def mmd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 class FedPHPClient(Client):
     """Local SGD on (1 − λ)·CE + λ·MMD to the HPM; the HPM's moving average after training."""
+    hooks_draw_no_rng = True  # begin_round/end_round read and write the state store
 
     vmappable_loss = True
 

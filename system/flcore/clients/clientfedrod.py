@@ -27,6 +27,7 @@ from flcore.flat import Net
 
 class FedRoDClient(Client):
     """Balanced softmax on the generic head, cross-entropy on the personalised prediction."""
+    hooks_draw_no_rng = True  # begin_round: the log prior from the label counts
 
     vmappable_loss: ClassVar[bool] = True
 

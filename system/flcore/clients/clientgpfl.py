@@ -131,6 +131,7 @@ def magnitude_guidance(gap: torch.Tensor, form: str) -> torch.Tensor:
 
 class GPFLClient(Client):
     """SGD on the personalised task and the two global guidance losses; GCE and CoV decayed by μ."""
+    hooks_draw_no_rng = True  # begin_round/end_round: the state store's conditions, label shares
 
     vmappable_loss: ClassVar[bool] = True
     settable: ClassVar[tuple[str, ...]] = (*Client.settable, "gpfl_layout")

@@ -67,6 +67,7 @@ def igfl_direction(g: torch.Tensor, scale: torch.Tensor | float, offset: torch.T
 
 class IGFLClient(Client):
     """Local SGD with IGFL's individual/group correction in every step."""
+    hooks_draw_no_rng = True  # begin_round: terms from the state store and the package
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -12,6 +12,7 @@ from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
 
 class LocalClient(Client):
     """Keeps its model as per-client state ``personal``; uploads nothing."""
+    hooks_draw_no_rng = True  # start_point/end_round read and write the state store
 
     def personal_model(self, package: RoundPackage) -> torch.Tensor:
         return self.state.get("personal", self.index, init=lambda: package.global_params.clone())

@@ -45,6 +45,7 @@ def model_contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: 
 
 class MoonClient(Client):
     """Local SGD on cross-entropy plus μ times the model-contrastive loss."""
+    hooks_draw_no_rng = True  # begin_round/end_round read and write the state store
 
     vmappable_loss = True
 

@@ -39,6 +39,7 @@ from utils.cli import add_flag
 class PFedEffClient(SparseClient):
     """Merge the download, train with the pre-training mask's regulariser, prune, upload the most
     changed kept entries."""
+    hooks_draw_no_rng = True  # decoding and masks by selection (no sampling)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -53,10 +54,15 @@ class PFedEffClient(SparseClient):
         return torch.where(sent, values, personal)
 
     def start_point(self, package: RoundPackage) -> torch.Tensor:
+        # the sequence calls begin_round just before: take the merge it made instead of decoding again
+        merged = self.__dict__.pop("_merged", None)
+        if merged is not None and merged[0] is package:
+            return merged[1]
         return self.merged_start(package)
 
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
         start = self.merged_start(package)
+        self._merged = (package, start)  # for start_point, next (kept only until then)
         pre_mask = keep_largest(start.abs(), param_groups(self.segments), self.hp.kept_fraction)
         decay = (~pre_mask[: self.task.num_params]).to(start.dtype) * self.hp.magnitude_decay
         return {"start": start, "decay": decay}

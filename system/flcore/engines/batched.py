@@ -473,10 +473,11 @@ class BatchedEngine(Engine):
             full = True
         else:  # (a lean plan with a short last batch is a list; one without, its rows)
             plans = [list(plan) if isinstance(plan, torch.Tensor) else plan for plan in plans]
-            bs = max(b.shape[0] for p in plans for b in p)  # (Tensor.__len__ is a Python method: 5x slower)
-            batches = [b for plan in plans for b in plan]
-            rows = torch.cat(batches)
-            full = rows.numel() == bs * len(batches)  # (every batch has at most bs rows)
+            sizes = [b.shape[0] for p in plans for b in p]  # (Tensor.__len__ is a Python method: 5x slower)
+            bs = max(sizes)
+            full = min(sizes) == bs
+            if full:  # (the rows are joined only where they are used)
+                rows = torch.cat([b for plan in plans for b in plan])
         if full:
             # full batches only (every batch has at most bs rows): the whole index in a few ops,
             # not three per client (issue 28: per-client host work and kernel launches)

@@ -7,9 +7,10 @@ inside an actor instead of the driver. Per round, the driver sends each actor on
 one back; aggregation stays on the driver, in client-id order, so results are bit-identical to the
 sequential engine's on the CPU (``tests/engines/test_ray.py`` compares every array of the h5).
 
-* **Actors** (``--ray_workers``, default: one per ``--ray_cpus_per_worker`` CPUs of the cluster)
-  each hold one working model and the clients assigned to them: the clients' data are put into
-  Ray's object store once, when the actor is built, never per round. Inside an actor the clients
+* **Actors** (``--ray_workers``, default: one per ``--ray_cpus_per_worker`` CPUs of the cluster,
+  of at most ``--num_threads`` CPUs on a local instance when that is set, at least one) each hold
+  one working model and the clients assigned to them: the clients' data are put into Ray's object
+  store once, when the actor is built, never per round. Inside an actor the clients
   are trained by the threaded engine when it has several CPUs (``--ray_cpus_per_worker 2`` and up),
   else sequentially; an actor with a GPU (``--ray_gpus_per_worker``, fractions allowed) trains
   sequentially on it (the batched engine needs the whole dataset).

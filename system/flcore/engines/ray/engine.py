@@ -55,7 +55,8 @@ class RayEngine(Engine):
                  help="ray engine: 'local' starts a Ray instance on this machine (127.0.0.1 only); 'auto' or "
                       "ray://host:port attaches to a running cluster")
         add_flag(parser, "--ray_workers", type=int, default=0,
-                 help="ray engine: actors, each with one working model (0 = the cluster's CPUs / --ray_cpus_per_worker)")
+                 help="ray engine: actors, each with one working model (0 = the cluster's CPUs / --ray_cpus_per_worker; "
+                      "on a local instance at most --num_threads CPUs' worth when that is set)")
         add_flag(parser, "--ray_cpus_per_worker", type=float, default=1.0,
                  help="ray engine: CPUs per actor; 2 and more train that many clients at a time inside it")
         add_flag(parser, "--ray_gpus_per_worker", type=float, default=0.0,
@@ -124,14 +125,25 @@ class RayEngine(Engine):
     def _worker_count(self) -> int:
         resources = import_ray().cluster_resources()
         cpus, gpus = resources.get("CPU", 0), resources.get("GPU", 0)
-        count = self.requested_workers or int(cpus // self.cpus)
-        if self.gpus > 0 and not self.requested_workers:
-            count = min(count, int(gpus // self.gpus))
+        count = self.requested_workers or self._default_workers(cpus, gpus)
         count = max(1, min(count, len(self.runtime.clients)))
         # actors that do not fit would wait for resources forever: a local instance never grows
         if self.address == "local" and (count * self.cpus > cpus + 1e-9 or count * self.gpus > gpus + 1e-9):
             raise FLError(f"engine ray: {count} actors x {self.cpus:g} CPUs, {self.gpus:g} GPUs do not fit the local "
                           f"Ray instance ({cpus:g} CPUs, {gpus:g} GPUs); lower --ray_workers or the per-worker resources")
+        return count
+
+    def _default_workers(self, cpus: float, gpus: float) -> int:
+        """``--ray_workers 0``: as many actors as the cluster's CPUs (and GPUs) hold. A local instance
+        runs on this machine, so there ``--num_threads N`` bounds the CPUs the actors train on, as it
+        bounds the threaded engine's workers (``threaded.worker_count``); a cluster's own CPUs are not
+        this process's threads, so attached to one the flag does not change the count."""
+        limit = int(getattr(self.runtime.args, "num_threads", 0) or 0)
+        if self.address == "local" and limit > 0:
+            cpus = min(cpus, limit)
+        count = int(cpus // self.cpus)
+        if self.gpus > 0:
+            count = min(count, int(gpus // self.gpus))
         return count
 
     def _start(self) -> None:
