@@ -9,6 +9,10 @@ proximal step (:class:`~flcore.clients.clientfedprox.ProximalClient`) with ρ fo
 global model the upload started from (a straggler's is its start round's, which the round package
 it trained on carries). ρ = ``--async_rho``; the default 0.005 is the paper's CIFAR-10 value (its
 WikiText-2 runs use 0.0001), and ρ = 0 is FedAvg's local step, step for step.
+
+Units: the authors' code (xcgoner/async_fl) takes γ·ρ, not ρ (its ``--rho`` is "regularization ×
+lr", applied as w ← (1 − γρ)·w + γρ·x_τ before each SGD step), and its ``experiment_script_1.sh``
+runs ``--rho 0.01`` at lr 0.1: ρ = 0.1 in the paper's units used here (``--async_rho 0.1``).
 """
 from __future__ import annotations
 
