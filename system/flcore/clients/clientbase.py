@@ -252,12 +252,14 @@ class Client:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
         seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
-        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
+    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
+                         only: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``. ``only``: the
+        parameters whose gradient is wanted (the backward pass stops there; the rest stays zero)."""
         self.count_gradient_samples(idx)
         model.zero_grad()
         loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], {} if ctx is None else ctx)
-        loss.backward()
+        loss.backward(inputs=only)
         return loss.detach()
 
     def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:

@@ -28,6 +28,12 @@ from flcore.flat import FlatModel
 from utils.cli import add_flag
 
 
+def head_parameters(model: FlatModel) -> list[torch.Tensor] | None:
+    """The parameters of the model's head (``module.head``); None where it has none (then a step that
+    trains only the head computes every gradient, which the mask zeroes)."""
+    return [p for seg, p in zip(model.param_segments(), model.module.parameters()) if seg.in_head] or None
+
+
 class FedRepClient(FedBABUClient):
     """Head steps with the body frozen, then body steps with the head frozen."""
 
@@ -50,22 +56,17 @@ class FedRepClient(FedBABUClient):
         ctx["head_phase"] = torch.arange(steps, device=package.global_params.device) < head_steps
         return ctx
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
+    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
+                         only: list[torch.Tensor] | None = None) -> torch.Tensor:
         """A head step's gradient: ``adjust_grad`` keeps only the head's, so the backward pass stops at
         the head instead of running on through the frozen body (the same head gradient, computed by
         the same operations; the body's stays zero, as the mask would leave it). Body steps, and head
         steps whose flag lives on a GPU (reading it there would wait for the device), take the whole
         backward pass."""
         phase = None if ctx is None else ctx.get("head_phase")
-        if phase is None or phase.device.type != "cpu" or not bool(phase):
-            return super().compute_gradient(model, idx, ctx)
-        self.count_gradient_samples(idx)
-        model.zero_grad()
-        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx)
-        head = [p for seg, p in zip(model.param_segments(), model.module.parameters()) if seg.in_head]
-        if head:  # (a model whose head has no parameters trains nothing in a head step)
-            loss.backward(inputs=head)
-        return loss.detach()
+        if only is None and phase is not None and phase.device.type == "cpu" and bool(phase):
+            only = head_parameters(model)
+        return super().compute_gradient(model, idx, ctx, only)
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         # ctx["head_phase"] is this step's flag: train the head (not the body) in the head phase.
