@@ -89,7 +89,7 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: MNIST, 20 clients x 300)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall-clock seconds of a round (rs_round_time), or the CPU seconds of this process")
-    parser.add_argument("--malloc_keep_freed", choices=["auto", "on", "off"], default=None,
+    parser.add_argument("--malloc_keep_freed", choices=["on", "off"], default=None,
                         help="main.py's --malloc_keep_freed for every run (default: main.py's); the first run sets "
                              "it for the whole process, so compare on and off in two processes")
     args = parser.parse_args(argv)

@@ -212,7 +212,9 @@ def _current_rss_mb() -> float:
 STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
 #: ``auto+evaleager``: evaluation without the frozen copies of flcore/frozen.py (the before of issue 28's change)
-EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"]}
+EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"],
+                 # ``sequential+keepfreed`` / ``+returnfreed``: --malloc_keep_freed on / off (utils/allocator.py)
+                 "keepfreed": ["--malloc_keep_freed", "on"], "returnfreed": ["--malloc_keep_freed", "off"]}
 
 
 def split_variant(name: str, precision: str | None = None) -> tuple[str, list[str]]:
@@ -243,6 +245,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
 
     import main
     from flcore.registry import ALGORITHMS
+    from utils.allocator import keep_freed_memory
     from utils.data_utils import load_federated_dataset
     from utils.seeding import derive_seed, seed_everything
 
@@ -270,6 +273,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
         argv += ["-data", spec["data_path"]]
     argv += variant
     args = main.parse_args(argv + list(spec.get("extra", [])))
+    keep_freed_memory(args.malloc_keep_freed)  # as main.run does
     device = main.resolve_device(args)
     if dataset is None:
         if spec.get("data_path"):
