@@ -252,14 +252,20 @@ class Client:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
         seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
-                         only: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``. ``only``: the
-        parameters whose gradient is wanted (the backward pass stops there; the rest stays zero)."""
+    def gradient_inputs(self, model: FlatModel, ctx: dict) -> list[torch.Tensor] | None:
+        """The parameters whose gradient a step needs (None: all of them). A step that moves only part
+        of the model (FedRep's head steps) names that part, so ``compute_gradient``'s backward pass stops
+        there and the rest of ``model.grad`` stays zero. Steps computed elsewhere (the batched engine,
+        DP-SGD) take every gradient, which ``adjust_grad``'s mask then zeroes as before."""
+        return None
+
+    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
+        """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         self.count_gradient_samples(idx)
         model.zero_grad()
-        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], {} if ctx is None else ctx)
-        loss.backward(inputs=only)
+        ctx = {} if ctx is None else ctx
+        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx)
+        loss.backward(inputs=self.gradient_inputs(model, ctx))
         return loss.detach()
 
     def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:

@@ -56,17 +56,15 @@ class FedRepClient(FedBABUClient):
         ctx["head_phase"] = torch.arange(steps, device=package.global_params.device) < head_steps
         return ctx
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
-                         only: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """A head step's gradient: ``adjust_grad`` keeps only the head's, so the backward pass stops at
-        the head instead of running on through the frozen body (the same head gradient, computed by
-        the same operations; the body's stays zero, as the mask would leave it). Body steps, and head
-        steps whose flag lives on a GPU (reading it there would wait for the device), take the whole
-        backward pass."""
-        phase = None if ctx is None else ctx.get("head_phase")
-        if only is None and phase is not None and phase.device.type == "cpu" and bool(phase):
-            only = head_parameters(model)
-        return super().compute_gradient(model, idx, ctx, only)
+    def gradient_inputs(self, model: FlatModel, ctx: dict) -> list[torch.Tensor] | None:
+        """A head step needs only the head's gradient (``adjust_grad`` zeroes the body's), so its backward
+        pass stops at the head instead of running on through the frozen body: the same head gradient,
+        by the same operations. Body steps, and head steps whose flag lives on a GPU (reading it there
+        would wait for the device), take every gradient."""
+        phase = ctx.get("head_phase")
+        if phase is not None and phase.device.type == "cpu" and bool(phase):
+            return head_parameters(model)
+        return None
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         # ctx["head_phase"] is this step's flag: train the head (not the body) in the head phase.

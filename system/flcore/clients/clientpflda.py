@@ -70,14 +70,11 @@ class PFLDAClient(Client):
         diff = (w - ctx["global"][..., : w.shape[-1]]) * head
         return (g + penalty_gradient(diff, self.hp.lamda, self.hp.pflda_penalty)) * head
 
-    def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None,
-                         only: list[torch.Tensor] | None = None) -> torch.Tensor:
+    def gradient_inputs(self, model: FlatModel, ctx: dict) -> list[torch.Tensor] | None:
         """Phase 1 moves only the personal head (``adjust_grad`` masks the rest), so its backward pass
         stops at the head instead of running on through the frozen body: the same head gradient, by
-        the same operations; phase 2 takes the whole pass."""
-        if only is None and ctx and "head" in ctx:
-            only = head_parameters(model)
-        return super().compute_gradient(model, idx, ctx, only)
+        the same operations; phase 2 takes every gradient."""
+        return head_parameters(model) if "head" in ctx else None
 
     def expected_gradient_samples(self) -> float:
         """Both phases pass over the plan."""
