@@ -23,6 +23,8 @@ Hooks an algorithm overrides (most override one or two):
   (MOON's contrastive term, FedLC's calibrated logits). ``net`` gives logits, features, the head
   and other models' outputs (:class:`~flcore.flat.Net`). Classes whose loss is a pure tensor
   function set ``vmappable_loss = True`` so the batched engine runs it too.
+* ``gradient_inputs(model, ctx)``: the parameters a step needs gradients for (default all); a step
+  that moves only the head says so, and its backward pass stops there (FedRep, PFL-DA).
 * ``end_round(params, package, ctx, steps, loss)``: build the upload and update per-client state.
 * ``start_point(package)``: where local training starts (the global model by default).
 * ``pre_training(job, model)`` / ``post_training(job, model)``: work on the working model just
