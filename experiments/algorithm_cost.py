@@ -7,7 +7,9 @@ training and aggregation only; the figure is their median ``rs_round_time``. Eve
 the same partition and flags; those that need more (KT-pFL's public data) get it from ``NEEDS``.
 ``VARIANTS`` adds rows of an algorithm with other flags, where its defaults skip its costly part
 (APPLE's -dlr 0 never learns the DR vectors, so it skips their gradient: the row "APPLE -dlr 0.01"
-times the learning method).
+times the learning method; FedNTD's -bt 0 weights its distillation 0 and skips it: "FedNTD -bt 1").
+The runs' result files go to a temporary folder (only their round times are read), so two runs of
+this script can go side by side, e.g. ``--malloc_keep_freed on`` against ``off``.
 
     python experiments/algorithm_cost.py                      # every algorithm, MNIST CNN, 20 clients
     python experiments/algorithm_cost.py --only FedAvg Ditto --engine threaded
@@ -28,6 +30,7 @@ import argparse
 import contextlib
 import io
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from unittest import mock
@@ -41,17 +44,19 @@ from flcore.servers.serverbase import Server
 #: flags an algorithm cannot run without, on top of the common ones
 NEEDS = {"KT-pFL": ["--public_data", "0.05"], "Sageflow": ["--public_data", "0.05"]}
 #: extra rows: name -> (algorithm, its flags)
-VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"])}
+VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"]), "FedNTD -bt 1": ("FedNTD", ["-bt", "1"])}
 
 
 def round_seconds(row: str, data: Path, args: argparse.Namespace) -> float:
     """Median seconds of rounds 2..N of one run of the table's ``row`` (rounds without evaluation)."""
     algorithm, flags = VARIANTS.get(row, (row, []))
-    folder = OUT / "results" / "algorithm_cost" / args.engine
+    folder = args.results  # a temporary folder: only the round times are read back
     argv = ["-data", str(data), "-m", args.model, "-algo", algorithm, "-gr", str(args.rounds), "-eg", "100",
             "-lbs", "10", "-ls", "1", "-lr", "0.01", "-jr", "1", "-dev", "cpu", "--engine", args.engine,
             "--num_threads", str(args.threads), "--results_dir", str(folder), "-go", "cost", "--overwrite",
             "--progress", "False", "-q", "True", "--save_model", "False", *NEEDS.get(algorithm, []), *flags]
+    if args.malloc_keep_freed:
+        argv += ["--malloc_keep_freed", args.malloc_keep_freed]
     cpu_times: list[float] = []
     run_round = Server.run_round
 
@@ -84,6 +89,9 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: MNIST, 20 clients x 300)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall-clock seconds of a round (rs_round_time), or the CPU seconds of this process")
+    parser.add_argument("--malloc_keep_freed", choices=["on", "off"], default=None,
+                        help="main.py's --malloc_keep_freed for every run (default: main.py's); the first run sets "
+                             "it for the whole process, so compare on and off in two processes")
     args = parser.parse_args(argv)
     data = args.data
     if data is None:
@@ -93,18 +101,20 @@ def main_(argv: list[str] | None = None) -> None:
     load_all()
     names = args.only or [*ALGORITHMS.names(), *VARIANTS]
     others = [n for n in names if n != "FedAvg"]
-    round_seconds("FedAvg", data, args)  # warm-up, untimed: the first run of a process is slower
     seconds, failed, baseline = {}, {}, []
-    for name in ["FedAvg", *others, "FedAvg"]:
-        started = time.perf_counter()
-        try:
-            seconds[name] = round_seconds(name, data, args)
-        except Exception as exc:  # noqa: BLE001 - one algorithm's failure is reported, the table goes on
-            failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
-        if name == "FedAvg" and name in seconds:
-            baseline.append(seconds[name])
-        print(f"{name:>14}: {seconds.get(name, float('nan')):.3f} s/round "
-              f"({time.perf_counter() - started:.0f} s for the run)", flush=True)
+    with tempfile.TemporaryDirectory(prefix="algorithm_cost-") as results:  # two runs may go side by side
+        args.results = Path(results)
+        round_seconds("FedAvg", data, args)  # warm-up, untimed: the first run of a process is slower
+        for name in ["FedAvg", *others, "FedAvg"]:
+            started = time.perf_counter()
+            try:
+                seconds[name] = round_seconds(name, data, args)
+            except Exception as exc:  # noqa: BLE001 - one algorithm's failure is reported, the table goes on
+                failed[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
+            if name == "FedAvg" and name in seconds:
+                baseline.append(seconds[name])
+            print(f"{name:>14}: {seconds.get(name, float('nan')):.3f} s/round "
+                  f"({time.perf_counter() - started:.0f} s for the run)", flush=True)
     if not baseline:
         raise SystemExit(f"FedAvg failed: {failed.get('FedAvg')}")
     failed.pop("FedAvg", None)  # one of the two timings suffices

@@ -213,9 +213,11 @@ STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
 #: ``auto+evaleager``: evaluation without the frozen copies of flcore/frozen.py (the before of issue 28's change)
 EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"]}
-#: GPU convolution leads for P2's grouped (vmapped) convolutions: cuDNN's timed algorithm choice, and the layout
+#: process-wide switches: cuDNN's timed algorithm choice and the convolution layout (P2's grouped, vmapped
+#: convolutions on a GPU); ``sequential+keepfreed`` / ``+returnfreed``: --malloc_keep_freed on / off (utils/allocator.py)
 BACKEND_VARIANTS = {"cudnnbench": ["--cudnn_benchmark", "True"], "nhwc": ["--conv_layout", "channels_last"],
-                    "nchw": ["--conv_layout", "nchw"]}
+                    "nchw": ["--conv_layout", "nchw"],
+                    "keepfreed": ["--malloc_keep_freed", "on"], "returnfreed": ["--malloc_keep_freed", "off"]}
 
 
 def split_variant(name: str, precision: str | None = None) -> tuple[str, list[str]]:
@@ -248,6 +250,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
 
     import main
     from flcore.registry import ALGORITHMS
+    from utils.allocator import keep_freed_memory
     from utils.data_utils import load_federated_dataset
     from utils.seeding import derive_seed, seed_everything
 
@@ -275,8 +278,9 @@ def _build_server(spec: dict, engine: str, dataset=None):
         argv += ["-data", spec["data_path"]]
     argv += variant
     args = main.parse_args(argv + list(spec.get("extra", [])))
+    keep_freed_memory(args.malloc_keep_freed)  # as main.run does
     device = main.resolve_device(args)
-    main.configure_backends(args, device)  # set (or reset) by every run: runs share this process
+    main.configure_backends(args, device)  # as main.run does
     if dataset is None:
         if spec.get("data_path"):
             dataset = load_federated_dataset(spec["data_path"], device, compact=args.compact_inputs)

@@ -37,6 +37,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
     from utils.errors import Diverged, FLError
     from utils.live import live_callbacks
+    from utils.allocator import keep_freed_memory
     from utils.mem_utils import peak_gpu_mb, peak_rss_mb
     from utils.result_utils import read_results, result_path, save_results, summarize, write_atomically
     from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
@@ -312,6 +313,7 @@ def run(args: argparse.Namespace) -> list[Path]:
 def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path]:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
+    keep_freed_memory(args.malloc_keep_freed)  # before the data and models: their temporaries reuse it
     device = resolve_device(args)
     configure_backends(args, device)
     with warnings.catch_warnings():

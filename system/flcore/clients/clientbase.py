@@ -23,6 +23,8 @@ Hooks an algorithm overrides (most override one or two):
   (MOON's contrastive term, FedLC's calibrated logits). ``net`` gives logits, features, the head
   and other models' outputs (:class:`~flcore.flat.Net`). Classes whose loss is a pure tensor
   function set ``vmappable_loss = True`` so the batched engine runs it too.
+* ``gradient_inputs(model, ctx)``: the parameters a step needs gradients for (default all); a step
+  that moves only the head says so, and its backward pass stops there (FedRep, PFL-DA).
 * ``end_round(params, package, ctx, steps, loss)``: build the upload and update per-client state.
 * ``start_point(package)``: where local training starts (the global model by default).
 * ``pre_training(job, model)`` / ``post_training(job, model)``: work on the working model just
@@ -254,12 +256,20 @@ class Client:
         """Seed the global torch RNG (dropout) from (seed, round, client) before local work."""
         seed_global_rng(self.args.seed, "local", rnd, self.cid)
 
+    def gradient_inputs(self, model: FlatModel, ctx: dict) -> list[torch.Tensor] | None:
+        """The parameters whose gradient a step needs (None: all of them). A step that moves only part
+        of the model (FedRep's head steps) names that part, so ``compute_gradient``'s backward pass stops
+        there and the rest of ``model.grad`` stays zero. Steps computed elsewhere (the batched engine,
+        DP-SGD) take every gradient, which ``adjust_grad``'s mask then zeroes as before."""
+        return None
+
     def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
         """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         self.count_gradient_samples(idx)
         model.zero_grad()
-        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], {} if ctx is None else ctx)
-        loss.backward()
+        ctx = {} if ctx is None else ctx
+        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx)
+        loss.backward(inputs=self.gradient_inputs(model, ctx))
         return loss.detach()
 
     def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:

@@ -65,5 +65,7 @@ class FedNTDClient(Client):
         tau = self.hp.tau
         scale = self.hp.beta * (tau * tau if self.hp.fedntd_tau_squared else 1.0)
         logits = net(x)
+        if scale == 0:  # β = 0 (PFLlib's default): 0·KL adds nothing, so the global model's forward pass is skipped
+            return F.cross_entropy(logits, y)
         distillation = not_true_distillation(logits, net.at(ctx["global"])(x), y, tau)
         return F.cross_entropy(logits, y) + scale * distillation

@@ -24,7 +24,14 @@ import torch
 
 from flcore.clients.clientbase import RoundPackage
 from flcore.clients.clientfedbabu import FedBABUClient
+from flcore.flat import FlatModel
 from utils.cli import add_flag
+
+
+def head_parameters(model: FlatModel) -> list[torch.Tensor] | None:
+    """The parameters of the model's head (``module.head``); None where it has none (then a step that
+    trains only the head computes every gradient, which the mask zeroes)."""
+    return [p for seg, p in zip(model.param_segments(), model.module.parameters()) if seg.in_head] or None
 
 
 class FedRepClient(FedBABUClient):
@@ -48,6 +55,16 @@ class FedRepClient(FedBABUClient):
         head_steps = len(super().batch_plan(package.round, self.hp.plocal_epochs))
         ctx["head_phase"] = torch.arange(steps, device=package.global_params.device) < head_steps
         return ctx
+
+    def gradient_inputs(self, model: FlatModel, ctx: dict) -> list[torch.Tensor] | None:
+        """A head step needs only the head's gradient (``adjust_grad`` zeroes the body's), so its backward
+        pass stops at the head instead of running on through the frozen body: the same head gradient,
+        by the same operations. Body steps, and head steps whose flag lives on a GPU (reading it there
+        would wait for the device), take every gradient."""
+        phase = ctx.get("head_phase")
+        if phase is not None and phase.device.type == "cpu" and bool(phase):
+            return head_parameters(model)
+        return None
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         # ctx["head_phase"] is this step's flag: train the head (not the body) in the head phase.

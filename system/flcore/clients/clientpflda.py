@@ -34,6 +34,7 @@ from typing import ClassVar
 import torch
 
 from flcore.clients.clientbase import Client, LocalJob
+from flcore.clients.clientfedrep import head_parameters
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 
@@ -68,6 +69,12 @@ class PFLDAClient(Client):
         head = ctx["head"]
         diff = (w - ctx["global"][..., : w.shape[-1]]) * head
         return (g + penalty_gradient(diff, self.hp.lamda, self.hp.pflda_penalty)) * head
+
+    def gradient_inputs(self, model: FlatModel, ctx: dict) -> list[torch.Tensor] | None:
+        """Phase 1 moves only the personal head (``adjust_grad`` masks the rest), so its backward pass
+        stops at the head instead of running on through the frozen body: the same head gradient, by
+        the same operations; phase 2 takes every gradient."""
+        return head_parameters(model) if "head" in ctx else None
 
     def expected_gradient_samples(self) -> float:
         """Both phases pass over the plan."""
