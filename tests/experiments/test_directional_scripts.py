@@ -1,5 +1,6 @@
 """experiments/sageflow_mnist.py and trust_directional.py: their rows, and the numbers they read from
 results files (no training here)."""
+import argparse
 import sys
 
 import h5py
@@ -79,3 +80,19 @@ def test_curves_put_each_evaluation_at_its_round_and_pad_with_nan(tmp_path):
     got = sf.curves(paths, width=5)
     want = np.array([[0.1, np.nan, 0.3, np.nan, 0.5], [0.2, np.nan, 0.4, np.nan, np.nan]])
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.allclose(got[~np.isnan(got)], want[~np.isnan(want)])
+
+
+def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_row():
+    load_all()
+    args = argparse.Namespace(setting="stragglers", dataset="MNIST", local_momentum=0.0, lr=0.1,
+                              attack_flip="update", local_epochs=5)
+    assert sf.experiment_name(args, 15) == "sageflow_stragglers_E5"  # the official period: the default folders
+    assert sf.experiment_name(args, 0) == "sageflow_stragglers_E5_gamma_halving0"
+    args.dataset = "FashionMNIST"
+    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5"
+    assert sf.experiment_name(args, 15) == "sageflow_stragglers_FashionMNIST_E5_gamma_halving15"
+    for setting in ("official", "stragglers", "sign_flip", "backdoor"):
+        for label, algo, flags in sf.variants(setting, 0.1, halving=0):
+            if algo == "Sageflow":
+                assert flags[flags.index("--sageflow_gamma_halving") + 1] == "0", label
+                assert main.parse_args(["-algo", algo, "-m", "CNN", *flags]).sageflow_gamma_halving == 0
