@@ -211,8 +211,9 @@ def _current_rss_mb() -> float:
 #: ``batched+evalbs128`` (``--eval_batch_size 128``), ``batched+cudnnbench+nhwc`` (``--cudnn_benchmark``, ``--conv_layout``)
 STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
-#: ``auto+evaleager``: evaluation without the frozen copies of flcore/frozen.py (the before of issue 28's change)
-EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"]}
+#: ``auto+evalfrozen``: evaluation through the frozen copies of flcore/frozen.py (opt-in: they leak memory);
+#: ``auto+evaleager`` the default, spelled out
+EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"], "evalfrozen": ["--eval_frozen", "True"]}
 #: process-wide switches: cuDNN's timed algorithm choice and the convolution layout (P2's grouped, vmapped
 #: convolutions on a GPU); ``sequential+keepfreed`` / ``+returnfreed``: --malloc_keep_freed on / off (utils/allocator.py)
 BACKEND_VARIANTS = {"cudnnbench": ["--cudnn_benchmark", "True"], "nhwc": ["--conv_layout", "channels_last"],

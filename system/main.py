@@ -316,6 +316,9 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
     keep_freed_memory(args.malloc_keep_freed)  # before the data and models: their temporaries reuse it
     device = resolve_device(args)
     configure_backends(args, device)
+    if args.eval_frozen and device.type == "cpu":
+        log.warning("warning: --eval_frozen leaks memory at every evaluation (PyTorch keeps each traced copy; about "
+                    "45 MB per evaluation for P1's CNN): use it for short runs only")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:

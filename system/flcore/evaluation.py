@@ -47,8 +47,10 @@ decides how many forward passes that takes.
   of the model with the pass's parameters (``flcore/frozen.py``: oneDNN's prepacked, fused
   convolutions; a whole P1 evaluation 8.6 -> 7.1 CPU s), with logits equal to the eager module's up
   to float rounding; its first batch is checked against the eager module. Where a copy cannot
-  be built or trusted, the eager module runs from then on (one notice). ``--eval_frozen False``
-  keeps the eager module.
+  be built or trusted, the eager module runs from then on (one notice). Opt-in (``--eval_frozen
+  True``): PyTorch keeps every traced copy's graph and constants for the life of the process
+  (pytorch#35600, #96726; torch 2.13 on the project's CPU: 12-25 MB a copy, RSS +45 MB per P1-size
+  evaluation, +240 MB per 5-round run of 100 MNIST clients), so a long run would exhaust memory.
 * **Metrics.** Correct counts, train-loss sums and the micro-AUC (:mod:`utils.auc`: every
   client of a pass at once, equal to scikit-learn's) are computed where the logits are and kept
   there until the end of the evaluation, which copies them to the host in one transfer.
@@ -169,7 +171,7 @@ class Evaluator:
             raise FLError(f"--eval_group must be >= 0 (0 = auto), got {args.eval_group}")
         self._auto_group: int | None = None  # measured on first use (a GPU only)
         self._vmap_ok = True  # False once a forward failed under vmap
-        self._frozen_ok = bool(getattr(args, "eval_frozen", True))  # False once a frozen copy failed
+        self._frozen_ok = bool(getattr(args, "eval_frozen", False))  # False once a frozen copy failed
         self._bounds: dict[str, list[tuple[int, int]]] = {}
         self._pool: ThreadPoolExecutor | None = None  # CPU batch workers, made on first use
         self._pool_workers = 0

@@ -551,10 +551,11 @@ def generic_parser() -> argparse.ArgumentParser:
              help="batch size of evaluation passes: 0 = auto (128 on a CPU, fastest measured for the CNNs with "
                   "channels-last; 2048 on a GPU, where a batch of 128 leaves the device waiting on kernel launches); "
                   "metrics differ only by float rounding")
-    add_flag(o, "--eval_frozen", type=bool, default=True,
+    add_flag(o, "--eval_frozen", type=bool, default=False,
              help="CPU evaluation passes of 512+ rows run a frozen TorchScript copy of the model (oneDNN's "
-                  "prepacked, fused convolutions: a P1 evaluation 1.2x cheaper; logits equal up to float rounding); "
-                  "False = the eager model")
+                  "prepacked, fused convolutions: a P1 evaluation 1.2x cheaper; logits equal up to float rounding). "
+                  "Off by default: PyTorch never frees a traced copy's graph and constants (pytorch#35600, #96726), "
+                  "so each evaluation leaks memory (about 45 MB per evaluation for P1's CNN); short runs only")
     add_flag(o, "--eval_group", type=int, default=0,
              help="personal models evaluated at once under torch.func.vmap (personalised algorithms): 0 = auto "
                   "(one by one on a CPU, where that is fastest; on a GPU as many as fit a quarter of its free "

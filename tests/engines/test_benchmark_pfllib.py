@@ -18,6 +18,7 @@ def test_engine_variants_become_flags():
     assert benchmark.split_variant("sequential", "tf32") == ("sequential", ["--precision", "tf32"])
     assert benchmark.split_variant("sequential+fp32", "bf16") == ("sequential", [])
     assert benchmark.split_variant("auto+evaleager") == ("auto", ["--eval_frozen", "False"])
+    assert benchmark.split_variant("auto+evalfrozen") == ("auto", ["--eval_frozen", "True"])
     assert benchmark.split_variant("batched+evalbs128") == ("batched", ["--eval_batch_size", "128"])
     assert benchmark.split_variant("batched+cudnnbench+nhwc") == (
         "batched", ["--cudnn_benchmark", "True", "--conv_layout", "channels_last"])

@@ -395,3 +395,12 @@ def test_auto_eval_batch_is_per_device():
     assert resolve_eval_batch(7, torch.device("cuda")) == resolve_eval_batch(7, torch.device("cpu")) == 7
     server = make_server("linear", eval_batch_size=0)
     assert server.args.eval_batch_size == 128 and server.evaluator.batch_size == 128
+
+
+def test_no_frozen_copy_by_default_because_pytorch_keeps_every_one(monkeypatch):
+    """Each traced, frozen copy stays in the process for good (pytorch#35600), so a default run that
+    made one per evaluation would grow without bound: the default evaluates the eager module."""
+    monkeypatch.setattr(evaluation, "frozen_copy", lambda *a: pytest.fail("a frozen copy was built by default"))
+    server = build_server(make_args("FedAvg"), _frozen_setup(SmallCNN, True).dataset, SmallCNN())
+    assert server.args.eval_frozen is False
+    _evaluate(server)
