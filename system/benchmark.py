@@ -251,7 +251,6 @@ def _build_server(spec: dict, engine: str, dataset=None):
 
     import main
     from flcore.registry import ALGORITHMS
-    from utils.allocator import keep_freed_memory
     from utils.data_utils import load_federated_dataset
     from utils.seeding import derive_seed, seed_everything
 
@@ -279,7 +278,6 @@ def _build_server(spec: dict, engine: str, dataset=None):
         argv += ["-data", spec["data_path"]]
     argv += variant
     args = main.parse_args(argv + list(spec.get("extra", [])))
-    keep_freed_memory(args.malloc_keep_freed)  # as main.run does
     device = main.resolve_device(args)
     main.configure_backends(args, device)  # as main.run does
     if dataset is None:

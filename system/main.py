@@ -222,7 +222,10 @@ def resolve_device(args: argparse.Namespace) -> torch.device:
 
 
 def configure_backends(args: argparse.Namespace, device: torch.device) -> None:
-    """Process-wide backend switches the flags ask for on ``device`` (``--cudnn_benchmark``)."""
+    """Process-wide switches the flags ask for, before any data or model is made: where glibc keeps
+    freed memory (``--malloc_keep_freed``, so their temporaries reuse it) and, on ``device``, cuDNN's
+    timed algorithm choice (``--cudnn_benchmark``)."""
+    keep_freed_memory(args.malloc_keep_freed)
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
 
@@ -313,7 +316,6 @@ def run(args: argparse.Namespace) -> list[Path]:
 def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path]:
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    keep_freed_memory(args.malloc_keep_freed)  # before the data and models: their temporaries reuse it
     device = resolve_device(args)
     configure_backends(args, device)
     if args.eval_frozen and device.type == "cpu":
