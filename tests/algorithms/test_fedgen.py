@@ -95,5 +95,10 @@ def test_uploads_carry_label_counts_and_round_zero_has_no_generator():
     server = fedgen(join_ratio=1.0)
     first = run_round(server, 0)
     assert "generator" not in first.package.extras
+    # without a generator the zero-weighted term is not even built (nor, at α = 0, in any round)
+    assert server.clients[0].begin_round(first.package, 3) == {}
+    second = run_round(server, 1)
+    assert set(server.clients[0].begin_round(second.package, 3)) == {"gen_features", "gen_labels", "gen_weight"}
+    assert fedgen("--fedgen_alpha", "0").clients[0].begin_round(second.package, 3) == {}
     for update in first.updates:
         assert update.nbytes() == (server.global_params.numel() + 3) * 4

@@ -91,6 +91,8 @@ def test_mu_zero_is_fedavg_over_two_rounds():
             run_round(server, rnd)
         finals.append(server.global_params)
     assert torch.equal(finals[0], finals[1])
+    # the term weighted 0 is not computed, and no previous model is kept for it
+    assert not list(server.state.indices("previous"))
 
 
 @pytest.mark.parametrize("first_previous", ["none", "initial"])

@@ -9,7 +9,8 @@ so the head learns the other clients' decision regions without their data. The g
 of every local step (``-lbs`` labels and their features) is drawn up front in ``begin_round``
 from (seed, round, client) and handed to the loss step by step (``per_step_context``), which
 keeps the loss a pure tensor function: the threaded and batched engines run it and give the
-sequential numbers. Without a trained generator (round 0) the term is zero. Each upload carries
+sequential numbers. Without a trained generator (round 0), or with ``--fedgen_alpha 0``, the term is
+zero and is not computed at all. Each upload carries
 the client's label counts, which the server's generator training needs (paper, Alg. 1).
 """
 from __future__ import annotations
@@ -44,10 +45,12 @@ class FedGenClient(Client):
         x = package.global_params
         batch = self.batch_size
         weights = package.extras.get("generator")
-        if weights is None or steps == 0:
+        if weights is None or not self.hp.fedgen_alpha:
+            return {}  # no trained generator yet (round 0), or α = 0: the term is zero, so it is not computed
+        if steps == 0:  # nothing to train, but the same context keys as the cohort's other clients
             dim = self.generator.module.out.out_features
-            return {"gen_features": x.new_zeros(max(steps, 1), batch, dim),
-                    "gen_labels": torch.zeros(max(steps, 1), batch, dtype=torch.long, device=x.device),
+            return {"gen_features": x.new_zeros(1, batch, dim),
+                    "gen_labels": torch.zeros(1, batch, dtype=torch.long, device=x.device),
                     "gen_weight": x.new_zeros(())}
         draw = torch_generator(self.args.seed, "fedgen-client", package.round, self.cid)
         prior = package.extras["label_prior"].cpu()
@@ -61,6 +64,8 @@ class FedGenClient(Client):
                 "gen_weight": x.new_tensor(float(self.hp.fedgen_alpha))}
 
     def local_loss(self, net, x, y, ctx):
+        if "gen_features" not in ctx:  # the same in every client of a round, so never a per-client branch
+            return F.cross_entropy(net(x), y)
         generated = F.cross_entropy(net.head(ctx["gen_features"]), ctx["gen_labels"])
         return F.cross_entropy(net(x), y) + ctx["gen_weight"] * generated
 

@@ -21,7 +21,9 @@ client's first participation there is no previous model:
   is the previous model, so a client first selected in a later round is pushed away from it.
 
 The loss is a pure tensor function (the missing previous model is a 0/1 weight, not a branch), so
-the batched engine runs it.
+the batched engine runs it. With ``-mu 0`` (PFLlib's default, which the server warns is FedAvg) the
+term would be weighted 0 everywhere: the client then skips its two extra forward passes and keeps
+no previous models (one model-sized vector per client), and its updates are FedAvg's bit for bit.
 """
 from __future__ import annotations
 
@@ -59,7 +61,13 @@ class MoonClient(Client):
                  help="previous model before a client's first participation: none (no contrastive term, "
                       "authors' code) or the initial model (PFLlib)")
 
+    def contrastive(self) -> bool:
+        """Whether the contrastive term can count at all (μ > 0)."""
+        return self.hp.mu > 0.0
+
     def begin_round(self, package: RoundPackage, steps: int) -> dict[str, torch.Tensor]:
+        if not self.contrastive():
+            return {}
         anchor = package.global_params
         previous = self.state.get("previous", self.index)
         weight = self.hp.mu if previous is not None else 0.0
@@ -72,6 +80,8 @@ class MoonClient(Client):
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
         z = net.features(x)
+        if not self.contrastive():  # μ = 0: CE + 0 · ℓ_con is CE exactly, without ℓ_con's two forward passes
+            return F.cross_entropy(net.head(z), y)
         contrastive = model_contrastive_loss(
             z, net.at(ctx["global"]).features(x), net.at(ctx["previous"]).features(x), self.hp.tau)
         return F.cross_entropy(net.head(z), y) + ctx["weight"] * contrastive
@@ -79,5 +89,6 @@ class MoonClient(Client):
     def end_round(
         self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int, loss: float
     ) -> ClientUpdate:
-        self.state.set("previous", self.index, params)
+        if self.contrastive():
+            self.state.set("previous", self.index, params)
         return super().end_round(params, package, ctx, steps, loss)

@@ -29,7 +29,8 @@ class MoonServer(Server):
             raise FLError(f"MOON needs a temperature -tau > 0, got {self.hp.tau}")
         if self.hp.mu == 0.0:
             log.warning("warning: MOON with -mu 0 (PFLlib's default) is FedAvg; set -mu, e.g. 1 (paper: 0.1-10)")
-        self.initial_params = self.global_params.clone() if self.hp.moon_first_previous == "initial" else None
+        initial = self.hp.moon_first_previous == "initial" and self.hp.mu > 0.0  # μ = 0 never reads it
+        self.initial_params = self.global_params.clone() if initial else None
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         if self.initial_params is not None:
