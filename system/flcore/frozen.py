@@ -18,11 +18,11 @@ up any Python attribute of the model that changed since (a traced graph keeps su
 
 **Memory.** TorchScript registers every traced module's types and methods (graphs, optimised plans) in
 its global compilation unit, ``torch.jit._state._python_cu``, and never removes them (pytorch#35600,
-#96726): a copy per pass leaked 18-25 MB per copy of P1's CNN. So each copy is built into a compilation
+#96726): a copy per pass kept 18-25 MB of P1's CNN when traced on 128 rows, ~3 MB on the 2 rows used here. So each copy is built into a compilation
 unit of its own (the global one is swapped out while tracing, freezing and optimising; TorchScript's
 C++ side reads it from there), and :meth:`FrozenCopy.release` drops that unit's functions when the
 pass is done, then hands the heap's free pages back (:func:`return_free_heap_pages`). Measured on the
-2-core CPU (experiments/RESULTS.md, "The nine unprofiled algorithms against FedAvg, and frozen copies
+2-core CPU (``experiments/issue28_frozen_memory.py``; experiments/RESULTS.md, "The nine unprofiled algorithms against FedAvg, and frozen copies
 freed after their pass"): bare, 20 copies of P1's CNN, RSS 266 -> 597 MB with the global unit, flat
 with a unit per copy; FedAvg on 100 MNIST clients, 12 evaluations of 2 frozen passes, RSS +13.5 MB per
 evaluation before, +5 MB with private units alone (malloc's live bytes flat, its free bytes growing),
