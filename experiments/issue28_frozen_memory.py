@@ -12,7 +12,8 @@ copies freed after their pass"):
   bytes) after every evaluation; ``--no-trim`` skips the heap trim after each pass, to show what it is for.
 
     python experiments/issue28_frozen_memory.py bare
-    python experiments/issue28_frozen_memory.py run --data experiments/out/data/MNIST_shard100_global_150s --eval_frozen True
+    python experiments/issue28_frozen_memory.py run --data experiments/out/data/MNIST_shard100_global_150s \
+        --eval_frozen True
 """
 from __future__ import annotations
 
@@ -147,7 +148,8 @@ def run(args: argparse.Namespace, rest: list[str]) -> None:
     evaluation.Evaluator.evaluate = reported
     with tempfile.TemporaryDirectory() as folder:
         argv = ["-data", str(args.data), "-m", "CNN", "-algo", "FedAvg", "-gr", str(args.rounds), "-eg", "1",
-                "-jr", str(args.join_ratio), "-lbs", "10", "-dev", "cpu", "--engine", "sequential", "--num_threads", "1",
+                "-jr", str(args.join_ratio), "-lbs", "10", "-dev", "cpu", "--engine", "sequential",
+                "--num_threads", "1",
                 "--results_dir", folder, "--overwrite", "--progress", "False", "-q", "True", "--save_model", "False",
                 "--eval_frozen", args.eval_frozen, *rest]
         raise SystemExit(main.main(argv))

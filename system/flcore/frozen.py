@@ -18,22 +18,24 @@ up any Python attribute of the model that changed since (a traced graph keeps su
 
 **Memory.** TorchScript registers every traced module's types and methods (graphs, optimised plans) in
 its global compilation unit, ``torch.jit._state._python_cu``, and never removes them (pytorch#35600,
-#96726): a copy per pass kept 18-25 MB of P1's CNN when traced on 128 rows, ~3 MB on the 2 rows used here. So each copy is built into a compilation
-unit of its own (the global one is swapped out while tracing, freezing and optimising; TorchScript's
-C++ side reads it from there), and :meth:`FrozenCopy.release` drops that unit's functions when the
-pass is done, then hands the heap's free pages back (:func:`return_free_heap_pages`). Measured on the
-2-core CPU (``experiments/issue28_frozen_memory.py``; experiments/RESULTS.md, "The nine unprofiled algorithms against FedAvg, and frozen copies
-freed after their pass"): bare, 20 copies of P1's CNN, RSS 266 -> 597 MB with the global unit, flat
-with a unit per copy; FedAvg on 100 MNIST clients, 12 evaluations of 2 frozen passes, RSS +13.5 MB per
-evaluation before, +5 MB with private units alone (malloc's live bytes flat, its free bytes growing),
-flat at 424 MB with the trim too (eager: 427 MB), at the same CPU time; the same with 20 clients a
-round, ``-t 3 -gr 5``, RSS after each run: 646, 890, 1,117 MB before, 457, 465, 468 now (eager 477, 486, 489). What stays: 12 small Python
-classes per copy (TorchScript's ``QualnameWrapper``, held from C++; about 70 KB per evaluation) and the
-heap's address space (its free holes, not resident). Ways that do not help: one traced copy per model
-object reused across passes (it shares the parameters, so it sees the loaded weights, and does not
-grow), traced and frozen without ``optimize_for_inference`` (its constants alias the parameters
-here), or a trace with the weights as graph inputs: all run at the eager speed, because the gain is
-all in oneDNN's prepacked constant weights.
+#96726): a copy per pass kept 18-25 MB of P1's CNN when traced on 128 rows, ~3 MB on the 2 rows used
+here. So each copy is built into a compilation unit of its own (the global one is swapped out while
+tracing, freezing and optimising; TorchScript's C++ side reads it from there), and
+:meth:`FrozenCopy.release` drops that unit's functions when the pass is done, then hands the heap's free
+pages back (:func:`return_free_heap_pages`). Measured on the 2-core CPU
+(``experiments/issue28_frozen_memory.py``; experiments/RESULTS.md, "The nine unprofiled algorithms
+against FedAvg, and frozen copies freed after their pass"): bare, 20 copies of P1's CNN, RSS 266 -> 597
+MB with the global unit, flat with a unit per copy; FedAvg on 100 MNIST clients, 12 evaluations of 2
+frozen passes, RSS +13.5 MB per evaluation before, +5 MB with private units alone (malloc's live bytes
+flat, its free bytes growing), flat at 424 MB with the trim too (eager: 427 MB), at the same CPU time;
+the same with 20 clients a round, ``-t 3 -gr 5``, RSS after each run: 646, 890, 1,117 MB before, 457,
+465, 468 now (eager 477, 486, 489). What stays: 12 small Python classes per copy (TorchScript's
+``QualnameWrapper``, held from C++; about 70 KB per evaluation) and the heap's address space (its free
+holes, not resident). Ways that do not help: one traced copy per model object reused across passes (it
+shares the parameters, so it sees the loaded weights, and does not grow), traced and frozen without
+``optimize_for_inference`` (its constants alias the parameters here), or a trace with the weights as
+graph inputs: all run at the eager speed, because the gain is all in oneDNN's prepacked constant
+weights.
 
 Not used (the eager module runs, and the evaluator says so once) when the model has forward hooks
 (tracing would run them once, on the example rows, and the frozen copy never), when tracing
