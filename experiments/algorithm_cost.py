@@ -13,6 +13,7 @@ this script can go side by side, e.g. ``--malloc_keep_freed on`` against ``off``
 
     python experiments/algorithm_cost.py                      # every algorithm, MNIST CNN, 20 clients
     python experiments/algorithm_cost.py --only FedAvg Ditto --engine threaded
+    python experiments/algorithm_cost.py --only pFedEff --profile 25     # and where each run's time went
 
 FedAvg, the baseline, is measured fairly: one untimed FedAvg run first warms the process up (imports,
 oneDNN's kernel caches, the allocator; the first run of a process was 15-20% slow), then FedAvg is
@@ -28,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import io
+import pstats
 import statistics
 import tempfile
 import time
@@ -69,8 +72,15 @@ def round_seconds(row: str, data: Path, args: argparse.Namespace) -> float:
         return result
 
     timing = mock.patch.object(Server, "run_round", cpu_timed) if args.clock == "cpu" else contextlib.nullcontext()
+    profiler = cProfile.Profile() if args.profile else None
     with contextlib.redirect_stdout(io.StringIO()), timing:
-        code = main.main(argv)
+        code = profiler.runcall(main.main, argv) if profiler else main.main(argv)
+    if profiler:  # where the run's time went, for telling a method's own work from overhead
+        report = io.StringIO()
+        pstats.Stats(profiler, stream=report).sort_stats("tottime").print_stats(args.profile)
+        profile_path = OUT / "algorithm_cost_profiles" / f"{row.replace(' ', '_')}.txt"
+        profile_path.parent.mkdir(parents=True, exist_ok=True)
+        profile_path.write_text(report.getvalue())
     if code != 0:
         raise RuntimeError(f"{algorithm}: main.py exited with {code}")
     path = folder / f"{data.name}_{algorithm}_cost_0.h5"
@@ -92,7 +102,12 @@ def main_(argv: list[str] | None = None) -> None:
     parser.add_argument("--malloc_keep_freed", choices=["on", "off"], default=None,
                         help="main.py's --malloc_keep_freed for every run (default: main.py's); the first run sets "
                              "it for the whole process, so compare on and off in two processes")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="also profile every run (cProfile; the times include its overhead) and write its N "
+                             "costliest functions to experiments/out/algorithm_cost_profiles/<row>.txt")
     args = parser.parse_args(argv)
+    if args.profile < 0:
+        parser.error(f"--profile {args.profile}: give the number of functions to list (0 = no profile)")
     data = args.data
     if data is None:
         data = OUT / "data" / "cost_MNIST"

@@ -318,9 +318,6 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         torch.set_num_threads(args.num_threads)
     device = resolve_device(args)
     configure_backends(args, device)
-    if args.eval_frozen and device.type == "cpu":
-        log.warning("warning: --eval_frozen leaks memory at every evaluation (PyTorch keeps each traced copy; about "
-                    "45 MB per evaluation for P1's CNN): use it for short runs only")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:

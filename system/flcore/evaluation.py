@@ -47,10 +47,11 @@ decides how many forward passes that takes.
   of the model with the pass's parameters (``flcore/frozen.py``: oneDNN's prepacked, fused
   convolutions; a whole P1 evaluation 8.6 -> 7.1 CPU s), with logits equal to the eager module's up
   to float rounding; its first batch is checked against the eager module. Where a copy cannot
-  be built or trusted, the eager module runs from then on (one notice). Opt-in (``--eval_frozen
-  True``): PyTorch keeps every traced copy's graph and constants for the life of the process
-  (pytorch#35600, #96726; torch 2.13 on the project's CPU: 12-25 MB a copy, RSS +45 MB per P1-size
-  evaluation, +240 MB per 5-round run of 100 MNIST clients), so a long run would exhaust memory.
+  be built or trusted, the eager module runs from then on (one notice). Each copy is built into a
+  TorchScript compilation unit of its own and released after its pass: PyTorch otherwise keeps every
+  traced copy's graphs for the life of the process (pytorch#35600, #96726; +45 MB per P1-size
+  evaluation before this); the heap's free pages are then returned, so RSS stays level (flcore/frozen.py).
+  Opt-in (``--eval_frozen True``).
 * **Metrics.** Correct counts, train-loss sums and the micro-AUC (:mod:`utils.auc`: every
   client of a pass at once, equal to scikit-learn's) are computed where the logits are and kept
   there until the end of the evaluation, which copies them to the host in one transfer.
@@ -75,7 +76,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from flcore.frozen import MIN_ROWS as FROZEN_MIN_ROWS
-from flcore.frozen import close_enough, frozen_copy
+from flcore.frozen import FrozenCopy, close_enough, frozen_copy
 from flcore.trainmodel.layout import plain_convolutions
 from utils.data_utils import decode_inputs
 from utils.errors import FLError
@@ -312,25 +313,31 @@ class Evaluator:
         # the batches' large activations fragmented glibc's heap, which then grew by up to 1.5 GB
         # over one P1 evaluation (freed but never reused; measured with mallinfo2).
         module = runtime.model.module
-        forward = self._frozen_module(module, x, table) or module
+        copy = self._frozen_module(module, x, table)
+        forward = copy or module
 
         def one_batch(start: int) -> None:  # disjoint rows of ``logits``: workers never overlap
             logits[start : start + bs] = forward(decode_inputs(x[start : start + bs], table))
 
         starts = range(0, len(x), bs)
         workers = self.batch_workers() if len(starts) > 1 else 1
-        if workers <= 1:
-            for start in starts:
-                one_batch(start)
-        else:
-            list(self._executor(workers).map(_on_one_thread, [one_batch] * len(starts), starts))
-        if forward is not module and not close_enough(logits[:bs], module(decode_inputs(x[:bs], table))):
+        try:
+            if workers <= 1:
+                for start in starts:
+                    one_batch(start)
+            else:
+                list(self._executor(workers).map(_on_one_thread, [one_batch] * len(starts), starts))
+        finally:
+            if copy is not None:
+                copy.release()  # PyTorch would keep its graphs for the life of the process (flcore/frozen.py)
+        if copy is not None and not close_enough(logits[:bs], module(decode_inputs(x[:bs], table))):
             self._no_frozen("its logits differed from the eager model's beyond float rounding")
             return self._forward(params, x)
         return logits
 
-    def _frozen_module(self, module: torch.nn.Module, x: torch.Tensor, table) -> torch.nn.Module | None:
-        """A frozen copy of the working module for this pass (``flcore/frozen.py``), or None: off
+    def _frozen_module(self, module: torch.nn.Module, x: torch.Tensor, table) -> FrozenCopy | None:
+        """A frozen copy of the working module for this pass (``flcore/frozen.py``; released by the
+        caller when the pass is done), or None: off
         (``--eval_frozen False``), not a CPU, a pass too short to pay for the copy, or a model it
         failed for before."""
         if not self._frozen_ok or self.runtime.device.type != "cpu" or len(x) < FROZEN_MIN_ROWS:

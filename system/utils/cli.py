@@ -554,8 +554,8 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(o, "--eval_frozen", type=bool, default=False,
              help="CPU evaluation passes of 512+ rows run a frozen TorchScript copy of the model (oneDNN's "
                   "prepacked, fused convolutions: a P1 evaluation 1.2x cheaper; logits equal up to float rounding). "
-                  "Off by default: PyTorch never frees a traced copy's graph and constants (pytorch#35600, #96726), "
-                  "so each evaluation leaks memory (about 45 MB per evaluation for P1's CNN); short runs only")
+                  "Each copy's graphs are freed after its pass (PyTorch would keep them: pytorch#35600, #96726); off "
+                  "by default until proven on long runs")
     add_flag(o, "--eval_group", type=int, default=0,
              help="personal models evaluated at once under torch.func.vmap (personalised algorithms): 0 = auto "
                   "(one by one on a CPU, where that is fastest; on a GPU as many as fit a quarter of its free "

@@ -362,8 +362,46 @@ def test_a_frozen_copy_gives_the_eager_numbers_up_to_rounding(monkeypatch):
     x = server.dataset.split("test")[0]
     module = server.model.module.eval()
     with torch.no_grad():
-        assert frozen.close_enough(frozen.frozen_copy(module, x[:2])(x), module(x))
+        copy = frozen.frozen_copy(module, x[:2])
+        assert frozen.close_enough(copy(x), module(x))
+        copy.release()
         assert not frozen.close_enough(module(x) + 1e-2, module(x))
+
+
+class _Shifted:
+    """A frozen copy whose logits are off by 1."""
+
+    def __init__(self, copy):
+        self.copy = copy
+
+    def __call__(self, x):
+        return self.copy(x) + 1.0
+
+    def release(self):
+        self.copy.release()
+
+
+def test_each_frozen_copy_is_freed_after_its_pass(monkeypatch):
+    """PyTorch keeps a traced module's graphs in its global compilation unit for good (pytorch#35600):
+    every copy must go into a unit of its own, emptied after the pass, so evaluating again and again
+    leaves nothing behind (with the global unit this test sees its functions grow by each copy's)."""
+    from flcore import frozen
+
+    shared = torch.jit._state._python_cu
+    before = len(shared.get_functions())
+    copies, trims = [], []
+    monkeypatch.setattr(frozen, "return_free_heap_pages", lambda: trims.append(1))
+    real_copy = evaluation.frozen_copy
+    monkeypatch.setattr(evaluation, "frozen_copy", lambda *a: copies.append(real_copy(*a)) or copies[-1])
+    server = _frozen_setup(SmallCNN, True)
+    for _ in range(2):
+        _evaluate(server)
+    assert len(copies) == 2 and len(shared.get_functions()) == before
+    assert all(c._script is None and not c._unit.get_functions() for c in copies)
+    assert trims == [1, 1]  # and the heap's free pages went back after each pass
+    with pytest.raises(RuntimeError, match="released"):
+        copies[0](server.dataset.split("test")[0][:2])
+    assert torch.jit._state._python_cu is shared
 
 
 @pytest.mark.parametrize("case", ["hook", "branch", "wrong"])
@@ -377,7 +415,7 @@ def test_no_frozen_copy_where_it_cannot_be_trusted_one_notice(monkeypatch, notic
         server.model.module.body[0].register_forward_hook(lambda *args: None)
     if case == "wrong":
         real_copy = evaluation.frozen_copy
-        monkeypatch.setattr(evaluation, "frozen_copy", lambda *a: (lambda x, c=real_copy(*a): c(x) + 1.0))
+        monkeypatch.setattr(evaluation, "frozen_copy", lambda *a: _Shifted(real_copy(*a)))
     for _ in range(2):
         result = _evaluate(server)
         assert (result.test_acc, result.test_auc, result.train_loss) == \

@@ -68,7 +68,8 @@ class PFedEffClient(SparseClient):
         return {"start": start, "decay": decay}
 
     def adjust_grad(self, w: torch.Tensor, g: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        return g + torch.sign(w) * ctx["decay"]
+        # one fused pass instead of a product then a sum; the same bits (sign · decay is exact)
+        return torch.addcmul(g, torch.sign(w), ctx["decay"])
 
     def end_round(self, params: torch.Tensor, package: RoundPackage, ctx: dict[str, torch.Tensor], steps: int,
                   loss: float) -> ClientUpdate:
