@@ -11,6 +11,11 @@ the norms of both steps, the stale groups' weight in the mix, and where the stal
 The counterfactual draws nothing and changes nothing: the run's curve is Sageflow's as
 ``sageflow_mnist.py`` makes it.
 
+``--damped_ignoring γ`` runs ignoring stragglers instead, with Sageflow's damped server step
+w ← (1 − γ_t) w + γ_t f (same halving): whether Sageflow's short steps alone make a run stall.
+Each seed draws its own public set (``--seed k``); a ``-t 3`` series of ``sageflow_mnist.py`` draws
+all three from its first seed, so only seed 0 is the same run as there.
+
 Each seed is a results folder of its own, so two processes may run two seeds side by side;
 ``--report`` reads the seeds' files and prints the per-round table (every ``--every`` rounds) and a
 summary by ten-round windows, also written to ``out/<name>.md``.
@@ -20,6 +25,7 @@ Usage (from the repository root)::
     S="nice -n 10 .venv/bin/python experiments/sageflow_diagnosis.py --samples 150 --rounds 40 --local_epochs 5"
     $S --seed 0 & $S --seed 1; wait; $S --seed 2
     $S --report --seeds 0 1 2
+    $S --seed 0 --damped_ignoring 0.5; $S --report --seeds 0 --damped_ignoring 0.5
 """
 from __future__ import annotations
 
@@ -41,6 +47,7 @@ SERIES = ("next_acc", "fresh_only_acc", "step_norm", "fresh_step_norm", "step_al
 
 def experiment_name(args: argparse.Namespace, halving: int) -> str:
     return (f"sageflow_diagnosis_{args.dataset}_{args.samples or 'all'}s_E{args.local_epochs}_{args.rounds}r"
+            + (f"_ignoring_gamma{args.damped_ignoring:g}" if args.damped_ignoring else "")
             + (f"_gamma_halving{halving}" if halving != GAMMA_HALVING[args.dataset] else ""))
 
 
@@ -56,9 +63,15 @@ def data_folder(args: argparse.Namespace) -> Path:
     return folder
 
 
-def sageflow_row(samples: int, halving: int) -> tuple[str, list[str]]:
-    """(-algo, flags): sageflow_mnist.py's Sageflow row of the stragglers setting, with the diagnostics."""
+def sageflow_row(samples: int, halving: int, damped_ignoring: float = 0.0) -> tuple[str, list[str]]:
+    """(-algo, flags): sageflow_mnist.py's Sageflow row of the stragglers setting, with the diagnostics;
+    with ``damped_ignoring`` γ > 0, ignoring stragglers with Sageflow's damped step instead: the late
+    uploads dropped, no filter, sample weights (FedAvg's fresh-only mean f, bit for bit at γ = 1), and
+    w ← (1 − γ_t) w + γ_t f with the same γ halving."""
     _, algo, flags = next(row for row in variants("stragglers", 0.1, halving=halving) if row[0] == "Sageflow")
+    if damped_ignoring:  # later flags replace the row's own
+        flags = [*flags, "--straggler_policy", "ignore", "--sageflow_eth", "inf", "--sageflow_delta", "0",
+                 "--sageflow_gamma", str(damped_ignoring)]
     return algo, ["-jr", "0.2", *public(samples), *flags, "--sageflow_diagnostics", "True"]
 
 
@@ -68,7 +81,7 @@ def label_of(seed: int) -> str:
 
 def run_seed(args: argparse.Namespace, name: str, halving: int, seed: int) -> Path:
     """Sageflow's stragglers row with the diagnostics, one seed; its results file."""
-    algo, flags = sageflow_row(args.samples, halving)
+    algo, flags = sageflow_row(args.samples, halving, args.damped_ignoring)
     one = copy.copy(args)
     one.seed, one.times = seed, 1
     extra = ["--engine", "sequential", "--num_threads", "1", "--eval_gap", str(args.eval_gap)]
@@ -121,13 +134,15 @@ def report(args: argparse.Namespace, name: str, halving: int) -> None:
     stack = {key: np.stack([r[key][:rounds] for r in runs.values()]) for key in SERIES}
     width = max(r["late"].shape[1] for r in runs.values())
     late = np.stack([np.pad(r["late"][:rounds], ((0, 0), (0, width - r["late"].shape[1]))) for r in runs.values()])
-    gamma = np.array([0.5 ** (t // halving) if halving else 1.0 for t in range(rounds)])
-    gain = 100 * (stack["fresh_only_acc"] - stack["next_acc"])  # points the fresh-only step is ahead
+    base = args.damped_ignoring or 1.0  # Sageflow's γ is sageflow_mnist.py's 1
+    gamma = np.array([base * (0.5 ** (t // halving) if halving else 1.0) for t in range(rounds)])
+    run_name = f"ignoring with a damped step (γ = {base:g})" if args.damped_ignoring else "Sageflow"
+    gain = 100 * (stack["fresh_only_acc"] - stack["next_acc"])  # points the fresh-only model is ahead
     seeds = ", ".join(map(str, runs))
-    lines = [f"# Sageflow's step against ignoring stragglers' fresh-only step, {args.dataset}, "
+    lines = [f"# {run_name}'s step against ignoring stragglers' fresh-only step, {args.dataset}, "
              f"{args.samples or 'all'} rows a client, E = {args.local_epochs}, {rounds} rounds, seeds {seeds} "
              f"(mean ± std over seeds; round t: the aggregation that makes w_(t+1))", "",
-             "| round t | Sageflow w_(t+1) acc % | fresh-only f acc % | f − Sageflow, points | ‖s‖ | ‖s_f‖ "
+             "| round t | the run's w_(t+1) acc % | fresh-only f acc % | f − w_(t+1), points | ‖s‖ | ‖s_f‖ "
              "| ⟨s, s_f⟩/‖s_f‖² | ‖z_s − w_t‖ | ‖pull‖ | ‖own‖ | cos(z_s − w_t, s_f) | cos(own, s_f) "
              "| stale weight Σα | γ_t | uploads 0/1/2 late |", "|---" * 15 + "|"]
     for t in range(0, rounds, args.every):
@@ -139,10 +154,18 @@ def report(args: argparse.Namespace, name: str, halving: int) -> None:
                      f"| {fmt(stack['stale_progress_norm'][:, t], 3)} | {fmt(stack['stale_fresh_cos'][:, t], 2)} "
                      f"| {fmt(stack['stale_progress_cos'][:, t], 2)} | {fmt(stack['stale_weight'][:, t], 2)} "
                      f"| {gamma[t]:g} | {mix} |")
-    lines += ["", "By ten-round windows (every round of every seed; ratios are means of the per-round ratios):", "",
-              "| rounds | f − Sageflow, points | f better / worse / level | ‖s‖ / ‖s_f‖ | ⟨s, s_f⟩/‖s_f‖² "
+    lines += ["", "By ten-round windows (every round of every seed; ratios are means of the per-round ratios; "
+              "divided by γ_t: the share of the fresh step that the mix z itself takes):", "",
+              "| rounds | f − w_(t+1), points | f better / worse / level | ‖s‖ / ‖s_f‖ | ⟨s, s_f⟩/‖s_f‖² "
+              "| the same / γ_t | of it, the stale groups' | the fresh group's own ⟨v_t − w_t, s_f⟩/‖s_f‖² "
               "| ‖pull‖ / ‖s_f‖ | ‖own‖ / ‖s_f‖ | cos(z_s − w_t, s_f) | cos(own, s_f) | stale weight |",
-              "|---" * 10 + "|"]
+              "|---" * 13 + "|"]
+    # z − w_t = (1 − Σα) (v_t − w_t) + Σα (z_s − w_t): the share of s_f the mix takes, split into its parts
+    mix_along = stack["step_along_fresh"] / gamma
+    stale_along = np.nan_to_num(stack["stale_weight"] * stack["stale_step_norm"] * stack["stale_fresh_cos"]
+                                / stack["fresh_step_norm"])  # 0 in a round without a stale group
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fresh_along = (mix_along - stale_along) / (1 - stack["stale_weight"])
     window = max(1, rounds // 4)
     for first in range(0, rounds, window):
         part = slice(first, min(first + window, rounds))
@@ -155,6 +178,7 @@ def report(args: argparse.Namespace, name: str, halving: int) -> None:
         lines.append(f"| {first}-{min(first + window, rounds) - 1} | {mean(g)} "
                      f"| {int((g > 0).sum())} / {int((g < 0).sum())} / {int((g == 0).sum())} "
                      f"| {mean(stack['step_norm'][:, part] / fresh)} | {mean(stack['step_along_fresh'][:, part])} "
+                     f"| {mean(mix_along[:, part])} | {mean(stale_along[:, part])} | {mean(fresh_along[:, part])} "
                      f"| {mean(stack['stale_pull_norm'][:, part] / fresh)} "
                      f"| {mean(stack['stale_progress_norm'][:, part] / fresh)} "
                      f"| {mean(stack['stale_fresh_cos'][:, part])} | {mean(stack['stale_progress_cos'][:, part])} "
@@ -174,6 +198,9 @@ def main() -> None:
                         help="the run's own evaluation every k rounds (the diagnostics evaluate every round anyway)")
     parser.add_argument("--gamma_halving", type=int, default=None,
                         help="Sageflow's γ halving period in rounds (0: off; default: the official code's)")
+    parser.add_argument("--damped_ignoring", type=float, default=0.0,
+                        help="run ignoring stragglers with Sageflow's damped step w <- (1 - γ) w + γ f instead, at this γ "
+                             "(halved as --gamma_halving): do Sageflow's short steps alone make it stall? 0: Sageflow")
     parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: sageflow_mnist.py's)")
     parser.add_argument("--report", action="store_true", help="only read the seeds' results and print the table")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--report: the seeds to read")
@@ -183,6 +210,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.eval_gap < 1 or args.rounds % args.eval_gap:
         parser.error(f"--eval_gap must be >= 1 and divide --rounds ({args.rounds}), got {args.eval_gap}")
+    if not 0 <= args.damped_ignoring <= 1:
+        parser.error(f"--damped_ignoring must be in (0, 1] (0: Sageflow itself), got {args.damped_ignoring}")
     if args.every < 1:
         parser.error(f"--every must be >= 1, got {args.every}")
     if args.gamma_halving is not None and args.gamma_halving < 0:

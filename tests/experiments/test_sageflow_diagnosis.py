@@ -26,6 +26,18 @@ def test_the_row_is_sageflow_mnists_with_the_diagnostics_added():
     assert args.sageflow_diagnostics is True and args.sageflow_gamma_halving == 0 and args.straggler_delay == 2
 
 
+def test_damped_ignoring_drops_the_late_uploads_and_damps_fedavgs_fresh_mean():
+    load_all()
+    algo, flags = sd.sageflow_row(150, 15, damped_ignoring=0.5)
+    args = main.parse_args(["-algo", algo, "-m", "CNN", *flags])
+    assert (args.straggler_policy, args.sageflow_eth, args.sageflow_delta) == ("ignore", float("inf"), 0.0)
+    assert (args.sageflow_gamma, args.sageflow_gamma_halving, args.sageflow_diagnostics) == (0.5, 15, True)
+    named = argparse.Namespace(dataset="MNIST", samples=150, local_epochs=5, rounds=40, damped_ignoring=0.5)
+    assert sd.experiment_name(named, 15) == "sageflow_diagnosis_MNIST_150s_E5_40r_ignoring_gamma0.5"
+    named.damped_ignoring = 0.0
+    assert sd.experiment_name(named, 0) == "sageflow_diagnosis_MNIST_150s_E5_40r_gamma_halving0"
+
+
 def fake_run(path, next_acc, fresh_acc, curve_rounds, curve):
     rounds = len(next_acc)
     with h5py.File(path, "w") as f:
@@ -41,7 +53,7 @@ def fake_run(path, next_acc, fresh_acc, curve_rounds, curve):
 
 def test_the_report_reads_each_seed_and_counts_the_rounds_the_fresh_only_model_wins(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(common, "OUT", tmp_path)
-    args = argparse.Namespace(seeds=[0, 1], every=2, dataset="MNIST", samples=150, local_epochs=5)
+    args = argparse.Namespace(seeds=[0, 1], every=2, dataset="MNIST", samples=150, local_epochs=5, damped_ignoring=0.0)
     for seed, fresh in ((0, [0.6, 0.5, 0.8, 0.7]), (1, [0.5, 0.7, 0.8, 0.9])):
         folder = common.results_folder("diag", sd.label_of(seed))
         folder.mkdir(parents=True)
