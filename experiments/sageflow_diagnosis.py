@@ -172,8 +172,9 @@ def report(args: argparse.Namespace, name: str, halving: int) -> None:
         g = gain[:, part]
         fresh = stack["fresh_step_norm"][:, part]
 
-        def mean(values: np.ndarray, digits: int = 2) -> str:
-            return f"{np.nanmean(values):.{digits}f}"
+        def mean(values: np.ndarray, digits: int = 2) -> str:  # "–" where no round has the value
+            present = values[np.isfinite(values)]
+            return f"{present.mean():.{digits}f}" if present.size else "–"
 
         lines.append(f"| {first}-{min(first + window, rounds) - 1} | {mean(g)} "
                      f"| {int((g > 0).sum())} / {int((g < 0).sum())} / {int((g == 0).sum())} "
