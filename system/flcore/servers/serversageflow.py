@@ -16,7 +16,28 @@ entropy −Σ_c p_c log p_c over the public samples, and ℓ_k, the mean cross-e
    γ_t = ``--sageflow_gamma``, halved every ``--sageflow_gamma_halving`` rounds when that is > 0.
 
 A group whose uploads are all filtered out counts for nothing; when every upload of a round is
-filtered, the global model stays as it is. ``rs_sageflow_filtered`` records how many uploads were
+filtered, the global model stays as it is.
+
+``--sageflow_diagnostics True`` records, per round, how Sageflow's step compares with the step that
+ignoring stragglers would have taken from the same global model w_t with the same fresh uploads
+(f: their sample-weighted mean, unfiltered, as FedAvg with ``--straggler_policy ignore`` makes it);
+with s = w_{t+1} − w_t, s_f = f − w_t and, over the stale groups (τ < t) with their weights
+ᾱ_τ = α_τ / Σ_{τ<t} α_τ, the stale mix z_s = Σ ᾱ_τ v_τ:
+
+* ``rs_sageflow_stale_weight`` Σ_{τ<t} α_τ (0 in a round without a stale group);
+* ``rs_sageflow_step_norm`` ‖s‖, ``rs_sageflow_fresh_step_norm`` ‖s_f‖, ``rs_sageflow_step_along_fresh``
+  ⟨s, s_f⟩ / ‖s_f‖² (the share of ignoring's step Sageflow takes along it);
+* ``rs_sageflow_stale_step_norm`` ‖z_s − w_t‖ and ``rs_sageflow_stale_fresh_cos`` cos(z_s − w_t, s_f);
+  z_s − w_t splits into the pull back to the older models, Σ ᾱ_τ (w_τ − w_t)
+  (``rs_sageflow_stale_pull_norm``), and the stale uploads' own training, Σ ᾱ_τ (v_τ − w_τ)
+  (``rs_sageflow_stale_progress_norm``, ``rs_sageflow_stale_progress_cos`` its cosine with s_f);
+  NaN in a round without a stale group, and every number that needs s_f in a round without a fresh
+  upload (ignoring stragglers would not move);
+* ``rs_sageflow_next_acc`` and ``rs_sageflow_fresh_only_acc``: the test accuracy of w_{t+1} and of
+  f, by the run's own evaluation (two extra evaluations a round).
+
+They read the round's tensors and evaluate on the working model, as every evaluation does; no random
+draw and no state is changed, so a run's numbers are those of the run without them. ``rs_sageflow_filtered`` records how many uploads were
 dropped each round and, with ``--attack``, ``rs_sageflow_precision`` / ``rs_sageflow_recall`` the
 precision and recall of the attackers among them (an upload's attacker status is that of the round
 it was trained in; NaN where nothing was dropped or no attacker uploaded).
@@ -93,6 +114,12 @@ def group_weights(samples: list[float], staleness: list[int], lam: float) -> np.
     return raw / raw.sum()
 
 
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """cos(a, b); NaN when either is zero."""
+    norms = float(a.norm() * b.norm())
+    return float(a.dot(b)) / norms if norms > 0 else float("nan")
+
+
 @register_algorithm("Sageflow")
 class SageflowServer(Server):
     """Staleness-aware grouping, entropy-based filtering, loss-weighted averaging (module docstring)."""
@@ -111,6 +138,10 @@ class SageflowServer(Server):
         add_flag(parser, "--sageflow_gamma_halving", type=int, default=0, low=0,
                  help="Sageflow: halve gamma every R rounds (the official code's hidden decay: 15 for MNIST, "
                       "20 for FMNIST); 0: off")
+        add_flag(parser, "--sageflow_diagnostics", type=bool, default=False,
+                 help="Sageflow: record each round's step against the fresh-only step that ignoring stragglers "
+                      "would take (norms, cosines, the stale groups' weight, both models' test accuracy: "
+                      "rs_sageflow_*); two extra evaluations a round, the run's numbers unchanged")
 
     def setup(self) -> None:
         self._said_all_filtered = False
@@ -140,10 +171,12 @@ class SageflowServer(Server):
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         now = package.round
+        before = self.global_params
         groups: dict[int, list[tuple[ClientUpdate, float]]] = {}
+        origins: dict[int, torch.Tensor] = {}  # start round -> the global model the group started from
         dropped = []
         for update in updates:
-            start, _ = origin_of(self.plugins, update, package)
+            start, origins[start] = origin_of(self.plugins, update, package)
             entropy, loss = self.score(update.params)
             if entropy < self.hp.sageflow_eth:
                 groups.setdefault(start, []).append((update, loss))
@@ -158,6 +191,8 @@ class SageflowServer(Server):
                             "untrained 10-class model predicts near ln 10 = 2.3) or train more locally per round",
                             now, self.hp.sageflow_eth)
                 self._said_all_filtered = True
+            if self.hp.sageflow_diagnostics:
+                self.record_diagnostics(updates, package, before, [], origins)
             return
         starts = sorted(groups, reverse=True)  # the fresh group first
         averages, kept_samples = [], []
@@ -173,6 +208,40 @@ class SageflowServer(Server):
             mixed.add_(average, alpha=float(weight))
         gamma = self.gamma_at(now)
         self.global_params = mixed if gamma == 1.0 else self.global_params * (1 - gamma) + mixed * gamma
+        if self.hp.sageflow_diagnostics:
+            self.record_diagnostics(updates, package, before, list(zip(starts, alpha, averages)), origins)
+
+    def record_diagnostics(self, updates: list[ClientUpdate], package: RoundPackage, before: torch.Tensor,
+                           mixture: list[tuple[int, float, torch.Tensor]], origins: dict[int, torch.Tensor]) -> None:
+        """``--sageflow_diagnostics``: this round's step against ignoring's fresh-only step (module
+        docstring); ``mixture``: (start round, α_τ, v_τ) of every kept group, ``before``: w_t."""
+        now, series = package.round, self.history.add_series
+        fresh = [u for u in updates if origin_of(self.plugins, u, package)[0] == now]
+        step = (self.global_params - before).double()
+        stale = [(start, float(weight), average) for start, weight, average in mixture if start < now]
+        stale_weight = sum(weight for _, weight, _ in stale)
+        series("sageflow_stale_weight", stale_weight)
+        series("sageflow_step_norm", float(step.norm()))
+        nan = float("nan")
+        fresh_only = weighted_average(fresh) if fresh else None
+        fresh_step = None if fresh_only is None else (fresh_only - before).double()
+        series("sageflow_fresh_step_norm", nan if fresh_step is None else float(fresh_step.norm()))
+        series("sageflow_step_along_fresh",
+               nan if fresh_step is None else float(step.dot(fresh_step) / fresh_step.dot(fresh_step)))
+        pull = sum((weight / stale_weight * (origins[start] - before).double() for start, weight, _ in stale),
+                   torch.zeros_like(step))
+        progress = sum((weight / stale_weight * (average - origins[start]).double() for start, weight, average in stale),
+                       torch.zeros_like(step))
+        stale_step = pull + progress  # z_s − w_t
+        has_both = bool(stale) and fresh_step is not None
+        series("sageflow_stale_step_norm", float(stale_step.norm()) if stale else nan)
+        series("sageflow_stale_pull_norm", float(pull.norm()) if stale else nan)
+        series("sageflow_stale_progress_norm", float(progress.norm()) if stale else nan)
+        series("sageflow_stale_fresh_cos", cosine(stale_step, fresh_step) if has_both else nan)
+        series("sageflow_stale_progress_cos", cosine(progress, fresh_step) if has_both else nan)
+        series("sageflow_next_acc", self.evaluate_models(lambda _: self.global_params, train_loss=False).test_acc)
+        series("sageflow_fresh_only_acc", nan if fresh_only is None
+               else self.evaluate_models(lambda _: fresh_only, train_loss=False).test_acc)
 
     def record_filter(self, updates: list[ClientUpdate], package: RoundPackage,
                       dropped: list[tuple[int, int]]) -> None:
