@@ -36,9 +36,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from common import OUT, add_training_flags, generate_data, results_folder, run_variant, write_table
+from common import add_training_flags, results_folder, run_variant, write_table
 from flcore.registry import load_all  # importable once common has put system/ on the path
-from sageflow_mnist import GAMMA_HALVING, RAW, public, variants
+from sageflow_mnist import GAMMA_HALVING, RAW, data_folder, public, variants
 
 #: the recorded series (rs_sageflow_<name>), one value per training round
 SERIES = ("next_acc", "fresh_only_acc", "step_norm", "fresh_step_norm", "step_along_fresh", "stale_step_norm",
@@ -49,18 +49,6 @@ def experiment_name(args: argparse.Namespace, halving: int) -> str:
     return (f"sageflow_diagnosis_{args.dataset}_{args.samples or 'all'}s_E{args.local_epochs}_{args.rounds}r"
             + (f"_ignoring_gamma{args.damped_ignoring:g}" if args.damped_ignoring else "")
             + (f"_gamma_halving{halving}" if halving != GAMMA_HALVING[args.dataset] else ""))
-
-
-def data_folder(args: argparse.Namespace) -> Path:
-    """``--data``, or sageflow_mnist.py's partition of the dataset (generated when missing)."""
-    if args.data is not None:
-        return args.data
-    folder = OUT / "data" / (f"{args.dataset}_shard100_global" + (f"_{args.samples}s" if args.samples else ""))
-    cap = ["--samples-per-client", str(args.samples)] if args.samples else []
-    generate_data(f"generate_{args.dataset}.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split",
-                                                  "global", "--raw-dir", str(RAW[args.dataset]), "--out-dir",
-                                                  str(folder), *cap])
-    return folder
 
 
 def sageflow_row(samples: int, halving: int, damped_ignoring: float = 0.0) -> tuple[str, list[str]]:

@@ -162,6 +162,19 @@ def target_times(paths: list[Path]) -> list[float | None]:
     return times
 
 
+def data_folder(args: argparse.Namespace) -> Path:
+    """``--data``, or the setting's partition: ``--dataset`` in 100 shard clients, the global test split,
+    ``--samples`` rows a client (0: all), generated from ``--raw_dir`` (default: RAW) when missing."""
+    if args.data is not None:
+        return args.data
+    folder = OUT / "data" / (f"{args.dataset}_shard100_global" + (f"_{args.samples}s" if args.samples else ""))
+    raw = getattr(args, "raw_dir", None) or RAW[args.dataset]
+    cap = ["--samples-per-client", str(args.samples)] if args.samples else []
+    generate_data(f"generate_{args.dataset}.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split",
+                                                  "global", "--raw-dir", str(raw), "--out-dir", str(folder), *cap])
+    return folder
+
+
 def experiment_name(args: argparse.Namespace, halving: int) -> str:
     """The results folder and table name of a run: runs with another dataset, optimiser, attack, E or
     γ halving period than the defaults get folders and a table of their own, so they never wipe the
@@ -206,13 +219,7 @@ def main() -> None:
         parser.error(f"--gamma_halving must be >= 0 (0: no halving), got {args.gamma_halving}")
     halving = GAMMA_HALVING[args.dataset] if args.gamma_halving is None else args.gamma_halving
     load_all()
-    data = args.data
-    if data is None:
-        data = OUT / "data" / (f"{args.dataset}_shard100_global" + (f"_{args.samples}s" if args.samples else ""))
-        raw = args.raw_dir or RAW[args.dataset]
-        cap = ["--samples-per-client", str(args.samples)] if args.samples else []
-        generate_data(f"generate_{args.dataset}.py", ["noniid", "-", "shard", "--num-clients", "100", "--test-split",
-                                                      "global", "--raw-dir", str(raw), "--out-dir", str(data), *cap])
+    data = data_folder(args)
     name = experiment_name(args, halving)
     shown = list(range(0, args.rounds + 1, args.eval_gap))  # the evaluated rounds
     columns = [f"round {r}" for r in shown]
