@@ -166,8 +166,35 @@ def mean_std(values: Sequence[float | None], scale: float = 100.0, digits: int =
     return text if len(present) == len(values) else f"{text} ({len(present)}/{len(values)})"
 
 
-def write_table(name: str, lines: list[str]) -> None:
-    """The table as ``out/<name>.md``, and on stdout."""
+def _row_label(row: str) -> str:
+    """A table row's first cell."""
+    return row.split("|")[1].strip() if row.startswith("|") and row.count("|") >= 2 else ""
+
+
+def merged_rows(old: list[str], new: list[str], labels: Sequence[str]) -> list[str]:
+    """``new`` (a header, then rows) with the rows of ``old`` for labels not rerun now kept, where both
+    tables have the same header (the same setting): rows run side by side with ``--only`` each keep the
+    others'. A rerun label's old row (``label`` or ``label (note)``) is replaced by its new one in place."""
+    header = next((i for i, line in enumerate(new) if line.startswith("|---")), None)
+    if header is None or old[: header + 1] != new[: header + 1]:
+        return new  # another setting (seeds, rounds, columns): the old rows do not belong to this table
+
+    def rerun(row: str) -> str | None:
+        cell = _row_label(row)
+        return next((label for label in labels if cell == label or cell.startswith(label + " (")), None)
+
+    fresh = {rerun(row): row for row in new[header + 1:] if rerun(row) is not None}
+    rows = [fresh.pop(rerun(row)) if rerun(row) in fresh else row for row in old[header + 1:]
+            if row.strip() and (rerun(row) is None or rerun(row) in fresh)]
+    return new[: header + 1] + rows + [row for row in new[header + 1:] if row in fresh.values()]
+
+
+def write_table(name: str, lines: list[str], only: Sequence[str] = ()) -> None:
+    """The table as ``out/<name>.md``, and on stdout. ``only``: the labels this call ran (a script's
+    ``--only``); the file then keeps the other rows of an earlier call with the same header."""
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}.md").write_text("\n".join(lines) + "\n")
+    path = OUT / f"{name}.md"
+    if only and path.exists():
+        lines = merged_rows(path.read_text().splitlines(), lines, only)
+    path.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

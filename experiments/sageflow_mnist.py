@@ -258,7 +258,7 @@ def main() -> None:
         row = f"{label} ({run.note()})" if run.diverged else label
         lines.append(f"| {row} | " + " | ".join(cells) + f" |  <!-- {run.seconds():.0f} s -->")
         print(lines[-1], flush=True)
-    write_table(name, lines)
+    write_table(name, lines, args.only or ())  # rows run side by side with --only keep each other's
 
 
 if __name__ == "__main__":

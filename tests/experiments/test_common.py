@@ -66,3 +66,22 @@ def test_the_note_lists_the_rounds_when_seeds_diverge_in_different_rounds(tmp_pa
     assert run.note() == "diverged at rounds 2, 5 in 3/4 seeds"
     assert run.every_seed() == paths
     assert common.Run(paths, 0.0).note() == ""
+
+
+def test_a_table_written_with_only_keeps_the_other_rows_of_the_same_setting(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "OUT", tmp_path)
+    header = ["# setting A, 3 seeds", "", "| method | round 1 |", "|---|---|"]
+    common.write_table("t", [*header, "| FedAsync | 1 |", "| Sageflow | 2 |"])
+    # a row run alone beside the others: "FedAsync, staleness in uploads" is not "FedAsync" rerun
+    common.write_table("t", [*header, "| FedAsync, staleness in uploads | 3 |"], only=["FedAsync, staleness in uploads"])
+    # a rerun replaces its old row (also one with a note) in place
+    common.write_table("t", [*header, "| FedAsync (diverged at round 3 in 1/3 seeds) | 4 |"], only=["FedAsync"])
+    assert (tmp_path / "t.md").read_text().splitlines() == [
+        *header, "| FedAsync (diverged at round 3 in 1/3 seeds) | 4 |", "| Sageflow | 2 |",
+        "| FedAsync, staleness in uploads | 3 |"]
+    # another setting (header) starts the table afresh; without --only the table is what was run
+    common.write_table("t", ["# setting B", "", "| method | round 1 |", "|---|---|", "| Sageflow | 5 |"], only=["Sageflow"])
+    assert (tmp_path / "t.md").read_text().splitlines()[-1] == "| Sageflow | 5 |"
+    assert len((tmp_path / "t.md").read_text().splitlines()) == 5
+    common.write_table("t", ["# setting B", "", "| method | round 1 |", "|---|---|", "| FedAsync | 6 |"])
+    assert "Sageflow" not in (tmp_path / "t.md").read_text()
