@@ -38,6 +38,7 @@ import numpy as np
 
 from common import add_training_flags, results_folder, run_variant, write_table
 from flcore.registry import load_all  # importable once common has put system/ on the path
+from flcore.servers.serversageflow import halved_gamma
 from sageflow_mnist import GAMMA_HALVING, RAW, data_folder, public, variants
 
 #: the recorded series (rs_sageflow_<name>), one value per training round
@@ -123,7 +124,7 @@ def report(args: argparse.Namespace, name: str, halving: int) -> None:
     width = max(r["late"].shape[1] for r in runs.values())
     late = np.stack([np.pad(r["late"][:rounds], ((0, 0), (0, width - r["late"].shape[1]))) for r in runs.values()])
     base = args.damped_ignoring or 1.0  # Sageflow's γ is sageflow_mnist.py's 1
-    gamma = np.array([base * (0.5 ** (t // halving) if halving else 1.0) for t in range(rounds)])
+    gamma = np.array([halved_gamma(base, halving, t) for t in range(rounds)])
     run_name = f"ignoring with a damped step (γ = {base:g})" if args.damped_ignoring else "Sageflow"
     gain = 100 * (stack["fresh_only_acc"] - stack["next_acc"])  # points the fresh-only model is ahead
     seeds = ", ".join(map(str, runs))

@@ -114,6 +114,11 @@ def group_weights(samples: list[float], staleness: list[int], lam: float) -> np.
     return raw / raw.sum()
 
 
+def halved_gamma(gamma: float, halving: int, rnd: int) -> float:
+    """γ_t: ``gamma`` halved every ``halving`` rounds (0: never)."""
+    return gamma * (0.5 ** (rnd // halving) if halving else 1.0)
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     """cos(a, b); NaN when either is zero."""
     norms = float(a.norm() * b.norm())
@@ -157,8 +162,7 @@ class SageflowServer(Server):
                 "public_samples": len(self.public_y)}
 
     def gamma_at(self, rnd: int) -> float:
-        halving = self.hp.sageflow_gamma_halving
-        return self.hp.sageflow_gamma * (0.5 ** (rnd // halving) if halving else 1.0)
+        return halved_gamma(self.hp.sageflow_gamma, self.hp.sageflow_gamma_halving, rnd)
 
     @torch.no_grad()
     def score(self, params: torch.Tensor) -> tuple[float, float]:
@@ -174,9 +178,11 @@ class SageflowServer(Server):
         before = self.global_params
         groups: dict[int, list[tuple[ClientUpdate, float]]] = {}
         origins: dict[int, torch.Tensor] = {}  # start round -> the global model the group started from
-        dropped = []
+        dropped, fresh = [], []  # (fresh: the uploads trained this round, filtered or not, for the diagnostics)
         for update in updates:
             start, origins[start] = origin_of(self.plugins, update, package)
+            if start == now:
+                fresh.append(update)
             entropy, loss = self.score(update.params)
             if entropy < self.hp.sageflow_eth:
                 groups.setdefault(start, []).append((update, loss))
@@ -192,7 +198,7 @@ class SageflowServer(Server):
                             now, self.hp.sageflow_eth)
                 self._said_all_filtered = True
             if self.hp.sageflow_diagnostics:
-                self.record_diagnostics(updates, package, before, [], origins)
+                self.record_diagnostics(fresh, package, before, [], origins)
             return
         starts = sorted(groups, reverse=True)  # the fresh group first
         averages, kept_samples = [], []
@@ -209,14 +215,14 @@ class SageflowServer(Server):
         gamma = self.gamma_at(now)
         self.global_params = mixed if gamma == 1.0 else self.global_params * (1 - gamma) + mixed * gamma
         if self.hp.sageflow_diagnostics:
-            self.record_diagnostics(updates, package, before, list(zip(starts, alpha, averages)), origins)
+            self.record_diagnostics(fresh, package, before, list(zip(starts, alpha, averages)), origins)
 
-    def record_diagnostics(self, updates: list[ClientUpdate], package: RoundPackage, before: torch.Tensor,
+    def record_diagnostics(self, fresh: list[ClientUpdate], package: RoundPackage, before: torch.Tensor,
                            mixture: list[tuple[int, float, torch.Tensor]], origins: dict[int, torch.Tensor]) -> None:
         """``--sageflow_diagnostics``: this round's step against ignoring's fresh-only step (module
-        docstring); ``mixture``: (start round, α_τ, v_τ) of every kept group, ``before``: w_t."""
+        docstring); ``fresh``: this round's uploads trained from w_t, ``mixture``: (start round, α_τ, v_τ)
+        of every kept group, ``before``: w_t."""
         now, series = package.round, self.history.add_series
-        fresh = [u for u in updates if origin_of(self.plugins, u, package)[0] == now]
         step = (self.global_params - before).double()
         stale = [(start, float(weight), average) for start, weight, average in mixture if start < now]
         stale_weight = sum(weight for _, weight, _ in stale)
