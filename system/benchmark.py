@@ -211,7 +211,7 @@ def _current_rss_mb() -> float:
 #: ``batched+evalbs128`` (``--eval_batch_size 128``), ``batched+cudnnbench+nhwc`` (``--cudnn_benchmark``, ``--conv_layout``)
 STEP_RUNNER_VARIANTS = ("eager", "graph", "compiled")
 PRECISION_VARIANTS = ("fp32", "tf32", "bf16")
-#: ``auto+evalfrozen``: evaluation through the frozen copies of flcore/frozen.py (opt-in: they leak memory);
+#: ``auto+evalfrozen``: evaluation through the frozen copies of flcore/frozen.py (opt-in: a slow memory growth remains);
 #: ``auto+evaleager`` the default, spelled out
 EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"], "evalfrozen": ["--eval_frozen", "True"]}
 #: process-wide switches: cuDNN's timed algorithm choice and the convolution layout (P2's grouped, vmapped

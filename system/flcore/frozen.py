@@ -30,8 +30,10 @@ frozen passes, RSS +13.5 MB per evaluation before, +5 MB with private units alon
 flat, its free bytes growing), flat at 424 MB with the trim too (eager: 427 MB), at the same CPU time;
 the same with 20 clients a round, ``-t 3 -gr 5``, RSS after each run: 646, 890, 1,117 MB before, 457,
 465, 468 now (eager 477, 486, 489). What stays: 12 small Python classes per copy (TorchScript's
-``QualnameWrapper``, held from C++; about 70 KB per evaluation) and the heap's address space (its free
-holes, not resident). Ways that do not help: one traced copy per model object reused across passes (it
+``QualnameWrapper``, held from C++) and the heap's address space (its free holes, not resident); over
+200 evaluations (RESULTS.md, "Frozen evaluation copies over 200 evaluations, against eager") RSS still
+grew about 130 KB and malloc's free bytes about 2.3 MB per evaluation, where the eager run stayed flat:
+that is why ``--eval_frozen`` stays off by default. Ways that do not help: one traced copy per model object reused across passes (it
 shares the parameters, so it sees the loaded weights, and does not grow), traced and frozen without
 ``optimize_for_inference`` (its constants alias the parameters here), or a trace with the weights as
 graph inputs: all run at the eager speed, because the gain is all in oneDNN's prepacked constant
