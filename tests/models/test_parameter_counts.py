@@ -109,6 +109,12 @@ def test_vgg9_is_fedmas():
     assert count("VGG9", (1, 28, 28), 10) == mnist == 2_573_450
 
 
+def test_sageflow_cnn_is_the_official_cnnmnist():
+    """savertm/Sageflow's CNNMnist: 1*32*25+32 = 832; 32*64*25+64 = 51,264; padding keeps 28 -> 14 -> 7,
+    so FC 64*7*7 = 3,136 -> 1024: 3,212,288; classifier 1024*10+10 = 10,250."""
+    assert count("SageflowCNN", (1, 28, 28), 10) == 832 + 51_264 + 3_212_288 + 10_250 == 3_274_634
+
+
 def test_cnn_bn_adds_norms_and_float_buffers_to_the_vector():
     """FedAvg CNN on MNIST: 1*32*25+32 + 32*64*25+64 + 1024*512+512 + 512*10+10 = 582,026; the three
     norms add 2*(32+64+512) = 1,216 parameters and as many running-statistic floats."""

@@ -13,7 +13,7 @@ import torch
 from fltest import build_server, image_dataset, make_args, random_dataset, run_main_two_rounds
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.plugins import attacks
-from flcore.protocol import ClientUpdate
+from flcore.protocol import ClientUpdate, RoundPackage
 from utils.data_utils import ClientData
 from utils.errors import FLError
 from utils.seeding import torch_generator
@@ -61,6 +61,82 @@ def test_attackers_are_drawn_from_the_seed_fixed_or_per_round():
     assert np.array_equal(per_round[3], attacks.attacker_mask(0, 0.25, True, 20, 3))
     assert attacks.attacker_count(0.25, 10) == 3 and attacks.attacker_count(0.2, 10) == 2  # halves round up
 
+
+
+def test_the_cohort_scope_draws_a_fixed_share_of_each_rounds_cohort():
+    args = make_args("FedAvg", num_clients=20, attack="ipm", attack_fraction=0.25, attack_scope="cohort")
+    cohort = [17, 2, 9, 4, 11, 0, 6, 13]
+    masks = [attacks.attackers_of(args, rnd, cohort) for rnd in range(6)]
+    for rnd, mask in enumerate(masks):  # round(0.25 x 8) = 2, inside the cohort, by hand from the seed
+        members = sorted(cohort)
+        chosen = attacks.numpy_rng(0, "cohort-attackers", rnd).choice(8, size=2, replace=False)
+        assert np.flatnonzero(mask).tolist() == sorted(members[i] for i in chosen)
+    assert len({mask.tobytes() for mask in masks}) > 1  # drawn anew every round
+    assert attacks.attackers_of(args, 3, sorted(cohort)).tobytes() == masks[3].tobytes()  # the order does not matter
+    assert attacks.attackers_of(args, 0, [5, 8, 1]).sum() == 1  # round(0.75) of a smaller cohort
+    with pytest.raises(ValueError, match="pass it"):
+        attacks.attackers_of(args, 0)
+
+
+def test_with_the_cohort_scope_every_round_has_the_same_number_of_attackers(tmp_path):
+    def attack_uploads(scope: str) -> list[int]:
+        srv = server(attack="sign_flip", attack_fraction=0.25, attack_scope=scope, join_ratio=0.5, global_rounds=8)
+        counts = []
+        for rnd in range(8):
+            start = srv.global_params.clone()
+            result = srv.run_round(rnd, evaluate=False)
+            bad = [u for u in result.updates if srv.plugin("attack").attackers(rnd)[u.index]]
+            assert {u.index for u in bad} <= set(result.cohort)
+            counts.append(len(bad))
+            if scope == "cohort":
+                for update in bad:  # poisoned as sign_flip says: far from the start, the other way
+                    assert float((update.params - start).norm()) > 0
+        return counts
+
+    assert attack_uploads("cohort") == [1] * 8  # round(0.25 x 4) of each cohort of 4
+    assert len(set(attack_uploads("clients"))) > 1  # 2 of the 8 clients: 0, 1 or 2 in a cohort of 4
+
+
+def test_cohort_scope_label_flippers_train_on_flipped_labels():
+    srv = server(attack="label_flip", attack_fraction=0.25, attack_scope="cohort", join_ratio=0.5)
+    cohort = srv.select_clients(0)
+    mask = attacks.attackers_of(srv.args, 0, cohort)
+    _, flipped = first_round(server(dataset(flip=mask), join_ratio=0.5))
+    _, poisoned = first_round(srv)
+    assert [u.index for u in poisoned] == [u.index for u in flipped] == cohort and mask.sum() == 1
+    for ours, reference in zip(poisoned, flipped):
+        assert torch.equal(ours.params, reference.params), ours.index
+
+
+def test_cohort_attackers_of_late_uploads_are_remembered_across_a_resume():
+    """Sageflow's filter scores late uploads against the attackers of the round they were trained in."""
+    from utils import checkpoint
+
+    def sageflow():
+        args = make_args("Sageflow", engine="sequential", num_clients=CLIENTS, batch_size=4, global_rounds=6,
+                         public_data=0.1, attack="sign_flip", attack_fraction=0.25, attack_scope="cohort",
+                         join_ratio=0.5, straggler_delay=2)
+        return build_server(args, dataset())
+
+    whole = sageflow()
+    for rnd in range(5):
+        whole.run_round(rnd, evaluate=False)
+    first = sageflow()
+    for rnd in range(3):
+        first.run_round(rnd, evaluate=False)
+    assert sorted(first.plugin("attack").cohort_attackers) == [0, 1, 2]
+    saved = checkpoint.server_state(first, 3)
+    resumed = sageflow()
+    assert checkpoint.load_server_state(resumed, saved) == 3
+    for rnd in (3, 4):  # uploads trained in rounds 1-2 arrive now: their attackers come from the checkpoint
+        resumed.run_round(rnd, evaluate=False)
+    assert torch.equal(resumed.global_params, whole.global_params)
+    staleness = whole.history.extra_series["staleness"][3:]
+    assert any(s > 0 for row in staleness for s in row)  # late uploads did arrive in rounds 3-4
+    for name in ("sageflow_precision", "sageflow_recall"):
+        np.testing.assert_array_equal(resumed.history.extra_series[name], whole.history.extra_series[name])
+    for rnd in range(5):
+        assert np.array_equal(resumed.plugin("attack").attackers(rnd), whole.plugin("attack").attackers(rnd))
 
 # ----------------------------------------------------------------------------- the rules by hand
 def test_alie_ipm_and_minmax_by_hand():
@@ -293,10 +369,10 @@ def test_dbas_local_patterns_split_the_global_trigger_stamped_on_a_known_image()
     args = make_args("FedAvg", num_clients=8, attack="dba", attack_fraction=0.75)
     attackers = np.flatnonzero(attacks.attackers_of(args, 0)).tolist()
     assert len(attackers) == 6
-    parts = [attacks.dba_part(args, c, 0) for c in attackers]
+    parts = [attacks.dba_part(args, c, 0, list(range(8))) for c in attackers]
     assert parts == [attacks.DBA_PARTS[k % 4] for k in range(6)]
     x, y = torch.zeros(10, 1, 5, 10), torch.zeros(10, dtype=torch.long)
-    px, py = attacks.DATA_ATTACKS["dba"](args, x, y, 4, attackers[1], 0)
+    px, py = attacks.DATA_ATTACKS["dba"](args, x, y, 4, attackers[1], RoundPackage(0, torch.zeros(1), list(range(8))))
     local = torch.zeros(5, 10)
     local[0, 6:10] = 1.0
     assert py.tolist() == [2, 2, 2] + [0] * 7 and torch.equal(px[:3], local.expand(3, 1, 5, 10))

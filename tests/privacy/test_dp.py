@@ -128,7 +128,7 @@ def test_dp_step_is_the_mean_of_clipped_per_sample_gradients_plus_the_seeded_noi
         want += model.grad * min(1.0, 0.3 / (float(model.grad.norm()) + 1e-6))
     noise = torch.randn(model.num_params, generator=torch_generator(0, "dp", 7, client.cid, 2))
     want = (want + 0.8 * 0.3 * noise) / 5
-    client.step_gradient(model, idx, {}, 7, 2)
+    client.step_gradient(model, idx, {}, server.package(7, [client.index]), 2)
     assert torch.allclose(model.grad, want, atol=1e-6, rtol=1e-5)
 
 

@@ -23,7 +23,7 @@ def _plain_sgd_before(self, model, package, ctx, plan, lr):
     loss_sum = torch.zeros((), device=model.device)
     for step, idx in enumerate(plan):
         step_ctx = self.context_at(ctx, step)
-        loss_sum += self.step_gradient(model, idx, step_ctx, package.round, step)
+        loss_sum += self.step_gradient(model, idx, step_ctx, package, step)
         model.params.add_(self.adjust_grad(model.params, model.grad, step_ctx), alpha=-lr)
     return self.check_loss(loss_sum, len(plan), package.round)
 

@@ -272,12 +272,14 @@ class Client:
         loss.backward(inputs=self.gradient_inputs(model, ctx))
         return loss.detach()
 
-    def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int, step: int) -> torch.Tensor:
-        """The gradient local step ``step`` of round ``rnd`` uses, left in ``model.grad`` (returns the
-        loss), as the client's local-step strategy computes it: ``compute_gradient``'s, or with
-        ``-dp`` DP-SGD's (``flcore/privacy/dpsgd.py``); whoever replays a step (an attack on the
-        uploads) gets what the client used."""
-        return self.local_step.gradient(self, model, idx, ctx, rnd, step)
+    def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, package: RoundPackage,
+                      step: int) -> torch.Tensor:
+        """The gradient local step ``step`` of the round of ``package`` uses, left in ``model.grad``
+        (returns the loss), as the client's local-step strategy computes it: ``compute_gradient``'s,
+        with ``-dp`` DP-SGD's (``flcore/privacy/dpsgd.py``), or an attacker's poisoned one
+        (``plugins/attacks.py``); whoever replays a step (an attack on the uploads) gets what the
+        client used."""
+        return self.local_step.gradient(self, model, idx, ctx, package, step)
 
     def check_loss(self, loss_sum: torch.Tensor | float, steps: int, rnd: int) -> float:
         """Mean loss of the round; a NaN/inf loss stops the run with advice. ``loss_sum`` may be
@@ -302,7 +304,7 @@ class Client:
         velocity: torch.Tensor | None = None
         for step, idx in enumerate(plan):
             step_ctx = self.context_at(ctx, step)
-            loss_sum += self.step_gradient(model, idx, step_ctx, package.round, step)
+            loss_sum += self.step_gradient(model, idx, step_ctx, package, step)
             direction = self.adjust_grad(model.params, model.grad, step_ctx)
             if beta:
                 # PyTorch's first step copies the gradient into the buffer (= β·0 + g)

@@ -24,7 +24,7 @@ from utils.errors import FLError
 if TYPE_CHECKING:
     from flcore.clients.clientbase import Client
     from flcore.flat import FlatModel
-    from flcore.protocol import LocalJob
+    from flcore.protocol import LocalJob, RoundPackage
 
 
 class LocalStep:
@@ -51,9 +51,10 @@ class LocalStep:
     def batch_plan(self, client: "Client", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
         return client.shuffled_plan(rnd, epochs, purpose)
 
-    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, rnd: int,
+    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: "RoundPackage",
                  step: int) -> torch.Tensor:
-        """Leave the step's gradient in ``model.grad``; return the minibatch's loss."""
+        """Leave the gradient of local step ``step`` of the round of ``package`` in ``model.grad``;
+        return the minibatch's loss."""
         return client.compute_gradient(model, idx, ctx)
 
     def job_finished(self, client: "Client", job: "LocalJob") -> None:

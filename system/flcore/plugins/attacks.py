@@ -2,7 +2,12 @@
 
 ``--attack NAME --attack_fraction f`` makes ``round(f · N)`` of the N training clients attackers
 (half rounds up), drawn from ``(seed, "attackers")`` once for the run, or from
-``(seed, "attackers", round)`` every round with ``--attack_resample`` (:func:`attacker_mask`).
+``(seed, "attackers", round)`` every round with ``--attack_resample`` (:func:`attacker_mask`). With
+``--attack_scope cohort`` the attackers are instead ``round(f · n)`` of the n clients that train in
+each round, drawn every round from ``(seed, "cohort-attackers", round)`` (:func:`cohort_attacker_mask`):
+a fixed share of every cohort, as the official Sageflow code draws them (``int(m × ratio)`` of the
+round's m sampled clients; equal for its 20 × 0.2). Among 20 of 100 clients with f = 0.2 the
+``clients`` scope puts 0 to 8 attackers in a cohort (4 on average), the ``cohort`` scope always 4.
 Attackers train as the algorithm says (on poisoned data for a data attack); what they upload is
 then replaced. Every attack works on the update ``u = params − global`` of the round's package,
 restricted to the shared part of the model (the private part never leaves a client).
@@ -117,10 +122,36 @@ def attacker_mask(seed: int, fraction: float, resample: bool, num_clients: int, 
     return mask
 
 
-def attackers_of(args: Any, rnd: int) -> np.ndarray:
-    """The run's attacker mask in round ``rnd`` (every client position; ``args.num_clients`` of them)."""
+@functools.lru_cache(maxsize=64)
+def cohort_attacker_mask(seed: int, fraction: float, num_clients: int, rnd: int, cohort: tuple[int, ...]) -> np.ndarray:
+    """``--attack_scope cohort``: round(f · n) of the n clients of round ``rnd``'s training cohort
+    (``cohort``, in increasing order), drawn from (seed, "cohort-attackers", rnd); a read-only mask
+    over every client position."""
+    chosen = numpy_rng(seed, "cohort-attackers", rnd).choice(len(cohort), size=attacker_count(fraction, len(cohort)),
+                                                              replace=False)
+    mask = np.zeros(num_clients, dtype=bool)
+    mask[np.asarray(cohort, dtype=np.int64)[chosen]] = True
+    mask.setflags(write=False)
+    return mask
+
+
+def attackers_of(args: Any, rnd: int, cohort: list[int] | None = None) -> np.ndarray:
+    """The attacker mask of round ``rnd`` over every client position (``args.num_clients`` of them):
+    the run's, or with ``--attack_scope cohort`` drawn from ``cohort``, the clients that train in
+    that round (its package's). Of a past round, ask the plug-in (:func:`attackers_in`)."""
+    if args.attack_scope == "cohort":
+        if cohort is None:
+            raise ValueError("--attack_scope cohort draws the attackers from the round's cohort: pass it")
+        return cohort_attacker_mask(int(args.seed), float(args.attack_fraction), int(args.num_clients), int(rnd),
+                                    tuple(sorted(cohort)))
     return attacker_mask(int(args.seed), float(args.attack_fraction), bool(args.attack_resample),
                          int(args.num_clients), 0 if not args.attack_resample else int(rnd))
+
+
+def attackers_in(plugins: dict[str, RoundPlugin], rnd: int) -> np.ndarray:
+    """The attacker mask of training round ``rnd`` (a round that has trained: a late upload's start
+    round too), as the run's attack plug-in drew it."""
+    return plugins["attack"].attackers(rnd)
 
 
 # ----------------------------------------------------------------------------- model poisoning
@@ -228,19 +259,23 @@ def backdoor_batch(args: Any, x: torch.Tensor, y: torch.Tensor,
     return x, y
 
 
-def dba_part(args: Any, client: int, rnd: int) -> Pixels:
-    """The local pattern of attacker ``client`` in round ``rnd``: the k-th attacker's (by index) is part k mod 4."""
-    rank = int(np.searchsorted(np.flatnonzero(attackers_of(args, rnd)), client))
+def dba_part(args: Any, client: int, rnd: int, cohort: list[int]) -> Pixels:
+    """The local pattern of attacker ``client`` in round ``rnd`` (``cohort``: the round's training
+    cohort): the k-th attacker's (by index) is part k mod 4."""
+    rank = int(np.searchsorted(np.flatnonzero(attackers_of(args, rnd, cohort)), client))
     return DBA_PARTS[rank % len(DBA_PARTS)]
 
 
-#: data attacks: how attacker ``client``'s minibatch (x, y) of round ``rnd`` is poisoned (``args``: the run's flags)
-DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int, int, int], tuple[torch.Tensor, torch.Tensor]]] = {
-    "label_flip": lambda args, x, y, classes, client, rnd:
+#: data attacks: how attacker ``client``'s minibatch (x, y) of the round of ``package`` is poisoned (``args``:
+#: the run's flags)
+DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int, int, RoundPackage],
+                                 tuple[torch.Tensor, torch.Tensor]]] = {
+    "label_flip": lambda args, x, y, classes, client, package:
         (x, label_table(str(args.attack_label_map or ""), classes).to(y.device)[y]),
-    "backdoor": lambda args, x, y, classes, client, rnd: backdoor_batch(args, x, y),
-    "dba": lambda args, x, y, classes, client, rnd: backdoor_batch(args, x, y, dba_part(args, client, rnd)),
-    "model_replacement": lambda args, x, y, classes, client, rnd: backdoor_batch(args, x, y),
+    "backdoor": lambda args, x, y, classes, client, package: backdoor_batch(args, x, y),
+    "dba": lambda args, x, y, classes, client, package:
+        backdoor_batch(args, x, y, dba_part(args, client, package.round, package.cohort)),
+    "model_replacement": lambda args, x, y, classes, client, package: backdoor_batch(args, x, y),
 }
 #: the backdoors, and the trigger their attack success rate stamps on the test images
 TEST_TRIGGERS: dict[str, Pixels] = {"backdoor": TRIGGER_PIXELS, "dba": DBA_TRIGGER, "model_replacement": TRIGGER_PIXELS}
@@ -256,8 +291,8 @@ def replacement_scale(updates: list[ClientUpdate], attacker: np.ndarray) -> floa
 @dataclass(frozen=True)
 class PoisonedData(LocalStep):
     """Plain SGD, except that an attacker computes its gradients on poisoned minibatches. Which
-    clients attack in a round is :func:`attackers_of` (a function of the flags), so Ray actors that
-    rebuild this strategy from the flags poison the same clients."""
+    clients attack in a round is :func:`attackers_of` (a function of the flags and the round's
+    package), so Ray actors that rebuild this strategy from the flags poison the same clients."""
 
     args: Any
 
@@ -272,13 +307,13 @@ class PoisonedData(LocalStep):
     def from_args(cls, args) -> "PoisonedData":
         return cls(args)
 
-    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, rnd: int,
+    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: RoundPackage,
                  step: int) -> torch.Tensor:
-        if not attackers_of(self.args, rnd)[client.index]:
+        if not attackers_of(self.args, package.round, package.cohort)[client.index]:
             return client.compute_gradient(model, idx, ctx)
         client.count_gradient_samples(idx)
         x, y = DATA_ATTACKS[self.args.attack](self.args, client.data.inputs("train", idx), client.data.train_y[idx],
-                                              client.task.num_classes, client.index, rnd)
+                                              client.task.num_classes, client.index, package)
         model.zero_grad()
         loss = client.local_loss(model.net, x, y, ctx)
         loss.backward()
@@ -343,13 +378,24 @@ class AttackPlugin(RoundPlugin):
             check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
+        #: ``--attack_scope cohort``: every trained round's attackers (a late upload's start round is
+        #: looked up here when it arrives; checkpointed)
+        self.cohort_attackers: dict[int, list[int]] = {}
 
     def attackers(self, rnd: int) -> np.ndarray:
-        return attackers_of(self.args, rnd)
+        """The attacker mask of training round ``rnd`` (with ``--attack_scope cohort``: a round that
+        has trained)."""
+        if self.args.attack_scope != "cohort":
+            return attackers_of(self.args, rnd)
+        mask = np.zeros(int(self.args.num_clients), dtype=bool)
+        mask[self.cohort_attackers[rnd]] = True
+        return mask
 
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
-        mask = self.attackers(package.round)
+        mask = attackers_of(self.args, package.round, package.cohort)
+        if self.args.attack_scope == "cohort":
+            self.cohort_attackers[package.round] = np.flatnonzero(mask).tolist()
         bad = [u for u in arrived if mask[u.index]]
         self.last_attackers = [u.index for u in bad]
         if bad and self.name not in DATA_ATTACKS:
@@ -429,6 +475,15 @@ class AttackPlugin(RoundPlugin):
         history.add_series("attack_uploads", len(self.last_attackers))
         history.add_series("attackers", list(self.last_attackers))
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"cohort_attackers": {rnd: list(indices) for rnd, indices in self.cohort_attackers.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.cohort_attackers = {int(rnd): [int(i) for i in indices]
+                                 for rnd, indices in state.get("cohort_attackers", {}).items()}
+
     def summary(self) -> dict[str, object]:
-        fixed = None if self.args.attack_resample else np.flatnonzero(self.attackers(0)).tolist()
-        return {"attack": self.name, "attack_fraction": float(self.args.attack_fraction), "attackers": fixed}
+        fixed = self.args.attack_resample or self.args.attack_scope == "cohort"
+        return {"attack": self.name, "attack_fraction": float(self.args.attack_fraction),
+                "attack_scope": self.args.attack_scope,
+                "attackers": None if fixed else np.flatnonzero(self.attackers(0)).tolist()}

@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from flcore.plugins import RoundPlugin
-from flcore.plugins.attacks import attacker_count, attackers_of
+from flcore.plugins.attacks import attacker_count, attackers_in
 from flcore.plugins.stragglers import origin_of
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
@@ -366,8 +366,8 @@ class RobustAggregation(RoundPlugin):
         precision = recall = float("nan")
         if self._filtered is not None:
             kept, dropped = self._filtered
-            caught = sum(1 for i, trained in dropped if attackers_of(self.args, trained)[i])
-            present = caught + sum(1 for i, trained in kept if attackers_of(self.args, trained)[i])
+            caught = sum(1 for i, trained in dropped if attackers_in(self.peers, trained)[i])
+            present = caught + sum(1 for i, trained in kept if attackers_in(self.peers, trained)[i])
             precision = caught / len(dropped) if dropped else float("nan")
             recall = caught / present if present else float("nan")
         self.runtime.history.add_series("robust_precision", precision)

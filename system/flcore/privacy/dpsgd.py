@@ -61,7 +61,7 @@ from utils.seeding import torch_generator
 
 if TYPE_CHECKING:
     from flcore.clients.clientbase import Client
-    from flcore.protocol import LocalJob
+    from flcore.protocol import LocalJob, RoundPackage
 
 #: opacus's guard against a zero norm in the clip factor C / (‖g‖ + eps)
 CLIP_EPS = 1e-6
@@ -126,11 +126,11 @@ class DPSGD(LocalStep):
         return plan
 
     # ----------------------------------------------------------------- one step
-    def gradient(self, client: "Client", model: FlatModel, idx: torch.Tensor, ctx: dict, rnd: int,
+    def gradient(self, client: "Client", model: FlatModel, idx: torch.Tensor, ctx: dict, package: RoundPackage,
                  step: int) -> torch.Tensor:
         """Leave the privatised gradient of minibatch ``idx`` in ``model.grad``; returns the mean loss.
 
-        (``rnd``, ``step``) name the step's noise stream (``Client.step_gradient``)."""
+        (``package.round``, ``step``) name the step's noise stream (``Client.step_gradient``)."""
         client.count_gradient_samples(idx)
         model.zero_grad()
         divisor = client.batch_size if self.poisson else len(idx)
@@ -149,7 +149,7 @@ class DPSGD(LocalStep):
                 model.grad.copy_((factors @ grads) / divisor)
                 loss = losses.mean()
         if self.sigma > 0:
-            generator = torch_generator(client.args.seed, "dp", rnd, client.cid, step, device=model.device)
+            generator = torch_generator(client.args.seed, "dp", package.round, client.cid, step, device=model.device)
             noise = torch.randn(model.num_params, generator=generator, device=model.device, dtype=model.grad.dtype)
             model.grad.add_(noise, alpha=self.sigma * self.clip / divisor)
         return loss

@@ -79,7 +79,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flcore.plugins.attacks import attackers_of
+from flcore.plugins.attacks import attackers_in
 from flcore.plugins.stragglers import origin_of
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
@@ -257,8 +257,8 @@ class SageflowServer(Server):
         if not getattr(self.args, "attack", None):
             return
         trained_in = [origin_of(self.plugins, u, package)[0] for u in updates]
-        attacking = [bool(attackers_of(self.args, start)[u.index]) for u, start in zip(updates, trained_in)]
-        caught = sum(1 for index, start in dropped if attackers_of(self.args, start)[index])
+        attacking = [bool(attackers_in(self.plugins, start)[u.index]) for u, start in zip(updates, trained_in)]
+        caught = sum(1 for index, start in dropped if attackers_in(self.plugins, start)[index])
         present = sum(attacking)
         history.add_series("sageflow_precision", caught / len(dropped) if dropped else float("nan"))
         history.add_series("sageflow_recall", caught / present if present else float("nan"))

@@ -93,6 +93,25 @@ def cnn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = N
     return SplitModel(body, nn.Linear(512, num_classes))
 
 
+@register_model("SageflowCNN")
+def sageflow_cnn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
+    """The official Sageflow code's MNIST model (savertm/Sageflow ``CNNMnist``): two 5x5 convolutions
+    (32, 64) padded by 2, each with ReLU and 2x2 max-pooling, FC 1024 with ReLU, a linear classifier;
+    3,274,634 parameters on 1x28x28. It differs from ``CNN`` (no padding, FC 512: 582,026) only in
+    padding and width, and is here for side-by-side runs with that code
+    (``experiments/sageflow_mnist.py --protocol official``)."""
+    if len(input_shape) != 3:
+        raise ValueError(f"SageflowCNN needs image input [C, H, W], got {list(input_shape)}")
+    conv = nn.Sequential(
+        nn.Conv2d(input_shape[0], 32, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, kernel_size=5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    dim = _feature_dim(conv, input_shape)
+    body = nn.Sequential(*conv, nn.Linear(dim, 1024), nn.ReLU())
+    return SplitModel(body, nn.Linear(1024, num_classes))
+
+
 @register_model("LeNet")
 def lenet(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
     """PFLlib's LeNet: conv 5x5 (20) + pool, conv 5x5 (50) + dropout + pool, a 256-unit
