@@ -123,7 +123,7 @@ def main_script() -> None:
                    f"{outcome['final']} | {outcome['time']} |")
         lines.append(row)
         print(row, flush=True)
-    write_table("igfl_cross_silo", lines)
+    write_table("igfl_cross_silo", lines, [v[0] for v in chosen] if args.only else ())  # --only keeps the other rows
 
 
 if __name__ == "__main__":

@@ -39,7 +39,15 @@ Differences from the official code, on purpose or forced (also in RESULTS.md):
 * our ``sign_flip`` flips the update, u ← −s·u, by default; the official one flips the weights,
   w ← −s·w, which ``--attack_flip weights`` selects in the ``official`` and ``sign_flip`` settings;
 * clients train on all of their ~590 samples (the official code keeps 20% of them aside);
-* every delay is drawn from the seed and a client with an upload in flight may be selected again.
+* every delay is drawn from the seed and a client with an upload in flight may be selected again;
+* attackers are 20% of all clients, re-drawn every round (0 to 8 in a cohort of 20), where the
+  official code draws 4 of each round's 20.
+
+``--protocol official`` removes the last three differences but the data share: the official model
+(``-m SageflowCNN``), attackers as a share of each round's cohort (``--attack_scope cohort``), busy
+clients that sit out a round while their upload is in flight (``--straggler_busy skip``) and the
+official delay draw (``--straggler_delays each``: the round's first three clients get delays 0, 1, 2).
+Its results go to folders ending ``_official_protocol``.
 
 Usage (from the repository root; E and rounds are reduced on a small CPU, say so when reporting)::
 
@@ -51,6 +59,7 @@ Usage (from the repository root; E and rounds are reduced on a small CPU, say so
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --dataset FashionMNIST --setting sign_flip --samples 150 --rounds 10
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --local_momentum 0.9 --lr 0.01
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 40 --local_epochs 5 --gamma_halving 0 --only Sageflow
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 15 --local_epochs 5 --local_momentum 0.9 --lr 0.01 --attack_flip weights --protocol official --times 1
 
 ``--gamma_halving R`` replaces the official code's halving period (0: γ stays ``--sageflow_gamma``, as the
 paper states it); such runs go to folders ending ``_gamma_halving<R>``.
@@ -162,6 +171,21 @@ def target_times(paths: list[Path]) -> list[float | None]:
     return times
 
 
+#: --protocol official: what the official code does differently, as flags of every row that has stragglers or
+#: attackers (the model is run_variant's argument)
+OFFICIAL_STRAGGLERS = ["--straggler_busy", "skip", "--straggler_delays", "each"]
+OFFICIAL_ATTACKERS = ["--attack_scope", "cohort"]
+MODELS = {"ours": "CNN", "official": "SageflowCNN"}
+
+
+def with_protocol(flags: list[str], protocol: str) -> list[str]:
+    """A row's flags under ``--protocol``: the official code's simulation of stragglers and attackers."""
+    if protocol == "ours":
+        return flags
+    return [*flags, *(OFFICIAL_STRAGGLERS if "--straggler_delay" in flags else []),
+            *(OFFICIAL_ATTACKERS if "--attack" in flags else [])]
+
+
 def data_folder(args: argparse.Namespace) -> Path:
     """``--data``, or the setting's partition: ``--dataset`` in 100 shard clients, the global test split,
     ``--samples`` rows a client (0: all), generated from ``--raw_dir`` (default: RAW) when missing."""
@@ -183,7 +207,8 @@ def experiment_name(args: argparse.Namespace, halving: int) -> str:
             + (f"_momentum{args.local_momentum:g}_lr{args.lr:g}" if args.local_momentum else "")
             + ("_flip_weights" if args.attack_flip == "weights" else "")
             + (f"_E{args.local_epochs}" if args.local_epochs != 1 else "")
-            + (f"_gamma_halving{halving}" if halving != GAMMA_HALVING[args.dataset] else ""))
+            + (f"_gamma_halving{halving}" if halving != GAMMA_HALVING[args.dataset] else "")
+            + ("_official_protocol" if args.protocol == "official" else ""))
 
 
 def main() -> None:
@@ -209,6 +234,9 @@ def main() -> None:
     parser.add_argument("--gamma_halving", type=int, default=None,
                         help="Sageflow's γ halving period in rounds (--sageflow_gamma_halving; 0: off; default: the "
                              "official code's, 15 on MNIST, 20 on Fashion-MNIST); another period gets its own folders")
+    parser.add_argument("--protocol", choices=list(MODELS), default="ours",
+                        help="official: the official code's model, attackers per cohort, busy stragglers and delay "
+                             "draw (module docstring); its results go to folders of their own")
     add_training_flags(parser, lr=0.1, lr_help="local lr (plain SGD unless --local_momentum; see the module docstring)",
                        batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
@@ -232,6 +260,8 @@ def main() -> None:
              f"B = {args.batch_size}, lr {args.lr}, momentum {args.local_momentum:g}, "
              + (f"sign flip of the {args.attack_flip}, " if args.setting in ("official", "sign_flip") else "")
              + (f"Sageflow's γ halved every {halving} rounds, " if halving else "no γ halving, ")
+             + ("the official code's protocol (model, attackers, busy stragglers, delays), "
+                if args.protocol == "official" else "")
              + f"{args.times} seed(s) from {args.seed}",
              "", "| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     extra = ["--engine", "sequential", "--num_threads", "1", "--local_momentum", str(args.local_momentum),
@@ -242,8 +272,8 @@ def main() -> None:
                                        halving, args.attack_flip):
         if args.only and label not in args.only:
             continue
-        run = run_variant(name, label, algo, ["-jr", "0.2", *public(args.samples), *flags], data, args, "CNN", args.rounds,
-                          extra, diverged_is_result=True)
+        run = run_variant(name, label, algo, ["-jr", "0.2", *public(args.samples), *with_protocol(flags, args.protocol)],
+                          data, args, MODELS[args.protocol], args.rounds, extra, diverged_is_result=True)
         if isinstance(run, str):
             lines.append(f"| {label} | {run} |")
             continue

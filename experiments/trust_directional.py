@@ -119,7 +119,7 @@ def main() -> None:
         cells = fair_cells(run) if args.part == "fair" else flchain_cells(run, fedavg)
         lines.append(f"| {label} | " + " | ".join(cells) + f" |  <!-- {run.seconds():.0f} s -->")
         print(lines[-1], flush=True)
-    write_table(f"trust_{args.part}", lines)
+    write_table(f"trust_{args.part}", lines, args.only or ())  # rows run with --only keep the others'
 
 
 if __name__ == "__main__":

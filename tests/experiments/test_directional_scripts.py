@@ -85,7 +85,7 @@ def test_curves_put_each_evaluation_at_its_round_and_pad_with_nan(tmp_path):
 def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_row():
     load_all()
     args = argparse.Namespace(setting="stragglers", dataset="MNIST", local_momentum=0.0, lr=0.1,
-                              attack_flip="update", local_epochs=5)
+                              attack_flip="update", local_epochs=5, protocol="ours")
     assert sf.experiment_name(args, 15) == "sageflow_stragglers_E5"  # the official period: the default folders
     assert sf.experiment_name(args, 0) == "sageflow_stragglers_E5_gamma_halving0"
     args.dataset = "FashionMNIST"
@@ -96,3 +96,22 @@ def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_r
             if algo == "Sageflow":
                 assert flags[flags.index("--sageflow_gamma_halving") + 1] == "0", label
                 assert main.parse_args(["-algo", algo, "-m", "CNN", *flags]).sageflow_gamma_halving == 0
+
+
+def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
+    load_all()
+    args = argparse.Namespace(setting="official", dataset="MNIST", local_momentum=0.9, lr=0.01,
+                              attack_flip="weights", local_epochs=5, protocol="official")
+    assert sf.experiment_name(args, 15) == "sageflow_official_momentum0.9_lr0.01_flip_weights_E5_official_protocol"
+    for setting in ("official", "stragglers", "sign_flip", "backdoor"):
+        for label, algo, flags in sf.variants(setting, 0.1):
+            assert sf.with_protocol(flags, "ours") == flags
+            official = sf.with_protocol(flags, "official")
+            parsed = main.parse_args(["-algo", algo, "-m", sf.MODELS["official"], *official])
+            assert getattr(parsed, main.IGNORED_DEST) == [], label
+            assert parsed.model == "SageflowCNN"
+            if "--straggler_delay" in flags:  # stragglers: busy clients sit out, the official delay draw
+                assert (parsed.straggler_busy, parsed.straggler_delays) == ("skip", "each"), label
+            if "--attack" in flags:
+                assert parsed.attack_scope == "cohort", label
+            assert ("--straggler_delay" in flags or "--attack" in flags) == (official != flags), label
