@@ -162,10 +162,10 @@ class Stragglers(RoundPlugin):
         self.policy = str(args.straggler_policy)
         if self.policy not in POLICIES:
             raise FLError(f"--straggler_policy {self.policy}: choose one of {', '.join(POLICIES)}")
-        self.busy = str(getattr(args, "straggler_busy", "train"))
+        self.busy = str(args.straggler_busy)
         if self.busy not in BUSY:
             raise FLError(f"--straggler_busy {self.busy}: choose one of {', '.join(BUSY)}")
-        self.delay_draw = str(getattr(args, "straggler_delays", "uniform"))
+        self.delay_draw = str(args.straggler_delays)
         if self.delay_draw not in DELAY_DRAWS:
             raise FLError(f"--straggler_delays {self.delay_draw}: choose one of {', '.join(DELAY_DRAWS)}")
         if self.by_clock and (self.busy != "train" or self.delay_draw != "uniform"):
@@ -263,8 +263,7 @@ class Stragglers(RoundPlugin):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = [dict(p) for p in state["pending"]]
         self.origins = {int(k): v for k, v in state["origins"].items()}
-        # a checkpoint from before --straggler_busy has none (its runs let busy clients train)
-        self.busy_until = {int(c): int(last) for c, last in state.get("busy_until", {}).items()}
+        self.busy_until = {int(c): int(last) for c, last in state["busy_until"].items()}
 
     def summary(self) -> dict[str, object]:
         return {"straggler_delay": self.most, "straggler_clock": self.by_clock, "straggler_policy": self.policy,
