@@ -518,6 +518,12 @@ def generic_parser() -> argparse.ArgumentParser:
                   "0: rounds: only the on-time ones, clock: the fastest one)")
     add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
              help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
+    add_flag(a, "--straggler_busy", type=str, default="train", choices=["train", "skip", "unselectable"],
+             help="a client drawn while its late upload is in flight: trains again (train), sits the round out "
+                  "(skip: the official Sageflow code) or cannot be drawn (unselectable); --straggler_delay only")
+    add_flag(a, "--straggler_delays", type=str, default="uniform", choices=["uniform", "each"],
+             help="delays: each U{0..S} (uniform) or, as the official Sageflow code, S+1 of the round's trainers "
+                  "get 0, 1, ..., S and the others U{0..S} (each)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")

@@ -10,6 +10,10 @@ calls them at fixed points, in ``order``::
     before_selection(rnd, selecting)      a training round begins (``selecting``: the server draws
                                           its cohort); the clock waits for an available client
     selectable(rnd) -> mask | None        who may be selected (every selection policy honours it)
+    after_selection(rnd, cohort) -> cohort
+                                          the clients of the drawn (or given) cohort that train:
+                                          the stragglers' busy clients sit the round out (may be
+                                          empty: the round then trains nobody)
     after_evaluation(rnd, global_params, result)
                                           the server evaluated ``global_params`` (every -eg rounds
                                           and at the end): the backdoor's attack success rate
@@ -71,6 +75,10 @@ class RoundPlugin:
     def selectable(self, rnd: int) -> np.ndarray | None:
         """Which clients may be selected (a boolean mask over client positions; None: any)."""
         return None
+
+    def after_selection(self, rnd: int, cohort: list[int]) -> list[int]:
+        """The clients of ``cohort`` (drawn, or given by the caller) that train in round ``rnd``."""
+        return cohort
 
     def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
         """The server has evaluated the global model ``global_params`` of round ``rnd`` (the model

@@ -31,11 +31,42 @@ happens to the uploads the server did not wait for:
   :func:`origin_of`); a synchronous algorithm then averages them as if fresh.
 * ``ignore``: dropped (Sageflow's "FedAvg ignoring stragglers").
 
-A client may be selected again while an upload of it is still in flight (as in Sageflow's
-simulation). Everything is a function of the seed (and the trace): the same seed gives the same
+How delays are drawn, ``--straggler_delays`` (rounds only):
+
+* ``uniform`` (the default): every upload's delay U{0..S} as above, independent per (seed, round,
+  client) (:func:`delay_of`).
+* ``each``: the official Sageflow code's draw ("each staleness group has at least one element"):
+  the round's training clients in a random order from (seed, "straggler-order", round) (a
+  permutation of the sorted cohort); the first gets delay 0, the second 1, ..., the (S+1)-th S; the
+  others U{0..S} as :func:`delay_of`. With fewer than S + 1 trainers the first ones get 0, 1, ...
+  (:func:`round_delays`).
+
+Clients whose upload is in flight, ``--straggler_busy`` (rounds only):
+
+* a client is *busy* in round r when an upload it trained in an earlier round t reaches the server
+  in round r or later: with delay d and the server waiting ``d_w`` periods it arrives in round
+  ``t + d − d_w``, so the client is busy in rounds t+1 .. t+d−d_w and free again from t+d−d_w+1
+  (the official code's ``scheduler[c] = d + 1``, decremented at each round's end). An upload the
+  ``ignore`` policy throws away is still travelling, so both policies count it.
+* ``train`` (the default): busy clients are selected and train as any other; a client may then have
+  several uploads in flight.
+* ``skip``: the cohort is drawn as usual, then its busy members sit the round out: they neither
+  train nor upload (the round's cohort, package and traffic are those of the others); if all are
+  busy the round trains nobody (evaluation and late arrivals go on). ``rs_busy_skipped`` records
+  how many drawn clients sat out, per training round. **``--straggler_busy skip`` with
+  ``--straggler_delays each`` is the official Sageflow simulation** (savertm/Sageflow).
+* ``unselectable``: busy clients cannot be drawn (:meth:`Stragglers.selectable`, which every
+  selection policy honours), so the cohort is filled from the free clients (FLGo-style
+  availability).
+
+With ``--straggler_clock`` both are refused (one line): lateness there is in virtual seconds, and a
+round in which everyone drawn is busy would take no virtual time, so busy clients would stay busy
+for ever; use ``--straggler_busy train`` and ``--straggler_delays uniform`` (the defaults) there.
+
+Everything is a function of the seed (and the trace): the same seed gives the same
 arrivals and event order whatever the engine. Uploads of one round are handed over in a fixed order:
-oldest start round first, then by client. The uploads still in flight and the global models they
-started from are this plug-in's state (checkpointed).
+oldest start round first, then by client. The uploads still in flight, the global models they
+started from and the rounds until which clients are busy are this plug-in's state (checkpointed).
 
 Results: ``rs_staleness`` records, per round, the staleness of every upload aggregated (one row per
 round, NaN-padded); main.py writes its histogram as the attribute ``staleness_histogram`` (counts of
@@ -46,6 +77,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from flcore.plugins import RoundPlugin
@@ -55,6 +87,10 @@ from utils.errors import FLError
 from utils.seeding import numpy_rng
 
 POLICIES = ("stale", "ignore")
+#: what a client whose upload is in flight does when drawn (module docstring)
+BUSY = ("train", "skip", "unselectable")
+#: how a round's delays are drawn (module docstring)
+DELAY_DRAWS = ("uniform", "each")
 #: what a delayed upload keeps of itself while in flight (the rest is rebuilt)
 KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processed")
 
@@ -62,6 +98,18 @@ KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processe
 def delay_of(seed: int, most: int, rnd: int, client: int) -> int:
     """Rounds the upload of ``client`` trained in ``rnd`` is late: uniform in {0..most}."""
     return int(numpy_rng(seed, "straggler-delay", rnd, client).integers(0, most + 1))
+
+
+def round_delays(seed: int, most: int, rnd: int, trainers: list[int], draw: str = "uniform") -> dict[int, int]:
+    """Each trainer's delay in round ``rnd``: :func:`delay_of`, except that with ``draw == "each"``
+    the first S + 1 trainers in the seeded order (seed, "straggler-order", rnd) get 0, 1, ..., S."""
+    delays = {c: delay_of(seed, most, rnd, c) for c in trainers}
+    if draw == "each":
+        cohort = sorted(delays)  # the order does not depend on how a caller listed the cohort
+        order = numpy_rng(seed, "straggler-order", rnd).permutation(len(cohort))
+        for delay, position in enumerate(order[:most + 1]):
+            delays[cohort[int(position)]] = delay
+    return delays
 
 
 def awaited(lateness: list[float], indices: list[int], share: float, at_least: int) -> float | None:
@@ -93,7 +141,9 @@ class Stragglers(RoundPlugin):
     def wanted(cls, args) -> bool:
         return (int(getattr(args, "straggler_delay", 0) or 0) != 0 or bool(getattr(args, "straggler_clock", False))
                 or float(getattr(args, "straggler_wait", 0) or 0) != 0
-                or getattr(args, "straggler_policy", "stale") != "stale")  # to refuse them alone
+                or getattr(args, "straggler_policy", "stale") != "stale"  # to refuse them alone
+                or getattr(args, "straggler_busy", "train") != "train"
+                or getattr(args, "straggler_delays", "uniform") != "uniform")
 
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
@@ -106,11 +156,21 @@ class Stragglers(RoundPlugin):
             raise FLError("--straggler_delay (Sageflow's delays in rounds) and --straggler_clock (the clock's device "
                           "times) are two models of lateness; give one of them")
         if not self.by_clock and not self.most:
-            raise FLError("--straggler_wait and --straggler_policy act on late uploads: give --straggler_delay S "
-                          "(Sageflow's delays in rounds) or --straggler_clock True (the clock's device times)")
+            raise FLError("--straggler_wait, --straggler_policy, --straggler_busy and --straggler_delays act on late "
+                          "uploads: give --straggler_delay S (Sageflow's delays in rounds) or --straggler_clock True "
+                          "(the clock's device times)")
         self.policy = str(args.straggler_policy)
         if self.policy not in POLICIES:
             raise FLError(f"--straggler_policy {self.policy}: choose one of {', '.join(POLICIES)}")
+        self.busy = str(args.straggler_busy)
+        if self.busy not in BUSY:
+            raise FLError(f"--straggler_busy {self.busy}: choose one of {', '.join(BUSY)}")
+        self.delay_draw = str(args.straggler_delays)
+        if self.delay_draw not in DELAY_DRAWS:
+            raise FLError(f"--straggler_delays {self.delay_draw}: choose one of {', '.join(DELAY_DRAWS)}")
+        if self.by_clock and (self.busy != "train" or self.delay_draw != "uniform"):
+            raise FLError("--straggler_busy and --straggler_delays count rounds: use them with --straggler_delay S, "
+                          "or keep --straggler_busy train and --straggler_delays uniform with --straggler_clock")
         self.share = float(args.straggler_wait)
         if not 0 <= self.share <= 1:
             raise FLError(f"--straggler_wait must be in [0, 1] (the share of uploads the server waits for), "
@@ -119,14 +179,36 @@ class Stragglers(RoundPlugin):
         self.pending: list[dict[str, Any]] = []
         #: the global model of every start round an upload in flight began from
         self.origins: dict[int, torch.Tensor] = {}
+        #: client -> the last round it is busy in (its latest upload in flight arrives then; rounds only)
+        self.busy_until: dict[int, int] = {}
         self._released: dict[int, int] = {}  # id(update) -> start round, for this round's uploads
         self._kept_origins: dict[int, torch.Tensor] = {}  # start round -> its model, for this round's
+
+    def is_busy(self, client: int, rnd: int) -> bool:
+        """Whether an upload ``client`` trained before round ``rnd`` reaches the server in ``rnd`` or later."""
+        return self.busy_until.get(client, -1) >= rnd
+
+    def selectable(self, rnd: int) -> np.ndarray | None:
+        if self.busy != "unselectable":
+            return None
+        return np.asarray([not self.is_busy(c, rnd) for c in range(len(self.runtime.clients))], dtype=bool)
+
+    def after_selection(self, rnd: int, cohort: list[int]) -> list[int]:
+        if self.busy != "skip":
+            return cohort
+        free = [c for c in cohort if not self.is_busy(c, rnd)]
+        self.runtime.history.add_series("busy_skipped", len(cohort) - len(free))
+        return free
 
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
         now = package.round
         clock = self.peers.get("clock")
-        fresh, late = self.split(now, arrived, clock, result)
+        fresh, late = self.split(now, package.cohort, arrived, clock, result)
+        if not self.by_clock:  # either policy: the late upload travels until its arrival round
+            for update, due in late:
+                self.busy_until[update.index] = max(int(due), self.busy_until.get(update.index, -1))
+            self.busy_until = {c: last for c, last in self.busy_until.items() if last > now}
         if self.policy == "ignore":  # they were sent all the same: the traffic counts them
             result.discarded_nbytes += sum(update.nbytes() for update, _ in late)
         if self.policy == "stale":
@@ -146,9 +228,10 @@ class Stragglers(RoundPlugin):
         self.runtime.history.add_series("staleness", [now - self._released[id(u)] for u in released])
         return released
 
-    def split(self, now: int, arrived: list[ClientUpdate], clock: Any,
+    def split(self, now: int, trainers: list[int], arrived: list[ClientUpdate], clock: Any,
               result: RoundResult) -> tuple[list[ClientUpdate], list[tuple[ClientUpdate, float]]]:
-        """The uploads on time, and the late ones with when they are due; retimes the clock's round."""
+        """The uploads on time, and the late ones with when they are due (``trainers``: the round's
+        cohort, over which ``--straggler_delays each`` spreads the delays); retimes the clock's round."""
         indices = [u.index for u in arrived]
         if self.by_clock:
             seconds = [clock.upload_seconds[i] for i in indices]
@@ -159,7 +242,8 @@ class Stragglers(RoundPlugin):
                 clock.retime_round(deadline, result)
             late = [(u, clock.round_start + s) for u, s in zip(arrived, seconds) if s > deadline]
             return [u for u, s in zip(arrived, seconds) if s <= deadline], late
-        delays = [delay_of(self.args.seed, self.most, now, i) for i in indices]
+        drawn = round_delays(self.args.seed, self.most, now, list(trainers), self.delay_draw)
+        delays = [drawn[i] for i in indices]
         waited = awaited(delays, indices, self.share, at_least=0) or 0
         if waited and clock is not None:
             clock.retime_round((clock.now - clock.round_start) * (1 + waited), result)
@@ -173,12 +257,14 @@ class Stragglers(RoundPlugin):
         return start, self._kept_origins[start]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pending": [dict(p) for p in self.pending], "origins": dict(self.origins)}
+        return {"pending": [dict(p) for p in self.pending], "origins": dict(self.origins),
+                "busy_until": dict(self.busy_until)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.pending = [dict(p) for p in state["pending"]]
         self.origins = {int(k): v for k, v in state["origins"].items()}
+        self.busy_until = {int(c): int(last) for c, last in state["busy_until"].items()}
 
     def summary(self) -> dict[str, object]:
         return {"straggler_delay": self.most, "straggler_clock": self.by_clock, "straggler_policy": self.policy,
-                "straggler_wait": self.share}
+                "straggler_wait": self.share, "straggler_busy": self.busy, "straggler_delays": self.delay_draw}

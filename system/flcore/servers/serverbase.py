@@ -227,6 +227,8 @@ class Server:
             for plugin in plugins:
                 plugin.before_selection(rnd, selecting=cohort is None)
             result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
+            for plugin in plugins:  # who of them trains (busy stragglers sit out)
+                result.cohort = plugin.after_selection(rnd, result.cohort)
         if evaluate:
             result.evaluation = self.evaluate(rnd)
             for plugin in plugins:  # metrics of the same model (the backdoor's success rate)
