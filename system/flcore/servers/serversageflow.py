@@ -179,8 +179,10 @@ class SageflowServer(Server):
         groups: dict[int, list[tuple[ClientUpdate, float]]] = {}
         origins: dict[int, torch.Tensor] = {}  # start round -> the global model the group started from
         dropped, fresh = [], []  # (fresh: the uploads trained this round, filtered or not, for the diagnostics)
+        trained_in = []  # (client, start round) of every upload, for the filter's precision/recall
         for update in updates:
             start, origins[start] = origin_of(self.plugins, update, package)
+            trained_in.append((update.index, start))
             if start == now:
                 fresh.append(update)
             entropy, loss = self.score(update.params)
@@ -188,7 +190,7 @@ class SageflowServer(Server):
                 groups.setdefault(start, []).append((update, loss))
             else:
                 dropped.append((update.index, start))
-        self.record_filter(updates, package, dropped)
+        self.record_filter(trained_in, dropped)
         if not groups:  # every upload filtered out: the global model stays
             if not self._said_all_filtered:  # from a random start this can last the whole run: say so once
                 log.warning("warning: Sageflow round %d filtered out every upload (each one's mean prediction entropy "
@@ -249,16 +251,14 @@ class SageflowServer(Server):
         series("sageflow_fresh_only_acc", nan if fresh_only is None
                else self.evaluate_models(lambda _: fresh_only, train_loss=False).test_acc)
 
-    def record_filter(self, updates: list[ClientUpdate], package: RoundPackage,
-                      dropped: list[tuple[int, int]]) -> None:
-        """``rs_sageflow_filtered``, and with ``--attack`` the precision/recall of the filter."""
+    def record_filter(self, trained_in: list[tuple[int, int]], dropped: list[tuple[int, int]]) -> None:
+        """``rs_sageflow_filtered``, and with ``--attack`` the precision/recall of the filter
+        (``trained_in``: (client, start round) of every upload; ``dropped``: of those filtered out)."""
         history = self.history
         history.add_series("sageflow_filtered", len(dropped))
         if not getattr(self.args, "attack", None):
             return
-        trained_in = [origin_of(self.plugins, u, package)[0] for u in updates]
-        attacking = [bool(attackers_in(self.plugins, start)[u.index]) for u, start in zip(updates, trained_in)]
+        present = sum(1 for index, start in trained_in if attackers_in(self.plugins, start)[index])
         caught = sum(1 for index, start in dropped if attackers_in(self.plugins, start)[index])
-        present = sum(attacking)
         history.add_series("sageflow_precision", caught / len(dropped) if dropped else float("nan"))
         history.add_series("sageflow_recall", caught / present if present else float("nan"))
