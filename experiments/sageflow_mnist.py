@@ -44,10 +44,11 @@ Differences from the official code, on purpose or forced (also in RESULTS.md):
   official code draws 4 of each round's 20.
 
 ``--protocol official`` removes the last three differences but the data share: the official model
-(``-m SageflowCNN``), attackers as a share of each round's cohort (``--attack_scope cohort``), busy
-clients that sit out a round while their upload is in flight (``--straggler_busy skip``) and the
-official delay draw (``--straggler_delays each``: the round's first three clients get delays 0, 1, 2).
-Its results go to folders ending ``_official_protocol``.
+(``-m SageflowCNN``), attackers as a share of each round's drawn clients, chosen before busy ones sit
+out as the official code chooses them (``--attack_scope drawn``; until 2026-11-27 ``cohort``, among
+those that train), busy clients that sit out a round while their upload is in flight
+(``--straggler_busy skip``) and the official delay draw (``--straggler_delays each``: the round's first
+three clients get delays 0, 1, 2). Its results go to folders ending ``_official_protocol``.
 
 Usage (from the repository root; E and rounds are reduced on a small CPU, say so when reporting)::
 
@@ -174,7 +175,7 @@ def target_times(paths: list[Path]) -> list[float | None]:
 #: --protocol official: what the official code does differently, as flags of every row that has stragglers or
 #: attackers (the model is run_variant's argument)
 OFFICIAL_STRAGGLERS = ["--straggler_busy", "skip", "--straggler_delays", "each"]
-OFFICIAL_ATTACKERS = ["--attack_scope", "cohort"]
+OFFICIAL_ATTACKERS = ["--attack_scope", "drawn"]
 MODELS = {"ours": "CNN", "official": "SageflowCNN"}
 
 

@@ -64,10 +64,17 @@ class RoundPackage:
     shared: torch.Tensor | None = None
     static: dict[str, torch.Tensor] = field(default_factory=dict)
     static_nbytes: dict[int, int] = field(default_factory=dict)
+    #: the clients drawn for the round before plug-ins let busy ones sit out (None: ``cohort``)
+    drawn: list[int] | None = None
 
     @property
     def cohort_size(self) -> int:
         return len(self.cohort)
+
+    @property
+    def drawn_cohort(self) -> list[int]:
+        """The clients drawn for the round, those that sat it out included (``--straggler_busy skip``)."""
+        return self.cohort if self.drawn is None else self.drawn
 
     def payload(self, index: int) -> dict[str, torch.Tensor]:
         return self.payloads.get(index, {})

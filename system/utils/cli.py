@@ -471,9 +471,10 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(a, "--attack_fraction", type=float, default=0.0, low=0, below=1,
              help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
     add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
-    add_flag(a, "--attack_scope", type=str, default="clients", choices=["clients", "cohort"],
+    add_flag(a, "--attack_scope", type=str, default="clients", choices=["clients", "cohort", "drawn"],
              help="clients: round(f x nc) of all clients attack (fixed, or per round with --attack_resample); "
-                  "cohort: round(f x n) of each round's n training clients, drawn every round (official Sageflow)")
+                  "cohort: round(f x n) of each round's n training clients, drawn every round; drawn: round(f x m) "
+                  "of the m clients drawn, before --straggler_busy skip lets busy ones sit out (official Sageflow)")
     add_flag(a, "--attack_scale", type=float, default=10.0, low=0, help="sign_flip: an attacker uploads -s x its update")
     add_flag(a, "--attack_flip", type=str, default="update", choices=["update", "weights"],
              help="sign_flip: flip the update (w - global; default) or the whole weights w, as the official Sageflow code does")

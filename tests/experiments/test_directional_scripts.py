@@ -113,5 +113,5 @@ def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
             if "--straggler_delay" in flags:  # stragglers: busy clients sit out, the official delay draw
                 assert (parsed.straggler_busy, parsed.straggler_delays) == ("skip", "each"), label
             if "--attack" in flags:
-                assert parsed.attack_scope == "cohort", label
+                assert parsed.attack_scope == "drawn", label
             assert ("--straggler_delay" in flags or "--attack" in flags) == (official != flags), label

@@ -74,7 +74,7 @@ def test_the_cohort_scope_draws_a_fixed_share_of_each_rounds_cohort():
     assert len({mask.tobytes() for mask in masks}) > 1  # drawn anew every round
     assert attacks.attackers_of(args, 3, sorted(cohort)).tobytes() == masks[3].tobytes()  # the order does not matter
     assert attacks.attackers_of(args, 0, [5, 8, 1]).sum() == 1  # round(0.75) of a smaller cohort
-    with pytest.raises(ValueError, match="pass it"):
+    with pytest.raises(ValueError, match="pass them"):
         attacks.attackers_of(args, 0)
 
 
@@ -106,6 +106,41 @@ def test_cohort_scope_label_flippers_train_on_flipped_labels():
     assert [u.index for u in poisoned] == [u.index for u in flipped] == cohort and mask.sum() == 1
     for ours, reference in zip(poisoned, flipped):
         assert torch.equal(ours.params, reference.params), ours.index
+
+
+def test_the_drawn_scope_draws_from_the_clients_drawn_before_busy_ones_sit_out():
+    """The official Sageflow code's order: attackers among the sampled clients, then busy ones skipped."""
+    args = make_args("FedAvg", num_clients=20, attack="ipm", attack_fraction=0.25, attack_scope="drawn")
+    drawn, trains = [17, 2, 9, 4, 11, 0, 6, 13], [17, 9, 4, 0, 6]
+    package = RoundPackage(3, torch.zeros(1), trains, drawn=drawn)
+    cohort_args = make_args("FedAvg", num_clients=20, attack="ipm", attack_fraction=0.25, attack_scope="cohort")
+    mask = attacks.package_attackers(args, package)  # round(0.25 x 8) = 2 of the 8 drawn, as the cohort scope draws them
+    assert mask.tobytes() == attacks.attackers_of(cohort_args, 3, drawn).tobytes() and mask.sum() == 2
+    assert attacks.package_attackers(cohort_args, package).sum() == 1  # the cohort scope: round(0.25 x 5) of those that train
+    assert attacks.package_attackers(args, RoundPackage(3, torch.zeros(1), drawn)).tobytes() == mask.tobytes()  # drawn=None
+
+
+def test_the_drawn_scope_is_the_cohort_scope_without_busy_clients_and_loses_busy_attackers_with_them():
+    def run(scope: str, busy: str) -> tuple[torch.Tensor, list[int], list[int]]:
+        srv = server(attack="sign_flip", attack_fraction=0.25, attack_scope=scope, join_ratio=0.5, global_rounds=8,
+                     straggler_delay=2, straggler_busy=busy)
+        drawn_attackers, uploads = [], []
+        for rnd in range(8):
+            result = srv.run_round(rnd, evaluate=False)
+            mask = srv.plugin("attack").attackers(rnd)
+            assert set(np.flatnonzero(mask)) <= set(result.package.drawn_cohort)
+            drawn_attackers.append(int(mask.sum()))
+            uploads.append(sum(1 for c in result.cohort if mask[c]))
+        return srv.global_params, drawn_attackers, uploads
+
+    same, counts, _ = run("drawn", "train")
+    reference, reference_counts, _ = run("cohort", "train")
+    assert torch.equal(same, reference) and counts == reference_counts == [1] * 8
+    _, drawn_counts, drawn_uploads = run("drawn", "skip")
+    _, _, cohort_uploads = run("cohort", "skip")
+    assert drawn_counts == [1] * 8  # round(0.25 x 4) of every drawn cohort, busy or not
+    assert 0 in drawn_uploads and min(cohort_uploads) >= 0  # a busy attacker sat its round out
+    assert drawn_uploads != cohort_uploads
 
 
 def test_cohort_attackers_of_late_uploads_are_remembered_across_a_resume():
@@ -369,7 +404,7 @@ def test_dbas_local_patterns_split_the_global_trigger_stamped_on_a_known_image()
     args = make_args("FedAvg", num_clients=8, attack="dba", attack_fraction=0.75)
     attackers = np.flatnonzero(attacks.attackers_of(args, 0)).tolist()
     assert len(attackers) == 6
-    parts = [attacks.dba_part(args, c, 0, list(range(8))) for c in attackers]
+    parts = [attacks.dba_part(args, c, RoundPackage(0, torch.zeros(1), list(range(8)))) for c in attackers]
     assert parts == [attacks.DBA_PARTS[k % 4] for k in range(6)]
     x, y = torch.zeros(10, 1, 5, 10), torch.zeros(10, dtype=torch.long)
     px, py = attacks.DATA_ATTACKS["dba"](args, x, y, 4, attackers[1], RoundPackage(0, torch.zeros(1), list(range(8))))

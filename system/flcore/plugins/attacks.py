@@ -8,6 +8,11 @@ each round, drawn every round from ``(seed, "cohort-attackers", round)`` (:func:
 a fixed share of every cohort, as the official Sageflow code draws them (``int(m × ratio)`` of the
 round's m sampled clients; equal for its 20 × 0.2). Among 20 of 100 clients with f = 0.2 the
 ``clients`` scope puts 0 to 8 attackers in a cohort (4 on average), the ``cohort`` scope always 4.
+``--attack_scope drawn`` draws them the same way from the m clients *drawn* for the round, before
+``--straggler_busy skip`` lets the busy ones sit out, which is the official code's order: its
+attackers are chosen among the sampled clients, then clients still in flight are skipped, so
+fewer than round(f · m) may train (and attack) in a round. Without busy clients sitting out the
+drawn clients are the training cohort and ``drawn`` equals ``cohort`` bit for bit.
 Attackers train as the algorithm says (on poisoned data for a data attack); what they upload is
 then replaced. Every attack works on the update ``u = params − global`` of the round's package,
 restricted to the shared part of the model (the private part never leaves a client).
@@ -135,17 +140,33 @@ def cohort_attacker_mask(seed: int, fraction: float, num_clients: int, rnd: int,
     return mask
 
 
+#: --attack_scope values that draw the attackers of each round from its clients (which ones: :func:`scope_cohort`)
+PER_COHORT = ("cohort", "drawn")
+
+
 def attackers_of(args: Any, rnd: int, cohort: list[int] | None = None) -> np.ndarray:
     """The attacker mask of round ``rnd`` over every client position (``args.num_clients`` of them):
-    the run's, or with ``--attack_scope cohort`` drawn from ``cohort``, the clients that train in
-    that round (its package's). Of a past round, ask the plug-in (:func:`attackers_in`)."""
-    if args.attack_scope == "cohort":
+    the run's, or with ``--attack_scope cohort|drawn`` drawn from ``cohort``, that round's clients of
+    the scope (:func:`scope_cohort` of its package). Of a past round, ask the plug-in
+    (:func:`attackers_in`)."""
+    if args.attack_scope in PER_COHORT:
         if cohort is None:
-            raise ValueError("--attack_scope cohort draws the attackers from the round's cohort: pass it")
+            raise ValueError(f"--attack_scope {args.attack_scope} draws the attackers from the round's clients: pass them")
         return cohort_attacker_mask(int(args.seed), float(args.attack_fraction), int(args.num_clients), int(rnd),
                                     tuple(sorted(cohort)))
     return attacker_mask(int(args.seed), float(args.attack_fraction), bool(args.attack_resample),
                          int(args.num_clients), 0 if not args.attack_resample else int(rnd))
+
+
+def scope_cohort(args: Any, package: RoundPackage) -> list[int]:
+    """The clients of ``package``'s round that ``--attack_scope`` draws attackers from: those drawn for
+    the round (``drawn``) or those that train in it (otherwise)."""
+    return package.drawn_cohort if args.attack_scope == "drawn" else package.cohort
+
+
+def package_attackers(args: Any, package: RoundPackage) -> np.ndarray:
+    """The attacker mask of ``package``'s round (:func:`attackers_of`)."""
+    return attackers_of(args, package.round, scope_cohort(args, package))
 
 
 def attackers_in(plugins: dict[str, RoundPlugin], rnd: int) -> np.ndarray:
@@ -259,10 +280,10 @@ def backdoor_batch(args: Any, x: torch.Tensor, y: torch.Tensor,
     return x, y
 
 
-def dba_part(args: Any, client: int, rnd: int, cohort: list[int]) -> Pixels:
-    """The local pattern of attacker ``client`` in round ``rnd`` (``cohort``: the round's training
-    cohort): the k-th attacker's (by index) is part k mod 4."""
-    rank = int(np.searchsorted(np.flatnonzero(attackers_of(args, rnd, cohort)), client))
+def dba_part(args: Any, client: int, package: RoundPackage) -> Pixels:
+    """The local pattern of attacker ``client`` in ``package``'s round: the k-th attacker's (by index)
+    is part k mod 4."""
+    rank = int(np.searchsorted(np.flatnonzero(package_attackers(args, package)), client))
     return DBA_PARTS[rank % len(DBA_PARTS)]
 
 
@@ -274,7 +295,7 @@ DATA_ATTACKS: dict[str, Callable[[Any, torch.Tensor, torch.Tensor, int, int, Rou
         (x, label_table(str(args.attack_label_map or ""), classes).to(y.device)[y]),
     "backdoor": lambda args, x, y, classes, client, package: backdoor_batch(args, x, y),
     "dba": lambda args, x, y, classes, client, package:
-        backdoor_batch(args, x, y, dba_part(args, client, package.round, package.cohort)),
+        backdoor_batch(args, x, y, dba_part(args, client, package)),
     "model_replacement": lambda args, x, y, classes, client, package: backdoor_batch(args, x, y),
 }
 #: the backdoors, and the trigger their attack success rate stamps on the test images
@@ -309,7 +330,7 @@ class PoisonedData(LocalStep):
 
     def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: RoundPackage,
                  step: int) -> torch.Tensor:
-        if not attackers_of(self.args, package.round, package.cohort)[client.index]:
+        if not package_attackers(self.args, package)[client.index]:
             return client.compute_gradient(model, idx, ctx)
         client.count_gradient_samples(idx)
         x, y = DATA_ATTACKS[self.args.attack](self.args, client.data.inputs("train", idx), client.data.train_y[idx],
@@ -378,14 +399,14 @@ class AttackPlugin(RoundPlugin):
             check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
-        #: ``--attack_scope cohort``: every trained round's attackers (a late upload's start round is
-        #: looked up here when it arrives; checkpointed)
+        #: ``--attack_scope cohort|drawn``: every trained round's attackers (a late upload's start round
+        #: is looked up here when it arrives; checkpointed)
         self.cohort_attackers: dict[int, list[int]] = {}
 
     def attackers(self, rnd: int) -> np.ndarray:
-        """The attacker mask of training round ``rnd`` (with ``--attack_scope cohort``: a round that
-        has trained)."""
-        if self.args.attack_scope != "cohort":
+        """The attacker mask of training round ``rnd`` (with ``--attack_scope cohort|drawn``: a round
+        that has trained)."""
+        if self.args.attack_scope not in PER_COHORT:
             return attackers_of(self.args, rnd)
         mask = np.zeros(int(self.args.num_clients), dtype=bool)
         mask[self.cohort_attackers[rnd]] = True
@@ -393,8 +414,8 @@ class AttackPlugin(RoundPlugin):
 
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
-        mask = attackers_of(self.args, package.round, package.cohort)
-        if self.args.attack_scope == "cohort":
+        mask = package_attackers(self.args, package)
+        if self.args.attack_scope in PER_COHORT:
             self.cohort_attackers[package.round] = np.flatnonzero(mask).tolist()
         bad = [u for u in arrived if mask[u.index]]
         self.last_attackers = [u.index for u in bad]
@@ -483,7 +504,7 @@ class AttackPlugin(RoundPlugin):
                                  for rnd, indices in state.get("cohort_attackers", {}).items()}
 
     def summary(self) -> dict[str, object]:
-        fixed = self.args.attack_resample or self.args.attack_scope == "cohort"
+        fixed = self.args.attack_resample or self.args.attack_scope in PER_COHORT
         return {"attack": self.name, "attack_fraction": float(self.args.attack_fraction),
                 "attack_scope": self.args.attack_scope,
                 "attackers": None if fixed else np.flatnonzero(self.attackers(0)).tolist()}

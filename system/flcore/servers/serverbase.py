@@ -226,7 +226,7 @@ class Server:
         if train:
             for plugin in plugins:
                 plugin.before_selection(rnd, selecting=cohort is None)
-            result.cohort = self.select_clients(rnd) if cohort is None else list(cohort)
+            result.cohort = drawn = self.select_clients(rnd) if cohort is None else list(cohort)
             for plugin in plugins:  # who of them trains (busy stragglers sit out)
                 result.cohort = plugin.after_selection(rnd, result.cohort)
         if evaluate:
@@ -236,6 +236,7 @@ class Server:
             result.eval_seconds = time.perf_counter() - start
         if train:
             package = result.package = self.make_package(rnd, result.cohort)
+            package.drawn = drawn
             trained = self.engine.train([self.clients[i] for i in result.cohort], package)
             updates = self.drop_uploads(rnd, trained)
             for plugin in plugins:
