@@ -50,6 +50,11 @@ those that train), busy clients that sit out a round while their upload is in fl
 (``--straggler_busy skip``) and the official delay draw (``--straggler_delays each``: the round's first
 three clients get delays 0, 1, 2). Its results go to folders ending ``_official_protocol``.
 
+``--partition official`` removes the data differences too: the official code's clients and public set, drawn
+with its generator calls for ``--official_seed`` (checked identical to its ``mnist_noniidcmm`` for seeds
+2021-2023), each client's first 80 % of rows for training and the official input normalisation
+(:func:`official_shards`, :func:`official_data`); folders end ``_official_partition<seed>``.
+
 Usage (from the repository root; E and rounds are reduced on a small CPU, say so when reporting)::
 
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 10 --local_epochs 1 --times 1
@@ -61,6 +66,7 @@ Usage (from the repository root; E and rounds are reduced on a small CPU, say so
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 10 --local_momentum 0.9 --lr 0.01
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting stragglers --samples 150 --rounds 40 --local_epochs 5 --gamma_halving 0 --only Sageflow
     nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 15 --local_epochs 5 --local_momentum 0.9 --lr 0.01 --attack_flip weights --protocol official --times 1
+    nice -n 10 .venv/bin/python experiments/sageflow_mnist.py --setting official --rounds 15 --local_epochs 5 --local_momentum 0.9 --lr 0.01 --attack_flip weights --protocol official --partition official --official_seed 2022 --times 1
 
 ``--gamma_halving R`` replaces the official code's halving period (0: γ stays ``--sageflow_gamma``, as the
 paper states it); such runs go to folders ending ``_gamma_halving<R>``.
@@ -68,12 +74,13 @@ paper states it); such runs go to folders ending ``_gamma_halving<R>``.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import h5py
 import numpy as np
 
-from common import (MNIST_RAW, OUT, add_only_and_data_flags, add_training_flags, generate_data, mean_std, run_variant,
+from common import (MNIST_RAW, OUT, REPO, add_only_and_data_flags, add_training_flags, generate_data, mean_std, run_variant,
                     write_table)
 from flcore.registry import load_all  # importable once common has put system/ on the path
 
@@ -187,6 +194,73 @@ def with_protocol(flags: list[str], protocol: str) -> list[str]:
             *(OFFICIAL_ATTACKERS if "--attack" in flags else [])]
 
 
+#: the official code's input normalisation (torchvision's Normalize with MNIST's mean and std, on Fashion-MNIST too);
+#: our generators scale to [-1, 1]
+OFFICIAL_NORMALISE = (0.1307, 0.3081)
+#: the official code trains a client on the first 80 % of its rows (the rest is a local validation set it never reads)
+OFFICIAL_TRAIN_SHARE = 0.8
+#: the official code's default --seed
+OFFICIAL_SEED = 2021
+
+
+def official_shards(labels: np.ndarray, seed: int, clients: int = 100, public: int = PUBLIC_SAMPLES,
+                    shards: int = 200, per_client: int = 2) -> tuple[list[np.ndarray], np.ndarray]:
+    """The official code's split of a training set (savertm/Sageflow's ``mnist_noniidcmm``, for MNIST and
+    Fashion-MNIST alike), made with the same generator calls in the same order, so that the same ``seed``
+    gives the same clients and the same public set: numpy's legacy generator, seeded with the official
+    ``--seed``, draws the server's ``public`` rows; the other rows, sorted by label (numpy's default,
+    unstable sort, as there), are cut into ``shards`` equal shards; each client in turn draws
+    ``per_client`` of the shards not yet taken. Which shard a client holds first (and so which rows are
+    its first 80 %) is the order the official code walks a Python set of the drawn shard numbers, and
+    the shards left are the list of a Python set; both are kept by doing the same set operations.
+    Returns each client's rows in that order and the public rows (sorted)."""
+    draw = np.random.RandomState(seed)
+    taken = set(draw.choice(len(labels), public, replace=False).tolist())
+    pool = np.asarray(list(set(range(len(labels))) - taken), dtype=np.int64)
+    by_label = pool[np.argsort(labels[pool].astype(np.int64))]
+    size = len(pool) // shards
+    left = list(range(shards))
+    rows = []
+    for _ in range(clients):
+        drawn = set(draw.choice(left, per_client, replace=False).tolist())
+        left = list(set(left) - drawn)
+        rows.append(np.concatenate([by_label[shard * size:(shard + 1) * size] for shard in drawn]))
+    return rows, np.asarray(sorted(taken), dtype=np.int64)
+
+
+def official_data(args: argparse.Namespace) -> tuple[Path, Path]:
+    """``--partition official``: the clients' and the server's data folders of the official split of
+    ``--official_seed`` (:func:`official_shards`), each client's first 80 % for training, the global
+    test split cut into one slice a client, inputs normalised as the official code normalises them;
+    written once (a folder with a finished config.json is reused)."""
+    sys.path.insert(0, str(REPO / "dataset"))
+    from datagen import dataset_utils, sources  # the generators' readers and writer
+
+    base = OUT / "data" / f"{args.dataset}_sageflow_official_seed{args.official_seed}"
+    clients, server = base, base.with_name(base.name + "_public")
+    if all((folder / "config.json").is_file() for folder in (clients, server)):
+        return clients, server
+    load = {"MNIST": sources.load_mnist, "FashionMNIST": sources.load_fashion_mnist}[args.dataset]
+    raw = load(getattr(args, "raw_dir", None) or RAW[args.dataset], OUT / "data" / "rawdata")
+    train = np.arange(raw.num_train)
+    rows, public_rows = official_shards(raw.y[train], args.official_seed)
+    mean, std = OFFICIAL_NORMALISE
+    official = sources.RawDataset((raw.x.astype(np.float32) / np.float32(raw.pixel_max) - np.float32(mean))
+                                  / np.float32(std), raw.y, raw.num_classes, raw.class_names, pixel_max=None,
+                                  num_train=raw.num_train)
+    options = {"dataset": args.dataset, "num_clients": len(rows), "non_iid": True, "balance": False,
+               "partition": "sageflow-official", "alpha": 0.0, "batch_size": 10, "train_ratio": OFFICIAL_TRAIN_SHARE,
+               "seed": args.official_seed, "samples_per_client": None, "few_shot": None, "test_split": "global",
+               "feature_skew": None, "normalise": list(OFFICIAL_NORMALISE)}
+    test = np.arange(raw.num_train, len(raw.y))
+    rng = np.random.default_rng(args.official_seed)  # only cuts the global test split into the clients' slices
+    dataset_utils.write_federated(clients, official, [r[:int(OFFICIAL_TRAIN_SHARE * len(r))] for r in rows],
+                                  options, rng, shared_test=test)
+    dataset_utils.write_federated(server, official, [public_rows], {**options, "num_clients": 1}, rng,
+                                  shared_test=test[:10])  # a folder needs test files; the public set is its train
+    return clients, server
+
+
 def data_folder(args: argparse.Namespace) -> Path:
     """``--data``, or the setting's partition: ``--dataset`` in 100 shard clients, the global test split,
     ``--samples`` rows a client (0: all), generated from ``--raw_dir`` (default: RAW) when missing."""
@@ -209,7 +283,8 @@ def experiment_name(args: argparse.Namespace, halving: int) -> str:
             + ("_flip_weights" if args.attack_flip == "weights" else "")
             + (f"_E{args.local_epochs}" if args.local_epochs != 1 else "")
             + (f"_gamma_halving{halving}" if halving != GAMMA_HALVING[args.dataset] else "")
-            + ("_official_protocol" if args.protocol == "official" else ""))
+            + ("_official_protocol" if args.protocol == "official" else "")
+            + (f"_official_partition{args.official_seed}" if args.partition == "official" else ""))
 
 
 def main() -> None:
@@ -238,17 +313,29 @@ def main() -> None:
     parser.add_argument("--protocol", choices=list(MODELS), default="ours",
                         help="official: the official code's model, attackers per cohort, busy stragglers and delay "
                              "draw (module docstring); its results go to folders of their own")
+    parser.add_argument("--partition", choices=["ours", "official"], default="ours",
+                        help="official: the official code's clients, public set, 80 %% training share and input "
+                             "normalisation, drawn as it draws them for --official_seed (official_shards); its "
+                             "results go to folders of their own")
+    parser.add_argument("--official_seed", type=int, default=OFFICIAL_SEED,
+                        help="--partition official: the official code's --seed whose split to use (default 2021)")
     add_training_flags(parser, lr=0.1, lr_help="local lr (plain SGD unless --local_momentum; see the module docstring)",
                        batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
     args = parser.parse_args()
     if args.eval_gap < 1 or args.rounds % args.eval_gap:
         parser.error(f"--eval_gap must be >= 1 and divide --rounds ({args.rounds}), got {args.eval_gap}")
+    if args.partition == "official" and (args.samples or args.data is not None):
+        parser.error("--partition official makes its own data (the official ~590 rows a client): drop --samples and --data")
     if args.gamma_halving is not None and args.gamma_halving < 0:
         parser.error(f"--gamma_halving must be >= 0 (0: no halving), got {args.gamma_halving}")
     halving = GAMMA_HALVING[args.dataset] if args.gamma_halving is None else args.gamma_halving
     load_all()
-    data = data_folder(args)
+    if args.partition == "official":
+        data, server_data = official_data(args)
+        public_flags = ["--public_data", str(server_data)]
+    else:
+        data, public_flags = data_folder(args), public(args.samples)
     name = experiment_name(args, halving)
     shown = list(range(0, args.rounds + 1, args.eval_gap))  # the evaluated rounds
     columns = [f"round {r}" for r in shown]
@@ -256,7 +343,9 @@ def main() -> None:
         columns.append(f"virtual s to {100 * args.target:g}%")
     if args.setting == "backdoor":
         columns += [f"ASR round {r}" for r in shown]
-    lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {args.samples or 'all'} training samples per client, "
+    rows = ("the official split of seed " + str(args.official_seed) if args.partition == "official"
+            else f"{args.samples or 'all'} training samples per client")
+    lines = [f"# Sageflow on {args.dataset}, setting {args.setting}: {rows}, "
              f"{args.rounds} rounds, E = {args.local_epochs}, "
              f"B = {args.batch_size}, lr {args.lr}, momentum {args.local_momentum:g}, "
              + (f"sign flip of the {args.attack_flip}, " if args.setting in ("official", "sign_flip") else "")
@@ -273,7 +362,7 @@ def main() -> None:
                                        halving, args.attack_flip):
         if args.only and label not in args.only:
             continue
-        run = run_variant(name, label, algo, ["-jr", "0.2", *public(args.samples), *with_protocol(flags, args.protocol)],
+        run = run_variant(name, label, algo, ["-jr", "0.2", *public_flags, *with_protocol(flags, args.protocol)],
                           data, args, MODELS[args.protocol], args.rounds, extra, diverged_is_result=True)
         if isinstance(run, str):
             lines.append(f"| {label} | {run} |")

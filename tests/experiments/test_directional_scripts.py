@@ -85,7 +85,7 @@ def test_curves_put_each_evaluation_at_its_round_and_pad_with_nan(tmp_path):
 def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_row():
     load_all()
     args = argparse.Namespace(setting="stragglers", dataset="MNIST", local_momentum=0.0, lr=0.1,
-                              attack_flip="update", local_epochs=5, protocol="ours")
+                              attack_flip="update", local_epochs=5, protocol="ours", partition="ours")
     assert sf.experiment_name(args, 15) == "sageflow_stragglers_E5"  # the official period: the default folders
     assert sf.experiment_name(args, 0) == "sageflow_stragglers_E5_gamma_halving0"
     args.dataset = "FashionMNIST"
@@ -101,8 +101,10 @@ def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_r
 def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
     load_all()
     args = argparse.Namespace(setting="official", dataset="MNIST", local_momentum=0.9, lr=0.01,
-                              attack_flip="weights", local_epochs=5, protocol="official")
+                              attack_flip="weights", local_epochs=5, protocol="official", partition="ours")
     assert sf.experiment_name(args, 15) == "sageflow_official_momentum0.9_lr0.01_flip_weights_E5_official_protocol"
+    args.partition, args.official_seed = "official", 2022
+    assert sf.experiment_name(args, 15).endswith("_E5_official_protocol_official_partition2022")
     for setting in ("official", "stragglers", "sign_flip", "backdoor"):
         for label, algo, flags in sf.variants(setting, 0.1):
             assert sf.with_protocol(flags, "ours") == flags
@@ -115,3 +117,31 @@ def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
             if "--attack" in flags:
                 assert parsed.attack_scope == "drawn", label
             assert ("--straggler_delay" in flags or "--attack" in flags) == (official != flags), label
+
+
+def test_the_official_split_draws_shards_of_the_label_sorted_rows_left_after_the_public_set():
+    labels = np.random.default_rng(3).permutation(np.repeat(np.arange(10), 12))  # 120 rows
+    rows, public = sf.official_shards(labels, 7, clients=5, public=20, shards=10)
+    assert public.tolist() == sorted(np.random.RandomState(7).choice(120, 20, replace=False).tolist())
+    pool = np.setdiff1d(np.arange(120), public)
+    shards = np.split(pool[np.argsort(labels[pool], kind="stable")], 10)  # 10 rows a shard, by label
+    held = np.concatenate(rows)
+    assert len(held) == len(set(held.tolist())) == 100 and not set(held.tolist()) & set(public.tolist())
+    for client in rows:  # two whole shards each (as label runs: the unstable sort may order equal labels otherwise)
+        assert len(client) == 20
+        for part in (client[:10], client[10:]):
+            assert sorted(labels[part].tolist()) == labels[part].tolist()
+            assert any(labels[part].tolist() == labels[s].tolist() for s in shards)
+    again, _ = sf.official_shards(labels, 7, clients=5, public=20, shards=10)
+    other, _ = sf.official_shards(labels, 8, clients=5, public=20, shards=10)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, again))
+    assert not all(np.array_equal(a, b) for a, b in zip(rows, other))
+
+
+def test_the_official_partition_refuses_samples_and_data(monkeypatch, capsys):
+    import pytest
+    for extra in (["--samples", "150"], ["--data", "somewhere"]):
+        monkeypatch.setattr(sys, "argv", ["sageflow_mnist.py", "--partition", "official", *extra])
+        with pytest.raises(SystemExit) as exit_info:
+            sf.main()
+        assert exit_info.value.code == 2 and "drop --samples and --data" in capsys.readouterr().err
