@@ -199,7 +199,7 @@ def main_script() -> None:
         "|---|---|---|---|---|",
         *[f"| {label} | {' | '.join(PAPER[label])} |" for label, _, _ in chosen if label in PAPER],
     ]
-    write_table("adafl_mnist", lines)
+    write_table("adafl_mnist", lines, [v[0] for v in chosen] if args.only else ())  # --only keeps the other rows
 
 
 if __name__ == "__main__":

@@ -171,22 +171,59 @@ def _row_label(row: str) -> str:
     return row.split("|")[1].strip() if row.startswith("|") and row.count("|") >= 2 else ""
 
 
-def merged_rows(old: list[str], new: list[str], labels: Sequence[str]) -> list[str]:
-    """``new`` (a header, then rows) with the rows of ``old`` for labels not rerun now kept, where both
-    tables have the same header (the same setting): rows run side by side with ``--only`` each keep the
-    others'. A rerun label's old row (``label`` or ``label (note)``) is replaced by its new one in place."""
-    header = next((i for i, line in enumerate(new) if line.startswith("|---")), None)
-    if header is None or old[: header + 1] != new[: header + 1]:
-        return new  # another setting (seeds, rounds, columns): the old rows do not belong to this table
+def _table_bodies(lines: list[str]) -> list[tuple[int, int]]:
+    """(first, end) of each table's rows in ``lines``: the rows after a ``|---`` line, up to the first
+    line that is not a table row."""
+    bodies = []
+    for i, line in enumerate(lines):
+        if line.startswith("|---"):
+            end = i + 1
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            bodies.append((i + 1, end))
+    return bodies
 
+
+def _table_key(lines: list[str], first: int) -> tuple[str, str]:
+    """What names the table whose rows start at ``first``: its column line and the nearest heading
+    (a ``#`` line) above it (the sparse table's three tables share their columns)."""
+    heading = next((line for line in reversed(lines[: first - 2]) if line.startswith("#")), "")
+    return heading, lines[first - 2] if first >= 2 else ""
+
+
+def _merged_body(old: list[str], new: list[str], labels: Sequence[str]) -> list[str]:
     def rerun(row: str) -> str | None:
         cell = _row_label(row)
         return next((label for label in labels if cell == label or cell.startswith(label + " (")), None)
 
-    fresh = {rerun(row): row for row in new[header + 1:] if rerun(row) is not None}
-    rows = [fresh.pop(rerun(row)) if rerun(row) in fresh else row for row in old[header + 1:]
+    fresh = {rerun(row): row for row in new if rerun(row) is not None}
+    rows = [fresh.pop(rerun(row)) if rerun(row) in fresh else row for row in old
             if row.strip() and (rerun(row) is None or rerun(row) in fresh)]
-    return new[: header + 1] + rows + [row for row in new[header + 1:] if row in fresh.values()]
+    return rows + [row for row in new if row in fresh.values()]
+
+
+def merged_rows(old: list[str], new: list[str], labels: Sequence[str]) -> list[str]:
+    """``new`` (a header, then one or more tables) with the rows of ``old`` for labels not rerun now
+    kept, where both files describe the same setting (the same lines up to the first table's
+    ``|---``): rows run side by side with ``--only`` each keep the others'. Each table of ``new`` is
+    merged with the table of ``old`` of the same columns under the same heading; a rerun label's old
+    row (``label`` or ``label (note)``) is replaced by its new one in place; text between the tables
+    is ``new``'s."""
+    bodies = _table_bodies(new)
+    if not bodies or old[: bodies[0][0]] != new[: bodies[0][0]]:
+        return new  # another setting (seeds, rounds, columns): the old rows do not belong to this table
+    old_bodies = {_table_key(old, first): (first, end) for first, end in _table_bodies(old)}
+    merged, at = [], 0
+    for first, end in bodies:
+        merged += new[at:first]
+        key = _table_key(new, first)
+        if key in old_bodies:
+            old_first, old_end = old_bodies[key]
+            merged += _merged_body(old[old_first:old_end], new[first:end], labels)
+        else:
+            merged += new[first:end]
+        at = end
+    return merged + new[at:]
 
 
 def write_table(name: str, lines: list[str], only: Sequence[str] = ()) -> None:

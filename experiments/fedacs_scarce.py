@@ -160,7 +160,7 @@ def main_script() -> None:
         print(row, flush=True)
     lines += ["", "Paper (FMNIST, Dir 0.5, 50 samples/client): Local 75.98, Ditto-P 78.79, Ditto-G 76.34, "
               "PerAvg-P 74.07, PerAvg-G 69.14 (Table 1); FedACS 84.33 ± 0.35 (Table 2)."]
-    write_table(setting_name(args, model, rounds), lines)
+    write_table(setting_name(args, model, rounds), lines, [v[0] for v in chosen] if args.only else ())  # --only keeps the others
 
 
 if __name__ == "__main__":

@@ -143,7 +143,7 @@ def main_script() -> None:
                     cells_text.append(entry["note"] if "note" in entry else render(entry[key], base))
             lines.append(f"| {label} | " + " | ".join(cells_text) + " |")
         lines.append("")
-    write_table(f"sparse_table_{args.model}_{args.rounds}r", lines)
+    write_table(f"sparse_table_{args.model}_{args.rounds}r", lines, [r[0] for r in rows] if args.only else ())  # --only keeps the others
 
 
 if __name__ == "__main__":

@@ -85,3 +85,25 @@ def test_a_table_written_with_only_keeps_the_other_rows_of_the_same_setting(tmp_
     assert len((tmp_path / "t.md").read_text().splitlines()) == 5
     common.write_table("t", ["# setting B", "", "| method | round 1 |", "|---|---|", "| FedAsync | 6 |"])
     assert "Sageflow" not in (tmp_path / "t.md").read_text()
+
+
+def test_only_merges_each_table_of_a_file_with_the_old_table_of_the_same_heading_and_columns(tmp_path, monkeypatch):
+    monkeypatch.setattr(common, "OUT", tmp_path)
+    head = ["# the sparse table, 3 seeds", ""]
+
+    def tables(rows: dict[str, list[str]], paper: list[str]) -> list[str]:
+        lines = list(head)
+        for title, cells in rows.items():
+            lines += [f"## {title}", "", "| method | MNIST iid |", "|---|---|", *cells, ""]
+        return lines + ["Paper:", "", "| method | avg |", "|---|---|", *paper]
+
+    common.write_table("s", tables({"Accuracy": ["| FedAvg | 90 |", "| pFedEff-50 | 91 |"],
+                                    "Rounds": ["| FedAvg | 100 |", "| pFedEff-50 | 80 |"]},
+                                   ["| FedAvg | 88 |", "| pFedEff-50 | 89 |"]))
+    common.write_table("s", tables({"Accuracy": ["| pFedEff-50 | 92 |", "| LotteryFL-50 | 85 |"],
+                                    "Rounds": ["| pFedEff-50 | 70 |", "| LotteryFL-50 | 60 |"]},
+                                   ["| pFedEff-50 | 89.5 |"]), only=["pFedEff-50", "LotteryFL-50"])
+    assert (tmp_path / "s.md").read_text().splitlines() == tables(
+        {"Accuracy": ["| FedAvg | 90 |", "| pFedEff-50 | 92 |", "| LotteryFL-50 | 85 |"],
+         "Rounds": ["| FedAvg | 100 |", "| pFedEff-50 | 70 |", "| LotteryFL-50 | 60 |"]},
+        ["| FedAvg | 88 |", "| pFedEff-50 | 89.5 |"])
