@@ -131,17 +131,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def data_name(given: Path | None, samples_per_client: int) -> Path:
+    """Where the Dirichlet-0.1, 20-client MNIST partition is (``given``, or the generated folder)."""
+    if given is not None:
+        return given
+    return OUT / "data" / f"MNIST_dir0.1_20c{f'_{samples_per_client}s' if samples_per_client > 0 else ''}"
+
+
 def ensure_data(given: Path | None, samples_per_client: int) -> Path:
     """The Dirichlet-0.1, 20-client MNIST partition (generated once; the generator skips a folder that
     already holds the same partition)."""
-    if given is not None:
-        return given
-    cap = ["--samples-per-client", str(samples_per_client)] if samples_per_client > 0 else []
-    folder = OUT / "data" / f"MNIST_dir0.1_20c{f'_{samples_per_client}s' if cap else ''}"
-    if (folder / "config.json").is_file():
+    folder = data_name(given, samples_per_client)
+    if given is not None or (folder / "config.json").is_file():
         return folder
     if not MNIST_RAW.is_dir():
         raise SystemExit(f"{MNIST_RAW} not found: pass --data/--bn_data or provide MNIST's raw files there")
+    cap = ["--samples-per-client", str(samples_per_client)] if samples_per_client > 0 else []
     generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.1", "--num-clients", "20", *cap,
                                         "--raw-dir", str(MNIST_RAW), "--out-dir", str(folder)])
     return folder
@@ -263,21 +268,24 @@ def main_script() -> None:
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Protocol families (issue 11): MNIST, Dirichlet 0.1, 20 clients, full participation", "",
-        f"{date}; {rounds} rounds, E={args.local_epochs}, B={args.batch_size}, lr={args.lr}, seeds "
+        f"{rounds} rounds, E={args.local_epochs}, B={args.batch_size}, lr={args.lr}, seeds "
         f"{args.seed}..{args.seed + args.times - 1} (mean ± population std), engine {args.engine}, {args.threads} torch thread(s) per run, "
         f"{args.jobs} run(s) at a time{' (quick)' if args.quick else ''}", "",
-        f"Global and personalised families: model {args.model}, data {data.get('main', Path('-')).name}, "
+        f"Global and personalised families: model {args.model}, data {data_name(args.data, args.samples_per_client).name}, "
         f"evaluated every {args.eval_gap} round(s). BatchNorm family: model {args.bn_model}, data "
-        f"{data.get('bn', Path('-')).name}, evaluated every {args.bn_eval_gap} round(s). Test splits are whole "
+        f"{data_name(args.bn_data, args.bn_samples_per_client).name}, evaluated every {args.bn_eval_gap} round(s). Test splits are whole "
         "(25% of each client's samples); 'last 10%' = mean over the last 10% of evaluations; weighted = "
         "sample-weighted over clients (main.py's number); shared model = the method's shared/global model "
         "where it records one; time = wall time of one run as main.py measured it, on a shared CPU (noisy).", "",
     ]
+    named = args.only is not None or bool(args.skip)
     for family in FAMILY_TITLES:
         rows = [row for row in chosen if row.family == family]
-        if rows:
+        if rows or named:  # with --only/--skip every family's table, so the file keeps the rows not run now
             lines += family_table(family, rows, results)
-    write_table(EXPERIMENT, lines)
+    # the date after the tables: the header stays the same for the same setting, so --only merges
+    lines += [f"Written {date}."]
+    write_table(EXPERIMENT, lines, [row.label for row in chosen] if named else ())
 
 
 if __name__ == "__main__":

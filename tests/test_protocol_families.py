@@ -93,3 +93,36 @@ def test_run_variant_starts_afresh_over_an_interrupted_run(tmp_path, monkeypatch
     assert not isinstance(run, str), run
     assert [p.name for p in run.paths] == [f"{data.name}_FedAvg_Fed_Avg_0.h5"]
     assert not stale.exists()
+
+
+def test_only_keeps_the_rows_of_the_families_not_run_now(tmp_path, monkeypatch):
+    """Two calls with --only, each of one row: the table holds both, each in its family's table."""
+    from concurrent.futures import Future
+
+    class InProcess:  # the pool, without processes: each job's outcome is made up from its algorithm
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, fn, job, *args):
+            future = Future()
+            value = {"FedBN": 0.8, "FedDyn": 0.7}[job.algo]
+            future.set_result({"last10": value, "best": value, "final": value, "client_last10": value,
+                               "shared_last10": value, "time": 1.0})
+            return future
+
+    monkeypatch.setattr(common, "OUT", tmp_path)
+    monkeypatch.setattr(pf, "ProcessPoolExecutor", InProcess)
+    monkeypatch.setattr(pf, "ensure_data", lambda given, samples: tmp_path / "data")
+    for only in ("FedBN", "FedDyn"):
+        monkeypatch.setattr(sys, "argv", ["protocol_families.py", "--only", only, "--times", "1", "--rounds", "2"])
+        pf.main_script()
+    lines = (tmp_path / f"{pf.EXPERIMENT}.md").read_text().splitlines()
+    rows = [line.split("|")[1].strip() for line in lines if line.startswith("| Fed")]
+    assert rows == ["FedDyn", "FedBN"]  # the global family's table comes first
+    assert sum(line.startswith("Written ") for line in lines) == 1
