@@ -129,9 +129,9 @@ def attacker_mask(seed: int, fraction: float, resample: bool, num_clients: int, 
 
 @functools.lru_cache(maxsize=64)
 def cohort_attacker_mask(seed: int, fraction: float, num_clients: int, rnd: int, cohort: tuple[int, ...]) -> np.ndarray:
-    """``--attack_scope cohort``: round(f · n) of the n clients of round ``rnd``'s training cohort
-    (``cohort``, in increasing order), drawn from (seed, "cohort-attackers", rnd); a read-only mask
-    over every client position."""
+    """``--attack_scope cohort|drawn``: round(f · n) of the n clients ``cohort`` (in increasing order) of
+    round ``rnd`` (those that train, or those drawn), drawn from (seed, "cohort-attackers", rnd); a
+    read-only mask over every client position."""
     chosen = numpy_rng(seed, "cohort-attackers", rnd).choice(len(cohort), size=attacker_count(fraction, len(cohort)),
                                                               replace=False)
     mask = np.zeros(num_clients, dtype=bool)
