@@ -213,7 +213,9 @@ def official_shards(labels: np.ndarray, seed: int, clients: int = 100, public: i
     ``per_client`` of the shards not yet taken. Which shard a client holds first (and so which rows are
     its first 80 %) is the order the official code walks a Python set of the drawn shard numbers, and
     the shards left are the list of a Python set; both are kept by doing the same set operations.
-    Returns each client's rows in that order and the public rows (sorted)."""
+    Returns each client's rows in that order and the public rows (sorted). The same rows need the same
+    raw files in the same order (../shared's MNIST holds the original training images in another order
+    than the official files: both codes reading it get the same split, not the one of the paper's runs)."""
     draw = np.random.RandomState(seed)
     taken = set(draw.choice(len(labels), public, replace=False).tolist())
     pool = np.asarray(list(set(range(len(labels))) - taken), dtype=np.int64)
