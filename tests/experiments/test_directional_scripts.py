@@ -5,6 +5,7 @@ import sys
 
 import h5py
 import numpy as np
+import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "experiments"))
@@ -139,7 +140,6 @@ def test_the_official_split_draws_shards_of_the_label_sorted_rows_left_after_the
 
 
 def test_the_official_partition_refuses_samples_and_data(monkeypatch, capsys):
-    import pytest
     for extra in (["--samples", "150"], ["--data", "somewhere"]):
         monkeypatch.setattr(sys, "argv", ["sageflow_mnist.py", "--partition", "official", *extra])
         with pytest.raises(SystemExit) as exit_info:
