@@ -37,6 +37,7 @@ import numpy as np
 
 from common import MNIST_RAW, OUT, add_training_flags, generate_data, mean_std, run_variant, write_table
 from flcore.registry import load_all  # importable once common has put system/ on the path
+from utils.result_utils import reach_target
 
 FMNIST_RAW = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"MNIST": ("generate_MNIST.py", MNIST_RAW), "FMNIST": ("generate_FashionMNIST.py", FMNIST_RAW)}
@@ -101,17 +102,20 @@ def ensure_data(dataset: str, split: str, args: argparse.Namespace) -> Path:
 
 def run_numbers(path: Path) -> dict:
     """Best accuracy, its round (with -eg 1 evaluation i follows round i; evaluation 0 is the initial model),
-    the bytes both ways and the accuracy curve (for the rounds to a target)."""
+    the bytes both ways, and the accuracy curve with the round of each evaluation (for the rounds to a target)."""
     with h5py.File(path) as f:
         acc = f["rs_test_acc"][()]
         moved = float(f["rs_bytes_up"][()].sum() + f["rs_bytes_down"][()].sum())
-    return {"acc": float(acc.max()), "round": float(np.argmax(acc)), "bytes": moved, "curve": acc}
+        eval_rounds = f["rs_eval_rounds"][()]
+    return {"acc": float(acc.max()), "round": float(np.argmax(acc)), "bytes": moved, "curve": acc,
+            "eval_rounds": eval_rounds}
 
 
-def rounds_to(curve: np.ndarray, target: float) -> float | None:
-    """The first round whose evaluation reaches ``target`` (evaluation i follows round i), None if none does."""
-    reached = np.flatnonzero(curve >= target)
-    return float(reached[0]) if reached.size else None
+def rounds_to(curve: np.ndarray, eval_rounds: np.ndarray, target: float) -> float | None:
+    """The first evaluated round whose accuracy reaches ``target`` (``reach_target``, as summarize.py's
+    rounds to a target), None if none does."""
+    reached = reach_target(curve, eval_rounds, (), target)
+    return None if reached is None else float(reached[0])
 
 
 def fedavg_reference(cell_runs: dict[str, dict]) -> dict[str, float] | None:
@@ -135,7 +139,7 @@ def cell(dataset: str, split: str, args: argparse.Namespace, rows: list[tuple[st
             out[label] = {"note": run}
             continue
         numbers = [run_numbers(path) for path in run.paths]
-        out[label] = {key: [n[key] for n in numbers] for key in ("acc", "round", "bytes", "curve")}
+        out[label] = {key: [n[key] for n in numbers] for key in ("acc", "round", "bytes", "curve", "eval_rounds")}
         print(f"{dataset} {split} {label}: acc {mean_std(out[label]['acc'])}, {run.seconds():.0f} s", flush=True)
     return out
 
@@ -156,7 +160,8 @@ def table_lines(cells: dict[tuple[str, str], dict[str, dict]], rows: list[tuple[
              lambda e, ref: "–" if ref is None else mean_std([b / ref["bytes"] for b in e["bytes"]], scale=1, digits=4)),
             (f"Rounds to {args.target:g} of FedAvg's mean best accuracy (first round at or above it)",
              lambda e, ref: "–" if ref is None else mean_std(
-                 [rounds_to(c, args.target * ref["acc"]) for c in e["curve"]], scale=1, digits=1))):
+                 [rounds_to(c, r, args.target * ref["acc"]) for c, r in zip(e["curve"], e["eval_rounds"])],
+                 scale=1, digits=1))):
         lines += [f"## {title}", "", *header]
         for label, _, _ in rows:
             cells_text = []

@@ -21,7 +21,7 @@ def table_args(**changes) -> argparse.Namespace:
 def entry(curves, moved):
     curves = [np.asarray(c, dtype=float) for c in curves]
     return {"acc": [float(c.max()) for c in curves], "round": [float(np.argmax(c)) for c in curves],
-            "bytes": list(moved), "curve": curves}
+            "bytes": list(moved), "curve": curves, "eval_rounds": [np.arange(len(c)) for c in curves]}
 
 
 def section(lines, title_start):
@@ -37,10 +37,11 @@ def section(lines, title_start):
 
 
 def test_rounds_to_is_the_first_evaluation_at_or_above_the_target():
-    curve = np.array([0.10, 0.50, 0.80, 0.79, 0.90])
-    assert st.rounds_to(curve, 0.80) == 2.0  # reaching it exactly counts; the later dip does not matter
-    assert st.rounds_to(curve, 0.85) == 4.0
-    assert st.rounds_to(curve, 0.95) is None
+    curve, every_round = np.array([0.10, 0.50, 0.80, 0.79, 0.90]), np.arange(5)
+    assert st.rounds_to(curve, every_round, 0.80) == 2.0  # reaching it exactly counts; the later dip does not matter
+    assert st.rounds_to(curve, every_round, 0.85) == 4.0
+    assert st.rounds_to(curve, every_round, 0.95) is None
+    assert st.rounds_to(curve, every_round * 3, 0.85) == 12.0  # -eg 3: the round of that evaluation, not its index
 
 
 def test_run_numbers_reads_best_accuracy_its_round_bytes_and_curve(tmp_path):
@@ -49,9 +50,11 @@ def test_run_numbers_reads_best_accuracy_its_round_bytes_and_curve(tmp_path):
         f.create_dataset("rs_test_acc", data=np.array([0.1, 0.6, 0.7, 0.65]))
         f.create_dataset("rs_bytes_up", data=np.array([10.0, 20.0, 30.0]))
         f.create_dataset("rs_bytes_down", data=np.array([1.0, 2.0, 3.0]))
+        f.create_dataset("rs_eval_rounds", data=np.arange(4))
     numbers = st.run_numbers(path)
     assert (numbers["acc"], numbers["round"], numbers["bytes"]) == (0.7, 2.0, 66.0)
     assert numbers["curve"].tolist() == [0.1, 0.6, 0.7, 0.65]
+    assert numbers["eval_rounds"].tolist() == [0, 1, 2, 3]
 
 
 def test_tables_give_rounds_to_the_fraction_of_fedavgs_best_and_count_seeds_that_never_reach_it():
