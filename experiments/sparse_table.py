@@ -150,6 +150,7 @@ def table_lines(cells: dict[tuple[str, str], dict[str, dict]], rows: list[tuple[
     column per (dataset, split) of ``cells``, a row per label of ``rows``."""
     columns = [f"{d} {s}" for d in args.datasets for s in args.splits]
     header = ["| method | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    refs = {key: fedavg_reference(runs) for key, runs in cells.items()}
     lines = [f"# The slides' pFedEff table, our numbers: model {args.model}, {args.clients} clients, "
              f"{args.samples or 'all'} training samples each, {args.rounds} rounds, E={args.local_epochs}, "
              f"B={args.batch_size}, lr={args.lr}, seeds {args.seed}..{args.seed + args.times - 1}", ""]
@@ -168,8 +169,7 @@ def table_lines(cells: dict[tuple[str, str], dict[str, dict]], rows: list[tuple[
             for d in args.datasets:
                 for s in args.splits:
                     entry = cells[(d, s)][label]
-                    ref = fedavg_reference(cells[(d, s)])
-                    cells_text.append(entry["note"] if "note" in entry else render(entry, ref))
+                    cells_text.append(entry["note"] if "note" in entry else render(entry, refs[(d, s)]))
             lines.append(f"| {label} | " + " | ".join(cells_text) + " |")
         lines.append("")
     return lines
