@@ -1,9 +1,11 @@
 #!/bin/bash
 # Issue 28's GPU table in one call (about 8 minutes on an H200), from the repository root:
 #   PFLLIB=/path/to/PFLlib OUT=/tmp/gpu28 bash experiments/issue28_gpu.sh
-# PART=conv (a second call, about 3 minutes): P2's open lead. P2 is bound by the batched step's vmapped
-# (grouped) convolutions, 3.18 ms per captured step over 50 clients on an H200, and needs about 1.9 ms for
-# 30x; untried there: cuDNN's timed algorithm choice (--cudnn_benchmark) and channels-last (--conv_layout).
+# PART=unfold (about 6 minutes; the next lead): P2 and P1 with --batched_conv grouped against unfold (im2col as one
+# strided copy and batched matrix products, flcore/engines/client_conv.py), per-step costs with a kernel profile, the
+# CUDA tests. Why: cuDNN runs vmap's grouped convolution over the clients as one kernel per client (PART=conv's profile).
+# PART=conv (about 5 minutes; ran 2026-11-27): cuDNN's timed algorithm choice (--cudnn_benchmark) and channels-last
+# (--conv_layout) at P2, with a kernel profile per variant, the CUDA tests and a P1 check.
 # PFLLIB: a PFLlib checkout (its system/main.py runs P1 beside ours; unset: our runs only).
 # P1's MNIST folder is generated into dataset/benchmark first (benchmark.py --mnist-raw DIR, or kept
 # from an earlier run). Logs and JSON per table in $OUT.
@@ -14,6 +16,27 @@ LOG="$OUT/run.log"; T0=$(date +%s)
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
 $PY -c "import torch,sys; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$LOG"
 cd system
+if [ "${PART:-main}" = unfold ]; then  # about 6 minutes: --batched_conv grouped against unfold (client_conv.py)
+  say "P2: sequential, batched grouped, batched unfold"
+  timeout 130 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 50 --out "$OUT/p2unfold.json" \
+    --engines sequential batched+grouped batched+unfold batched+unfold+cudnnbench > "$OUT/p2unfold.log" 2>&1
+  echo "rc=$?" | tee -a "$LOG"; grep -E "speed-up|^P2 " "$OUT/p2unfold.log" | tee -a "$LOG"
+  say "P1: batched grouped and unfold, ours only"
+  timeout 70 $PY benchmark.py --device cuda --warmup 1 --only P1 --engines batched+grouped batched+unfold --rounds 3 \
+    --timeout 30 --data-dir ../dataset/benchmark --out "$OUT/p1unfold.json" > "$OUT/p1unfold.log" 2>&1
+  echo "rc=$?" | tee -a "$LOG"; grep -E "^P1 " "$OUT/p1unfold.log" | tee -a "$LOG"
+  cd ..
+  for variant in "grouped 50 3,32,32 0" "unfold 50 3,32,32 1" "grouped 20 1,28,28 0" "unfold 20 1,28,28 0"; do
+    set -- $variant; say "per-step cost: --batched_conv $1, $2 clients of $3"
+    SB_BATCHED_CONV=$1 SB_CLIENTS=$2 SB_SHAPE=$3 SB_RUNNERS="eager graph" SB_PROFILE=$4 timeout 75 \
+      $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT|host syncs|_warn_once" | tee -a "$LOG"
+  done
+  say "CUDA tests"
+  timeout 80 $PY -m pytest -q -p no:cacheprovider -n 8 tests/engines/test_capture.py tests/engines/test_devices.py \
+    tests/engines/test_precision.py tests/system/test_auc.py tests/engines/test_client_conv.py > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"
+  say done; exit 0
+fi
 if [ "${PART:-main}" = conv ]; then
   say "P2: sequential and batched, cuDNN benchmark and layout variants, one process"
   timeout 150 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 60 --out "$OUT/p2conv.json" \
@@ -21,10 +44,18 @@ if [ "${PART:-main}" = conv ]; then
   echo "rc=$?" | tee -a "$LOG"; grep -E "speed-up|^P2 " "$OUT/p2conv.log" | tee -a "$LOG"
   cd ..
   for variant in "0 auto" "1 auto" "0 channels_last" "1 channels_last"; do
-    set -- $variant; say "per-step cost at P2's shape: cudnn.benchmark=$1, layout $2"
-    SB_CUDNN_BENCHMARK=$1 SB_LAYOUT=$2 SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" timeout 45 \
-      $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v Warning | tee -a "$LOG"
+    set -- $variant; say "per-step cost at P2's shape: cudnn.benchmark=$1, layout $2, with a kernel profile"
+    SB_CUDNN_BENCHMARK=$1 SB_LAYOUT=$2 SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" SB_PROFILE=1 timeout 60 \
+      $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT" | tee -a "$LOG"
   done
+  say "CUDA tests"
+  timeout 100 $PY -m pytest -q -p no:cacheprovider -n 8 tests/engines/test_capture.py tests/engines/test_devices.py \
+    tests/engines/test_precision.py tests/system/test_auc.py > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"
+  say "P1, ours only, batched (auto), as a check against the earlier 0.49 s"
+  cd system; timeout 80 $PY benchmark.py --device cuda --warmup 1 --only P1 --engines batched --rounds 3 --timeout 60 \
+    --data-dir ../dataset/benchmark --out "$OUT/p1check.json" > "$OUT/p1check.log" 2>&1
+  echo "rc=$?" | tee -a "$LOG"; grep -E "^P1 " "$OUT/p1check.log" | tee -a "$LOG"; cd ..
   say done; exit 0
 fi
 bench() {  # name timeout benchmark.py flags...

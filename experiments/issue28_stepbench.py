@@ -6,7 +6,9 @@ host syncs of one round per engine. Run from the repository root::
     SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" python experiments/issue28_stepbench.py cuda   # P2's
 
 SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round. SB_CUDNN_BENCHMARK=1 turns
-cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout."""
+cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout; SB_BATCHED_CONV=grouped|unfold|auto sets --batched_conv. SB_PROFILE=1 adds the GPU kernels of one round of the eager and the
+captured batched step (torch.profiler, CUDA activity), the top ones by self time, and their sum per cohort step: where
+that sum is close to the step's wall time the step is bound by its kernels, not by launches."""
 import sys, time, warnings, os
 sys.path[:0] = ["tests/system", "system", "."]
 import torch
@@ -25,9 +27,12 @@ data = FederatedDataset(name=base.name, path=base.path, config=dict(base.config)
 
 torch.backends.cudnn.benchmark = os.environ.get("SB_CUDNN_BENCHMARK", "0") == "1"
 layout = os.environ.get("SB_LAYOUT", "auto")
-print(f"cudnn.benchmark {torch.backends.cudnn.benchmark}, conv layout {layout}", flush=True)
+batched_conv = os.environ.get("SB_BATCHED_CONV", "auto")
+print(f"cudnn.benchmark {torch.backends.cudnn.benchmark}, conv layout {layout}, batched conv {batched_conv}", flush=True)
 
 def server(engine, **flags):
+    if engine == "batched":
+        flags.setdefault("batched_conv", batched_conv)
     args = make_args("FedAvg", engine=engine, batch_size=10, local_learning_rate=0.005, eval_auc=False,
                      conv_layout=layout, **flags)
     torch.manual_seed(0)
@@ -83,3 +88,21 @@ if dev.type == "cuda":
               + (f"; e.g. {sorted(set(msgs))[:3]}" if msgs else ""), flush=True)
 if "compiled" in runners:
     bench("compiled")
+
+if os.environ.get("SB_PROFILE") == "1" and dev.type == "cuda":
+    from torch.profiler import ProfilerActivity, profile
+
+    def self_us(event):  # torch >= 2.4 names it self_device_time_total; older ones self_cuda_time_total
+        return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0)
+
+    for runner in ("eager", "graph"):
+        s = server("batched", step_runner=runner)
+        one_round(s, 0)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            wall, _ = one_round(s, 1)
+        events = sorted(prof.key_averages(), key=self_us, reverse=True)
+        total = sum(self_us(e) for e in events)
+        print(f"profile, batched {runner}: kernels {total / 1000 / steps:.3f} ms per cohort step, wall "
+              f"{1000 * wall / steps:.3f} ms (profiled round)", flush=True)
+        for e in events[:12]:
+            print(f"  {self_us(e) / 1000 / steps:7.3f} ms/step  x{e.count / steps:5.1f}  {e.key[:110]}", flush=True)

@@ -218,6 +218,7 @@ EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"], "evalfrozen": ["--eval
 #: convolutions on a GPU); ``sequential+keepfreed`` / ``+returnfreed``: --malloc_keep_freed on / off (utils/allocator.py)
 BACKEND_VARIANTS = {"cudnnbench": ["--cudnn_benchmark", "True"], "nhwc": ["--conv_layout", "channels_last"],
                     "nchw": ["--conv_layout", "nchw"],
+                    "grouped": ["--batched_conv", "grouped"], "unfold": ["--batched_conv", "unfold"],
                     "keepfreed": ["--malloc_keep_freed", "on"], "returnfreed": ["--malloc_keep_freed", "off"]}
 
 

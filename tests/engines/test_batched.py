@@ -136,6 +136,27 @@ def test_cnn_round_matches_sequential_and_chunks_match_whole_cohort():
         assert c.loss == pytest.approx(w.loss, rel=1e-4, abs=1e-5)
 
 
+@pytest.mark.parametrize("runner", ["eager", "graph"])
+def test_unfolded_client_convolutions_match_sequential(runner, notices, monkeypatch):
+    """``--batched_conv unfold`` (client_conv.py's vmap rule: im2col over all clients, batched
+    matrix products) trains a ragged cohort as the sequential engine does, up to float rounding,
+    also through the graph runner (replayed eagerly on a CPU); the one-client tail takes F.conv2d."""
+    from flcore.engines import client_conv
+    dataset = image_dataset([2, 9, 14, 5, 21])  # 0, 2, 3, 1, 5 steps: the last two steps have one client
+    seq = _one_round(_cnn_server("sequential", dataset))
+    calls, unfold = [], client_conv._unfold
+    monkeypatch.setattr(client_conv, "_unfold", lambda *a, **k: calls.append(a[0].shape[0]) or unfold(*a, **k))
+    server = _cnn_server("batched", dataset, batched_conv="unfold", step_runner=runner)
+    assert server.engine.batched_conv == "unfold"
+    out = _one_round(server)
+    assert calls and max(calls) == 4  # the vmap rule ran, over the four clients with data
+    for s, o in zip(seq, out):
+        assert (s.index, s.num_steps) == (o.index, o.num_steps)
+        torch.testing.assert_close(o.params, s.params, atol=ATOL, rtol=RTOL)
+        assert o.loss == pytest.approx(s.loss, rel=1e-4, abs=1e-5)
+    assert _cnn_server("batched", dataset).engine.batched_conv == "grouped"  # the default
+
+
 def test_padded_clients_take_no_op_steps():
     dataset = random_dataset(num_clients=4, dim=6, num_classes=3, sizes=[3, 5, 11, 40], seed=2)
     flags = dict(engine="batched", batch_size=5, local_learning_rate=0.1)

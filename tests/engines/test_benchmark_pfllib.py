@@ -22,6 +22,7 @@ def test_engine_variants_become_flags():
     assert benchmark.split_variant("batched+evalbs128") == ("batched", ["--eval_batch_size", "128"])
     assert benchmark.split_variant("batched+cudnnbench+nhwc") == (
         "batched", ["--cudnn_benchmark", "True", "--conv_layout", "channels_last"])
+    assert benchmark.split_variant("batched+unfold+eager") == ("batched", ["--batched_conv", "unfold", "--step_runner", "eager"])
     with pytest.raises(SystemExit, match="unknown variant"):
         benchmark.split_variant("batched+fast")
 

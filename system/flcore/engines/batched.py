@@ -74,9 +74,12 @@ Design (what a reader should know before changing it):
   copies and seeding, a plan copy, three index kernels, a read-back). On the H200 afterwards P2
   took 19.4 ms/round against 20.4 before (sequential 0.38-0.40 s: 20.6x): the five captured steps
   are 15.9 ms of it (3.18 ms each over 50 clients), so the step, not the host, now bounds P2.
-  Convolving the vmapped step as im2col + batched matrix products instead of vmap's grouped
-  convolution was tried and measured slower there too (captured, H200: P2 58 ms/round against
-  19 ms, P1 1.28 s against 0.48 s; peak GPU memory 2.4 GB against 1.9 GB on P2), so it is not kept.
+  A kernel profile of that step shows why: cuDNN runs vmap's grouped convolution of the
+  32-to-64-channel layer as one kernel per client (50 launches each for its forward pass, input
+  gradient and weight gradient). ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces
+  it by im2col over all clients and batched matrix products; two versions written with ATen's
+  ``F.unfold`` were slower on the H200 (P2 3x and 6x), because ATen's im2col is itself one kernel
+  per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet.
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
@@ -127,6 +130,7 @@ from torch.func import functional_call, grad_and_value, vmap
 from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
 from flcore.engines.base import Engine, has_dropout, keeps_base_training
 from flcore.engines.capture import STEP_RUNNERS, make_step_runner
+from flcore.engines.client_conv import BATCHED_CONVS, batched_convolutions
 from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import Net
 from flcore.registry import register_engine
@@ -205,6 +209,10 @@ class BatchedEngine(Engine):
         add_flag(parser, "--step_runner", type=str, default="auto", choices=list(STEP_RUNNERS),
                  help="batched engine: how the cohort step runs: auto (graph on a GPU, eager elsewhere), eager, "
                       "graph (replayed from a CUDA graph per cohort and batch shape), compiled (torch.compile)")
+        add_flag(parser, "--batched_conv", type=str, default="grouped", choices=list(BATCHED_CONVS),
+                 help="batched engine: how the vmapped step convolves the clients: grouped (vmap's rule: one grouped "
+                      "convolution, the clients as groups) or unfold (im2col over all clients and batched matrix "
+                      "products; flcore/engines/client_conv.py); equal up to float rounding")
 
     def __init__(self, runtime: "Runtime"):
         super().__init__(runtime)
@@ -214,6 +222,9 @@ class BatchedEngine(Engine):
         self.precision = check_precision(runtime.args, flat_device(runtime))
         self.runner = make_step_runner(str(getattr(runtime.args, "step_runner", "auto") or "auto"), flat_device(runtime),
                                        lambda message: self.notice(message, message))
+        self.batched_conv = str(getattr(runtime.args, "batched_conv", "grouped") or "grouped")
+        if self.batched_conv not in BATCHED_CONVS:
+            raise FLError(f"--batched_conv {self.batched_conv}: choose one of {', '.join(BATCHED_CONVS)}")
         self._step_fns: dict[tuple, Callable] = {}
         self._finals: dict[int, torch.Tensor] = {}
         self._rng_after: dict[int, tuple] = {}
@@ -261,7 +272,7 @@ class BatchedEngine(Engine):
                 return "the model's forward pass is random in train mode (dropout), which only the sequential engine reproduces per client"
             y = torch.zeros(2, len(x), dtype=torch.long, device=x.device)
             rows = flat.params.detach().unsqueeze(0).repeat(2, 1)
-            with plain_convolutions():
+            with plain_convolutions(), batched_convolutions(self.batched_conv):
                 self._step(Client, False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
         except Exception as exc:  # noqa: BLE001 - any failure means: train it sequentially
             return f"the model cannot run under torch.func.vmap ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
@@ -520,7 +531,8 @@ class BatchedEngine(Engine):
         if owner.local_momentum:  # --local_momentum: each client's buffer, zero at the job's start
             state["velocity"] = torch.zeros(count, flat.num_params, dtype=weights.dtype, device=device)
         segment = runner.open(state, consts)
-        with torch.no_grad(), plain_convolutions():  # vmap has no channels-last batched weights
+        # vmap has no channels-last batched weights; --batched_conv picks how the clients' convolutions run
+        with torch.no_grad(), plain_convolutions(), batched_convolutions(self.batched_conv):
             for t in range(max_steps):
                 n = runner.rows_for(active[t], count)
                 masked = t in partial_steps
