@@ -101,13 +101,14 @@ def ensure_data(dataset: str, split: str, args: argparse.Namespace) -> Path:
 
 
 def run_numbers(path: Path) -> dict:
-    """Best accuracy, its round (with -eg 1 evaluation i follows round i; evaluation 0 is the initial model),
-    the bytes both ways, and the accuracy curve with the round of each evaluation (for the rounds to a target)."""
+    """Best accuracy, its round (``rs_eval_rounds`` of the best evaluation: 0 is the initial model; the first
+    best where several tie), the bytes both ways, and the accuracy curve with the round of each evaluation (for
+    the rounds to a target)."""
     with h5py.File(path) as f:
         acc = f["rs_test_acc"][()]
         moved = float(f["rs_bytes_up"][()].sum() + f["rs_bytes_down"][()].sum())
         eval_rounds = f["rs_eval_rounds"][()]
-    return {"acc": float(acc.max()), "round": float(np.argmax(acc)), "bytes": moved, "curve": acc,
+    return {"acc": float(acc.max()), "round": float(eval_rounds[int(np.argmax(acc))]), "bytes": moved, "curve": acc,
             "eval_rounds": eval_rounds}
 
 

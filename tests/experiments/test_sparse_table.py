@@ -55,6 +55,10 @@ def test_run_numbers_reads_best_accuracy_its_round_bytes_and_curve(tmp_path):
     assert (numbers["acc"], numbers["round"], numbers["bytes"]) == (0.7, 2.0, 66.0)
     assert numbers["curve"].tolist() == [0.1, 0.6, 0.7, 0.65]
     assert numbers["eval_rounds"].tolist() == [0, 1, 2, 3]
+    with h5py.File(path, "a") as f:  # evaluated every 5 rounds: the best is round 10's, not evaluation 2's
+        del f["rs_eval_rounds"]
+        f.create_dataset("rs_eval_rounds", data=np.array([0, 5, 10, 15]))
+    assert st.run_numbers(path)["round"] == 10.0
 
 
 def test_tables_give_rounds_to_the_fraction_of_fedavgs_best_and_count_seeds_that_never_reach_it():
