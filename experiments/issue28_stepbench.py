@@ -6,7 +6,8 @@ host syncs of one round per engine. Run from the repository root::
     SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" python experiments/issue28_stepbench.py cuda   # P2's
 
 SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round. SB_CUDNN_BENCHMARK=1 turns
-cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout; SB_BATCHED_CONV=grouped|unfold|auto sets --batched_conv. SB_PROFILE=1 adds the GPU kernels of one round of the eager and the
+cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout;
+SB_BATCHED_CONV=grouped|unfold sets --batched_conv. SB_PROFILE=1 adds the GPU kernels of one round of the eager and the
 captured batched step (torch.profiler, CUDA activity), the top ones by self time, and their sum per cohort step: where
 that sum is close to the step's wall time the step is bound by its kernels, not by launches."""
 import sys, time, warnings, os
@@ -27,7 +28,7 @@ data = FederatedDataset(name=base.name, path=base.path, config=dict(base.config)
 
 torch.backends.cudnn.benchmark = os.environ.get("SB_CUDNN_BENCHMARK", "0") == "1"
 layout = os.environ.get("SB_LAYOUT", "auto")
-batched_conv = os.environ.get("SB_BATCHED_CONV", "auto")
+batched_conv = os.environ.get("SB_BATCHED_CONV", "grouped")
 print(f"cudnn.benchmark {torch.backends.cudnn.benchmark}, conv layout {layout}, batched conv {batched_conv}", flush=True)
 
 def server(engine, **flags):

@@ -78,8 +78,8 @@ Design (what a reader should know before changing it):
   32-to-64-channel layer as one kernel per client (50 launches each for its forward pass, input
   gradient and weight gradient). ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces
   it by im2col over all clients and batched matrix products; two versions written with ATen's
-  ``F.unfold`` were slower on the H200 (P2 3x and 6x), because ATen's im2col is itself one kernel
-  per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet.
+  ``F.unfold`` made P2's round 3x and 5x slower on the H200, because ATen's im2col is itself one
+  kernel per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet.
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
