@@ -83,6 +83,28 @@ def test_an_unknown_kind_is_refused_in_one_line():
         batched_convolutions("im2col")
 
 
+def test_bf16_autocast_trains_through_unfold_as_through_the_grouped_convolution():
+    """``--precision bf16``: the forward pass convolves in bf16 and the gradient arrives in bf16 while the
+    saved input and weight are fp32; unfold trains as close to fp32 as the grouped convolution does."""
+    from fltest import build_server, image_dataset, make_args
+    from flcore.registry import MODELS
+
+    dataset = image_dataset([9, 14, 21, 6])
+
+    def round_of(precision, conv):
+        args = make_args("FedAvg", engine="batched", batch_size=4, local_learning_rate=0.05, eval_auc=False,
+                         precision=precision, batched_conv=conv)
+        torch.manual_seed(0)
+        server = build_server(args, dataset, MODELS.get("CNN")(dataset.input_shape, dataset.num_classes, None))
+        cohort = list(range(len(server.clients)))
+        return server.engine.train([server.clients[i] for i in cohort], server.make_package(0, cohort))
+
+    full, grouped, unfold = round_of("fp32", "grouped"), round_of("bf16", "grouped"), round_of("bf16", "unfold")
+    for f, g, u in zip(full, grouped, unfold):
+        assert u.params.dtype == torch.float32 and not torch.equal(u.params, f.params)  # it did train in bf16
+        assert (u.params - f.params).abs().max() < 2e-2 and (u.params - g.params).abs().max() < 1e-2
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 @pytest.mark.parametrize("algo", ["FedAvg", "SCAFFOLD"])
 def test_unfold_trains_as_the_grouped_convolution_on_the_gpu(algo, monkeypatch):

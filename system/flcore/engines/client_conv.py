@@ -146,6 +146,10 @@ class _ClientConv2d(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         x, weight = ctx.saved_tensors
+        # under autocast (--precision bf16) the forward convolved in bf16 and the gradient arrives in bf16,
+        # while the saved input and weight may be fp32: one dtype for the products (autograd casts the
+        # returned gradients back to each input's dtype)
+        x, weight = x.to(grad_out.dtype), weight.to(grad_out.dtype)
         need_input = bool(ctx.needs_input_grad[0])
         grads = _ConvGrads.apply(x, weight, grad_out, *ctx.geometry, need_input)
         grad_x, grad_w = grads if need_input else (None, grads)
