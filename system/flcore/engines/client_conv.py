@@ -56,9 +56,9 @@ def _out_size(size: int, kernel: int, stride: int, padding: int, dilation: int) 
     return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _unfold(x: torch.Tensor, kernel: tuple[int, int], geometry: tuple) -> torch.Tensor:
-    """im2col of ``x`` [K, N, C, H, W] as [K, C·kh·kw, N·Ho·Wo]: a strided view of the (padded)
-    input and one copy. Not ``F.unfold``: ATen's im2col launches one kernel per image (one per
+def _unfold(x: torch.Tensor, kernel: tuple[int, int], geometry: tuple) -> tuple[torch.Tensor, int, int]:
+    """im2col of ``x`` [K, N, C, H, W] as [K, C·kh·kw, N·Ho·Wo], with Ho and Wo: a strided view of the
+    (padded) input and one copy. Not ``F.unfold``: ATen's im2col launches one kernel per image (one per
     client and sample here: 500 a layer for P2), on CUDA as on the CPU."""
     (sh, sw), (ph, pw), (dh, dw) = geometry
     kh, kw = kernel
@@ -70,7 +70,7 @@ def _unfold(x: torch.Tensor, kernel: tuple[int, int], geometry: tuple) -> torch.
     s_k, s_n, s_c, s_h, s_w = x.stride()
     windows = x.as_strided((k, c, kh, kw, n, out_h, out_w),
                            (s_k, s_c, dh * s_h, dw * s_w, s_n, sh * s_h, sw * s_w), x.storage_offset())
-    return windows.reshape(k, c * kh * kw, n * out_h * out_w)
+    return windows.reshape(k, c * kh * kw, n * out_h * out_w), out_h, out_w
 
 
 def _fold_add(cols: torch.Tensor, x_shape: torch.Size, kernel: tuple[int, int], geometry: tuple) -> torch.Tensor:
@@ -121,7 +121,7 @@ class _ConvGrads(torch.autograd.Function):
         x, weight, grad_out = (_to_front(t, d, k) for t, d in zip((x, weight, grad_out), in_dims[:3]))
         kernel, geometry = tuple(weight.shape[-2:]), (stride, padding, dilation)
         rows = _as_rows(grad_out)                                               # [K, O, N·L]
-        cols = _unfold(x, kernel, geometry)                                     # [K, C·kh·kw, N·L]
+        cols, _, _ = _unfold(x, kernel, geometry)                               # [K, C·kh·kw, N·L]
         grad_w = torch.bmm(rows, cols.transpose(1, 2)).view_as(weight)
         if not need_input:
             return grad_w, 0
@@ -159,12 +159,9 @@ class _ClientConv2d(torch.autograd.Function):
     def vmap(info, in_dims, x, weight, stride, padding, dilation):
         k = info.batch_size
         x, weight = _to_front(x, in_dims[0], k), _to_front(weight, in_dims[1], k)
-        out_channels, _, kh, kw = weight.shape[1:]
-        (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-        n = x.shape[1]
-        out_h, out_w = _out_size(x.shape[-2], kh, sh, ph, dh), _out_size(x.shape[-1], kw, sw, pw, dw)
-        out = torch.bmm(weight.reshape(k, out_channels, -1), _unfold(x, (kh, kw), (stride, padding, dilation)))
-        return out.view(k, out_channels, n, out_h, out_w).transpose(1, 2), 0
+        cols, out_h, out_w = _unfold(x, tuple(weight.shape[-2:]), (stride, padding, dilation))
+        out = torch.bmm(weight.reshape(k, weight.shape[1], -1), cols)
+        return out.view(k, weight.shape[1], x.shape[1], out_h, out_w).transpose(1, 2), 0
 
 
 def client_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
