@@ -371,3 +371,29 @@ def test_resume_is_exact_for_a_vgg_stack(tmp_path, monkeypatch):
     monkeypatch.setitem(MODELS._entries, "VGG9-tiny", factory)
     widths = resumed_run_widths(tmp_path, monkeypatch, "-m", "VGG9-tiny")
     assert widths.shape == (4, 8) and (widths[-1] > TINY_VGG_WIDTHS).any()  # grown
+
+
+def test_resized_layers_keep_their_class_so_the_cpu_layout_survives_growth():
+    """The global model at new widths convolves channels-last as the working model does (it lost the
+    layout once: plain nn.Conv2d layers, 3-4x slower pooling in every evaluation of the global model)."""
+    from flcore.registry import MODELS, load_all
+    from flcore.trainmodel.layout import ChannelsLastConv2d, use_channels_last
+
+    load_all()
+    torch.manual_seed(0)
+    module = MODELS.get("CNN")((1, 28, 28), 10, None)
+    assert use_channels_last(module) == 2
+    chain = chain_of(module)
+    grown = with_widths(module, [w + 1 for w in chain.widths])
+    convs = [m for m in grown.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 2 and all(type(m) is ChannelsLastConv2d for m in convs)
+    assert [m.out_channels for m in convs] == [w + 1 for w in chain.widths[:2]]
+    for m in grown.modules():
+        if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear)):
+            torch.nn.init.normal_(m.weight, std=0.1)
+            torch.nn.init.zeros_(m.bias)
+    x = torch.randn(3, 1, 28, 28)
+    inner = {}
+    convs[0].register_forward_hook(lambda mod, inp, out: inner.setdefault("out", out))
+    grown.eval()(x)
+    assert inner["out"].is_contiguous(memory_format=torch.channels_last)

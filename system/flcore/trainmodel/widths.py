@@ -140,9 +140,12 @@ def with_widths(module: nn.Module, widths: Sequence[int]) -> nn.Module:
 
 
 def _resized(layer: nn.Module, inputs: int | None, outputs: int) -> nn.Module:
+    # the layer's own class, so what it adds to nn.Linear / nn.Conv2d stays: the CPU's channels-last
+    # convolution (layout.py) made FedMA's global-model evaluation 3-4x slower per pooling when lost
     if isinstance(layer, nn.Linear):
-        return skip_init(nn.Linear, layer.in_features if inputs is None else inputs, outputs, bias=layer.bias is not None)
-    return skip_init(nn.Conv2d, layer.in_channels if inputs is None else inputs, outputs, layer.kernel_size,
+        return skip_init(type(layer), layer.in_features if inputs is None else inputs, outputs,
+                         bias=layer.bias is not None)
+    return skip_init(type(layer), layer.in_channels if inputs is None else inputs, outputs, layer.kernel_size,
                      stride=layer.stride, padding=layer.padding, dilation=layer.dilation, bias=layer.bias is not None)
 
 
