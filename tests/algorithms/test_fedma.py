@@ -86,6 +86,86 @@ def test_two_clients_whose_units_are_permutations_are_matched_back_exactly():
     assert torch.equal(average[torch.as_tensor(assigned[0])], tensors[0])
 
 
+def test_new_units_are_numbered_by_the_units_that_open_them_whatever_the_solver_tie():
+    """B's three units are unlike A's, so all open new units. Which opening unit takes which new
+    column is a tie (every pairing costs the same); a solver that breaks it the other way (the
+    pairing reversed, as one ulp of the cost can) must not renumber the global units."""
+    import flcore.servers.matching as matching
+
+    a = np.eye(3) * 6.0
+    b = -np.eye(3) * 6.0
+    plain, _ = match_units([a, b], 1.0, 1.0, 1.0, max_width=6, iterations=1, rng=np.random.default_rng(0))
+
+    def reversed_tie(cost):
+        rows, cols = linear_sum_assignment(cost)
+        new = cols >= cost.shape[1] - cost.shape[0]  # the new-unit columns (one per unit)
+        cols = cols.copy()
+        cols[new] = cols[new][::-1]
+        assert np.isclose(cost[rows, cols].sum(), cost[linear_sum_assignment(cost)].sum())  # still optimal
+        return rows, cols
+
+    original = matching.linear_sum_assignment
+    matching.linear_sum_assignment = reversed_tie
+    try:
+        tied, _ = match_units([a, b], 1.0, 1.0, 1.0, max_width=6, iterations=1, rng=np.random.default_rng(0))
+    finally:
+        matching.linear_sum_assignment = original
+    first = int(np.random.default_rng(0).permutation(2)[0])  # the client matched first keeps 0, 1, 2
+    assert plain[first].tolist() == [0, 1, 2] and plain[1 - first].tolist() == [3, 4, 5]
+    assert [x.tolist() for x in tied] == [x.tolist() for x in plain]
+
+
+def test_matching_keeps_each_units_sums_as_a_from_scratch_sum_would():
+    """The running sums of matched units (a client leaves, is matched again, joins) give the
+    assignments of sums rebuilt from every other client at each match, over random layers."""
+    import flcore.servers.matching as matching
+
+    def rebuilt(units, sigma2, sigma0_2, gamma, max_width, iterations, rng):
+        assigned = [None] * len(units)
+
+        def match(j):
+            used = np.unique(np.concatenate([x for x in assigned if x is not None]))
+            for i, x in enumerate(assigned):
+                if x is not None:
+                    assigned[i] = np.searchsorted(used, x)
+            width = len(used)
+            sums, counts = np.zeros((width, units[j].shape[1])), np.zeros(width)
+            for other, chosen in enumerate(assigned):
+                if chosen is not None:
+                    sums[chosen] += units[other]
+                    counts[chosen] += 1
+            cost = bbp_map_cost(units[j], sums, counts, len(units), sigma2, sigma0_2, gamma,
+                                min(len(units[j]), max_width - width))
+            rows, cols = linear_sum_assignment(cost)
+            chosen = np.empty(len(units[j]), dtype=np.int64)
+            chosen[rows] = cols
+            chosen[chosen >= width] = width + np.arange(int((chosen >= width).sum()))
+            return chosen
+
+        order = rng.permutation(len(units))
+        assigned[order[0]] = np.arange(len(units[order[0]]))
+        for j in order[1:]:
+            assigned[j] = match(j)
+        for _ in range(iterations - 1):
+            for j in rng.permutation(len(units)):
+                assigned[j] = None
+                assigned[j] = match(j)
+        return assigned
+
+    rng = np.random.default_rng(5)
+    for trial in range(40):
+        clients, width, dim = int(rng.integers(2, 7)), int(rng.integers(1, 9)), int(rng.integers(1, 6))
+        base = rng.normal(size=(width, dim))
+        noise = float(rng.choice([0.05, 0.5, 2.0]))
+        units = [(base[rng.permutation(width)] + noise * rng.normal(size=(width, dim)))[: int(rng.integers(1, width + 1))]
+                 for _ in range(clients)]
+        limit, gamma = width + int(rng.integers(0, 4)), float(rng.choice([0.2, 1.0, 5.0]))
+        got, _ = matching.match_units(units, 1.0, 1.0, gamma, limit, 3, np.random.default_rng(trial))
+        want = rebuilt(units, 1.0, 1.0, gamma, limit, 3, np.random.default_rng(trial))
+        used = np.unique(np.concatenate(want))
+        assert [x.tolist() for x in got] == [np.searchsorted(used, x).tolist() for x in want], trial
+
+
 def test_server_averages_permuted_clients_into_either_one():
     """Client B is client A with its hidden units permuted (rows of the layer, columns of the head):
     the matched global model is A's model up to that permutation and computes A's function."""

@@ -64,47 +64,71 @@ def match_units(units: Sequence[np.ndarray], sigma2: float, sigma0_2: float, gam
         raise ValueError(f"a client has more than max_width = {max_width} units")
     assigned: list[np.ndarray | None] = [None] * clients
 
+    # a client's units go to distinct global units (no repeated index), so plain fancy-index adds
+    def join(j: int) -> None:
+        sums[assigned[j]] += units[j]
+        counts[assigned[j]] += 1.0
+
+    def leave(j: int) -> None:
+        sums[assigned[j]] -= units[j]
+        counts[assigned[j]] -= 1.0
+        assigned[j] = None
+
     def match(j: int) -> np.ndarray:
-        width = _compact(assigned)
-        dim = units[j].shape[1]
-        sums, counts = np.zeros((width, dim)), np.zeros(width)
-        for other, chosen in enumerate(assigned):
-            if chosen is not None:  # a client's units go to distinct global units: no repeated index
-                sums[chosen] += units[other]  # (what np.add.at gives, bit for bit, at half its cost)
-                counts[chosen] += 1.0
+        nonlocal sums, counts
+        used = _compact(assigned)
+        width = len(used)
+        if width < len(counts):  # units no client holds any more are dropped
+            sums, counts = sums[used], counts[used]
         new_units = min(len(units[j]), max_width - width)
         cost = bbp_map_cost(units[j], sums, counts, clients, sigma2, sigma0_2, gamma, new_units)
         rows, cols = linear_sum_assignment(cost)
         chosen = np.empty(len(units[j]), dtype=np.int64)
-        opened = np.sort(cols[cols >= width])
-        renumber = {int(c): width + k for k, c in enumerate(opened)}  # new units numbered in order
-        chosen[rows] = [int(c) if c < width else renumber[int(c)] for c in cols]
+        chosen[rows] = cols
+        # New units are numbered in the order of the client's units that open them. Which of those
+        # units takes which new column is a tie (a new column's cost is the unit's term plus the
+        # column's: every pairing of the same units with the same columns costs the same), broken by
+        # rounding; numbering by column let one ulp of the cost (another BLAS, thread count or
+        # summation order) permute the global units.
+        opens = chosen >= width
+        opened = int(opens.sum())
+        chosen[opens] = width + np.arange(opened)
+        if opened:
+            sums = np.vstack([sums, np.zeros((opened, sums.shape[1]))])
+            counts = np.concatenate([counts, np.zeros(opened)])
         return chosen
 
     order = rng.permutation(clients)
-    assigned[order[0]] = np.arange(len(units[order[0]]), dtype=np.int64)
+    first = int(order[0])
+    assigned[first] = np.arange(len(units[first]), dtype=np.int64)
+    # Σ and count of the units matched to each global unit over the clients now assigned, kept up to
+    # date as one client at a time leaves and is matched again (rebuilding them from all the others at
+    # every match was a third of FedMA's matching time)
+    sums, counts = units[first].copy(), np.ones(len(units[first]))
     for j in order[1:]:
         assigned[j] = match(int(j))
+        join(int(j))
     for _ in range(iterations - 1):
         for j in rng.permutation(clients):
-            assigned[j] = None
+            leave(int(j))
             assigned[j] = match(int(j))
-    width = _compact(assigned)
-    return [a for a in assigned if a is not None], width
+            join(int(j))
+    return [a for a in assigned if a is not None], len(_compact(assigned))
 
 
-def _compact(assigned: list[np.ndarray | None]) -> int:
-    """Renumber the global units that some client holds as 0..W−1 (in order), in place; returns W."""
+def _compact(assigned: list[np.ndarray | None]) -> np.ndarray:
+    """Renumber the global units that some client holds as 0..W−1 (in order), in place; returns their
+    former numbers (W of them)."""
     present = [a for a in assigned if a is not None]
     if not present:
-        return 0
+        return np.zeros(0, dtype=np.int64)
     used = np.unique(np.concatenate(present))
     lookup = np.full(int(used.max()) + 1, -1, dtype=np.int64)
     lookup[used] = np.arange(len(used))
     for index, chosen in enumerate(assigned):
         if chosen is not None:
             assigned[index] = lookup[chosen]
-    return len(used)
+    return used
 
 
 def matched_average(tensors: Sequence[torch.Tensor], assignments: Sequence[np.ndarray], width: int) -> torch.Tensor:
