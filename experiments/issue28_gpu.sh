@@ -14,6 +14,12 @@ OUT=${OUT:-/tmp/gpu28}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1; PY=${PY:-python3}
 LOG="$OUT/run.log"; T0=$(date +%s)
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
+CUDA_TESTS="tests/engines/test_capture.py tests/engines/test_devices.py tests/engines/test_precision.py tests/system/test_auc.py"
+cuda_tests() {  # timeout [more test files...]: the CUDA tests, from the repository root, 8 workers where xdist imports
+  local t=$1; shift; say "CUDA tests"
+  local xd=""; $PY -c "import xdist" 2>/dev/null && xd="-n 8"
+  timeout "$t" $PY -m pytest -q -p no:cacheprovider $xd $CUDA_TESTS "$@" > "$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"; }
 $PY -c "import torch,sys; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$LOG"
 cd system
 if [ "${PART:-main}" = unfold ]; then  # about 6 minutes: --batched_conv grouped against unfold (client_conv.py)
@@ -31,10 +37,7 @@ if [ "${PART:-main}" = unfold ]; then  # about 6 minutes: --batched_conv grouped
     SB_BATCHED_CONV=$1 SB_CLIENTS=$2 SB_SHAPE=$3 SB_RUNNERS="eager graph" SB_PROFILE=$4 timeout 75 \
       $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT|host syncs|_warn_once" | tee -a "$LOG"
   done
-  say "CUDA tests"
-  timeout 80 $PY -m pytest -q -p no:cacheprovider -n 8 tests/engines/test_capture.py tests/engines/test_devices.py \
-    tests/engines/test_precision.py tests/system/test_auc.py tests/engines/test_client_conv.py > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"
+  cuda_tests 80 tests/engines/test_client_conv.py
   say done; exit 0
 fi
 if [ "${PART:-main}" = conv ]; then
@@ -48,10 +51,7 @@ if [ "${PART:-main}" = conv ]; then
     SB_CUDNN_BENCHMARK=$1 SB_LAYOUT=$2 SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" SB_PROFILE=1 timeout 60 \
       $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT" | tee -a "$LOG"
   done
-  say "CUDA tests"
-  timeout 100 $PY -m pytest -q -p no:cacheprovider -n 8 tests/engines/test_capture.py tests/engines/test_devices.py \
-    tests/engines/test_precision.py tests/system/test_auc.py > "$OUT/pytest.log" 2>&1
-  echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"
+  cuda_tests 100
   say "P1, ours only, batched (auto), as a check against the earlier 0.49 s"
   cd system; timeout 80 $PY benchmark.py --device cuda --warmup 1 --only P1 --engines batched --rounds 3 --timeout 60 \
     --data-dir ../dataset/benchmark --out "$OUT/p1check.json" > "$OUT/p1check.log" 2>&1
@@ -72,9 +72,5 @@ cd ..
 say "per-step cost at P2's shape"
 SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" timeout 70 $PY experiments/issue28_stepbench.py cuda 2>&1 \
   | grep -v Warning | tee -a "$LOG"
-say "CUDA tests"
-XD=""; $PY -c "import xdist" 2>/dev/null && XD="-n 8"
-timeout 90 $PY -m pytest -q -p no:cacheprovider $XD tests/engines/test_capture.py tests/engines/test_devices.py \
-  tests/engines/test_precision.py tests/system/test_auc.py > "$OUT/pytest.log" 2>&1
-echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"
+cuda_tests 90
 say done
