@@ -1,9 +1,10 @@
 #!/bin/bash
 # Issue 28's GPU table in one call (about 8 minutes on an H200), from the repository root:
 #   PFLLIB=/path/to/PFLlib OUT=/tmp/gpu28 bash experiments/issue28_gpu.sh
-# PART=unfold (about 6 minutes; the next lead): P2 and P1 with --batched_conv grouped against unfold (im2col as one
-# strided copy and batched matrix products, flcore/engines/client_conv.py), per-step costs with a kernel profile, the
-# CUDA tests. Why: cuDNN runs vmap's grouped convolution over the clients as one kernel per client (PART=conv's profile).
+# PART=unfold (about 7 minutes; the next lead): P2 and P1 with --batched_conv grouped against unfold (im2col as one
+# strided copy and batched matrix products) and grouped_nhwc (the grouped convolution channels-last), all in
+# flcore/engines/client_conv.py; per-step costs with a kernel profile; the CUDA tests. Why: cuDNN runs vmap's grouped
+# convolution over the clients as one kernel per client (PART=conv's profile).
 # PART=conv (about 5 minutes; ran 2026-11-27): cuDNN's timed algorithm choice (--cudnn_benchmark) and channels-last
 # (--conv_layout) at P2, with a kernel profile per variant, the CUDA tests and a P1 check.
 # PFLLIB: a PFLlib checkout (its system/main.py runs P1 beside ours; unset: our runs only).
@@ -23,16 +24,19 @@ cuda_tests() {  # timeout [more test files...]: the CUDA tests, from the reposit
 $PY -c "import torch,sys; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$LOG"
 cd system
 if [ "${PART:-main}" = unfold ]; then  # about 6 minutes: --batched_conv grouped against unfold (client_conv.py)
-  say "P2: sequential, batched grouped, batched unfold"
-  timeout 130 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 50 --out "$OUT/p2unfold.json" \
-    --engines sequential batched+grouped batched+unfold batched+unfold+cudnnbench > "$OUT/p2unfold.log" 2>&1
+  say "P2: sequential, batched grouped, unfold, grouped_nhwc"
+  timeout 170 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 50 --out "$OUT/p2unfold.json" \
+    --engines sequential batched+grouped batched+unfold batched+groupednhwc batched+unfold+cudnnbench \
+    batched+groupednhwc+cudnnbench > "$OUT/p2unfold.log" 2>&1
   echo "rc=$?" | tee -a "$LOG"; grep -E "speed-up|^P2 " "$OUT/p2unfold.log" | tee -a "$LOG"
-  say "P1: batched grouped and unfold, ours only"
-  timeout 70 $PY benchmark.py --device cuda --warmup 1 --only P1 --engines batched+grouped batched+unfold --rounds 3 \
-    --timeout 30 --data-dir ../dataset/benchmark --out "$OUT/p1unfold.json" > "$OUT/p1unfold.log" 2>&1
+  say "P1: batched grouped, unfold and grouped_nhwc, ours only"
+  timeout 90 $PY benchmark.py --device cuda --warmup 1 --only P1 --engines batched+grouped batched+unfold \
+    batched+groupednhwc --rounds 3 --timeout 30 --data-dir ../dataset/benchmark --out "$OUT/p1unfold.json" \
+    > "$OUT/p1unfold.log" 2>&1
   echo "rc=$?" | tee -a "$LOG"; grep -E "^P1 " "$OUT/p1unfold.log" | tee -a "$LOG"
   cd ..
-  for variant in "grouped 50 3,32,32 0" "unfold 50 3,32,32 1" "grouped 20 1,28,28 0" "unfold 20 1,28,28 0"; do
+  for variant in "grouped 50 3,32,32 0" "unfold 50 3,32,32 1" "grouped_nhwc 50 3,32,32 1" "grouped 20 1,28,28 0" \
+      "unfold 20 1,28,28 0" "grouped_nhwc 20 1,28,28 0"; do
     set -- $variant; say "per-step cost: --batched_conv $1, $2 clients of $3"
     SB_BATCHED_CONV=$1 SB_CLIENTS=$2 SB_SHAPE=$3 SB_RUNNERS="eager graph" SB_PROFILE=$4 timeout 75 \
       $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT|host syncs|_warn_once" | tee -a "$LOG"

@@ -7,7 +7,7 @@ host syncs of one round per engine. Run from the repository root::
 
 SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round. SB_CUDNN_BENCHMARK=1 turns
 cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout;
-SB_BATCHED_CONV=grouped|unfold sets --batched_conv. SB_PROFILE=1 adds the GPU kernels of one round of the eager and the
+SB_BATCHED_CONV=grouped|unfold|grouped_nhwc sets --batched_conv. SB_PROFILE=1 adds the GPU kernels of one round of the eager and the
 captured batched step (torch.profiler, CUDA activity), the top ones by self time, and their sum per cohort step: where
 that sum is close to the step's wall time the step is bound by its kernels, not by launches."""
 import sys, time, warnings, os

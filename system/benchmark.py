@@ -219,6 +219,7 @@ EVAL_VARIANTS = {"evaleager": ["--eval_frozen", "False"], "evalfrozen": ["--eval
 BACKEND_VARIANTS = {"cudnnbench": ["--cudnn_benchmark", "True"], "nhwc": ["--conv_layout", "channels_last"],
                     "nchw": ["--conv_layout", "nchw"],
                     "grouped": ["--batched_conv", "grouped"], "unfold": ["--batched_conv", "unfold"],
+                    "groupednhwc": ["--batched_conv", "grouped_nhwc"],
                     "keepfreed": ["--malloc_keep_freed", "on"], "returnfreed": ["--malloc_keep_freed", "off"]}
 
 

@@ -137,17 +137,20 @@ def test_cnn_round_matches_sequential_and_chunks_match_whole_cohort():
 
 
 @pytest.mark.parametrize("runner", ["eager", "graph"])
-def test_unfolded_client_convolutions_match_sequential(runner, notices, monkeypatch):
+@pytest.mark.parametrize("kind", ["unfold", "grouped_nhwc"])
+def test_client_convolutions_of_each_kind_match_sequential(kind, runner, notices, monkeypatch):
     """``--batched_conv unfold`` (client_conv.py's vmap rule: im2col over all clients, batched
-    matrix products) trains a ragged cohort as the sequential engine does, up to float rounding,
-    also through the graph runner (replayed eagerly on a CPU); the one-client tail takes F.conv2d."""
+    matrix products) and ``grouped_nhwc`` (one channels-last grouped convolution) train a ragged
+    cohort as the sequential engine does, up to float rounding, also through the graph runner
+    (replayed eagerly on a CPU); the one-client tail takes F.conv2d."""
     from flcore.engines import client_conv
     dataset = image_dataset([2, 9, 14, 5, 21])  # 0, 2, 3, 1, 5 steps: the last two steps have one client
     seq = _one_round(_cnn_server("sequential", dataset))
-    calls, unfold = [], client_conv._unfold
-    monkeypatch.setattr(client_conv, "_unfold", lambda *a, **k: calls.append(a[0].shape[0]) or unfold(*a, **k))
-    server = _cnn_server("batched", dataset, batched_conv="unfold", step_runner=runner)
-    assert server.engine.batched_conv == "unfold"
+    spied = "_unfold" if kind == "unfold" else "_as_groups"
+    calls, original = [], getattr(client_conv, spied)
+    monkeypatch.setattr(client_conv, spied, lambda *a, **k: calls.append(a[0].shape[0]) or original(*a, **k))
+    server = _cnn_server("batched", dataset, batched_conv=kind, step_runner=runner)
+    assert server.engine.batched_conv == kind
     out = _one_round(server)
     assert calls and max(calls) == 4  # the vmap rule ran, over the four clients with data
     for s, o in zip(seq, out):

@@ -28,7 +28,8 @@ def _loss(geometry):
 
 @pytest.mark.parametrize("geometry", GEOMETRIES)
 @pytest.mark.parametrize("shared_input", [False, True])
-def test_vmapped_gradients_equal_the_grouped_convolution(geometry, shared_input, monkeypatch):
+@pytest.mark.parametrize("kind", ["unfold", "grouped_nhwc"])
+def test_vmapped_gradients_equal_the_grouped_convolution(geometry, shared_input, kind, monkeypatch):
     gen = torch.Generator().manual_seed(0)
     k, n = 4, 3
     params = _params(k, gen)
@@ -36,9 +37,11 @@ def test_vmapped_gradients_equal_the_grouped_convolution(geometry, shared_input,
     y = torch.randint(0, 5, (k, n), generator=gen)
     step = vmap(grad_and_value(_loss(geometry)), in_dims=(0, None if shared_input else 1, 0))
     grouped_grads, grouped_loss = step(params, x, y)
-    calls, unfold = [], client_conv._unfold
-    monkeypatch.setattr(client_conv, "_unfold", lambda *a, **kw: calls.append(tuple(a[0].shape[:2])) or unfold(*a, **kw))
-    with ClientConvolutions():
+    # each kind's rule reaches all K clients' inputs through one function: count its calls
+    spied = "_unfold" if kind == "unfold" else "_as_groups"
+    calls, original = [], getattr(client_conv, spied)
+    monkeypatch.setattr(client_conv, spied, lambda *a, **kw: calls.append(tuple(a[0].shape[:2])) or original(*a, **kw))
+    with ClientConvolutions(kind):
         grads, losses = step(params, x, y)
     # two forward passes and two weight gradients, each over all K clients at once
     assert calls.count((k, n)) == 4 and len(calls) == 4
@@ -79,13 +82,30 @@ def test_second_derivatives_are_refused_in_one_line():
 
 
 def test_an_unknown_kind_is_refused_in_one_line():
-    with pytest.raises(ValueError, match="--batched_conv im2col: choose one of grouped, unfold"):
+    with pytest.raises(ValueError, match="--batched_conv im2col: choose one of grouped, unfold, grouped_nhwc"):
         batched_convolutions("im2col")
 
 
-def test_bf16_autocast_trains_through_unfold_as_through_the_grouped_convolution():
+def test_the_nhwc_kind_convolves_one_channels_last_grouped_convolution():
+    """``grouped_nhwc`` lays the K clients out as vmap's grouped convolution does (client k's
+    channels at k·C ... k·C + C − 1, its filters at k·O ...), channels-last."""
+    gen = torch.Generator().manual_seed(3)
+    k, n, c, o = 3, 2, 4, 5
+    x, w = torch.randn(k, n, c, 6, 7, generator=gen), torch.randn(k, o, c, 3, 3, generator=gen)
+    grouped_x, grouped_w = client_conv._as_groups(x, w)
+    assert grouped_x.shape == (n, k * c, 6, 7) and grouped_w.shape == (k * o, c, 3, 3)
+    assert grouped_x.is_contiguous(memory_format=torch.channels_last)
+    assert grouped_w.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(grouped_x[:, c:2 * c], x[1]) and torch.equal(grouped_w[o:2 * o], w[1])
+    out = client_conv._nhwc_conv(x, w, ((1, 1), (1, 1), (1, 1)))
+    for client in range(k):
+        torch.testing.assert_close(out[client], F.conv2d(x[client], w[client], padding=1), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["unfold", "grouped_nhwc"])
+def test_bf16_autocast_trains_through_each_kind_as_through_the_grouped_convolution(kind):
     """``--precision bf16``: the forward pass convolves in bf16 and the gradient arrives in bf16 while the
-    saved input and weight are fp32; unfold trains as close to fp32 as the grouped convolution does."""
+    saved input and weight are fp32; each kind trains as close to fp32 as the grouped convolution does."""
     from fltest import build_server, image_dataset, make_args
     from flcore.registry import MODELS
 
@@ -99,7 +119,7 @@ def test_bf16_autocast_trains_through_unfold_as_through_the_grouped_convolution(
         cohort = list(range(len(server.clients)))
         return server.engine.train([server.clients[i] for i in cohort], server.make_package(0, cohort))
 
-    full, grouped, unfold = round_of("fp32", "grouped"), round_of("bf16", "grouped"), round_of("bf16", "unfold")
+    full, grouped, unfold = round_of("fp32", "grouped"), round_of("bf16", "grouped"), round_of("bf16", kind)
     for f, g, u in zip(full, grouped, unfold):
         assert u.params.dtype == torch.float32 and not torch.equal(u.params, f.params)  # it did train in bf16
         assert (u.params - f.params).abs().max() < 2e-2 and (u.params - g.params).abs().max() < 1e-2
@@ -107,14 +127,15 @@ def test_bf16_autocast_trains_through_unfold_as_through_the_grouped_convolution(
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 @pytest.mark.parametrize("algo", ["FedAvg", "SCAFFOLD"])
-def test_unfold_trains_as_the_grouped_convolution_on_the_gpu(algo, monkeypatch):
-    """Captured in a CUDA graph, ``unfold`` trains as vmap's grouped convolution does."""
+@pytest.mark.parametrize("kind", ["unfold", "grouped_nhwc"])
+def test_each_kind_trains_as_the_grouped_convolution_on_the_gpu(algo, kind, monkeypatch):
+    """Captured in a CUDA graph, ``unfold`` and ``grouped_nhwc`` train as vmap's grouped convolution does."""
     from fltest import assert_same_training
     from test_devices import cnn_run
 
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # compare float32 arithmetic
     device = torch.device("cuda")
     grouped = cnn_run(algo, "batched", device, batched_conv="grouped", step_runner="graph")
-    unfold = cnn_run(algo, "batched", device, batched_conv="unfold", step_runner="graph")
-    assert unfold.engine.batched_conv == "unfold" and unfold.engine.runner.captured > 0
+    unfold = cnn_run(algo, "batched", device, batched_conv=kind, step_runner="graph")
+    assert unfold.engine.batched_conv == kind and unfold.engine.runner.captured > 0
     assert_same_training(grouped, unfold, atol=1e-4, rtol=1e-4)

@@ -79,7 +79,9 @@ Design (what a reader should know before changing it):
   gradient and weight gradient). ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces
   it by im2col over all clients and batched matrix products; two versions written with ATen's
   ``F.unfold`` made P2's round 3x and 5x slower on the H200, because ATen's im2col is itself one
-  kernel per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet.
+  kernel per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet,
+  nor that of ``grouped_nhwc`` (the same grouped convolution, channels-last, where cuDNN may
+  choose kernels that take all groups at once).
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
@@ -211,8 +213,9 @@ class BatchedEngine(Engine):
                       "graph (replayed from a CUDA graph per cohort and batch shape), compiled (torch.compile)")
         add_flag(parser, "--batched_conv", type=str, default="grouped", choices=list(BATCHED_CONVS),
                  help="batched engine: how the vmapped step convolves the clients: grouped (vmap's rule: one grouped "
-                      "convolution, the clients as groups) or unfold (im2col over all clients and batched matrix "
-                      "products; flcore/engines/client_conv.py); equal up to float rounding")
+                      "convolution, the clients as groups), unfold (im2col over all clients and batched matrix "
+                      "products) or grouped_nhwc (vmap's grouped convolution in the channels-last layout); "
+                      "flcore/engines/client_conv.py; equal up to float rounding")
 
     def __init__(self, runtime: "Runtime"):
         super().__init__(runtime)

@@ -17,16 +17,22 @@ up to float rounding (the products sum in another order; cuDNN's convolutions us
 ``torch.backends.cudnn.allow_tf32`` is on, the default, these products follow
 ``torch.backends.cuda.matmul``'s setting, fp32 by default).
 
+``grouped_nhwc`` (opt-in) keeps vmap's grouped convolution (the clients as groups) but lays its
+input, weight and output gradient out channels-last, through the same custom function and
+``aten.convolution_backward`` with ``groups=K``: whether cuDNN then takes all groups in one kernel
+is for the GPU to tell (on this project's CPU oneDNN is no faster with it: 123 against 106 ms for
+P2's 32-to-64 layer over 50 clients, forward and both gradients, one thread, a loaded machine).
+
 Measured so far (H200, torch 2.11, 2026-11-27): the im2col written with ``F.unfold`` / ``F.fold``
 was six times slower than the grouped convolution, captured: P2's step 19.4 ms against 3.19 ms
 over 50 clients, P1's 6.8 ms against 1.2 ms over 20 (a first attempt with ``F.unfold`` inside
 the vmapped function, commit 8761237, was three times slower on P2's round). The cause is in
 ATen: its im2col launches one kernel per image, on CUDA as on the CPU, i.e. 500 launches per
 layer and pass at P2's 50 clients x batch 10. The strided view here is one copy instead; its
-GPU speed is not measured yet (``PART=unfold bash experiments/issue28_gpu.sh``), so the default
-stays ``grouped``. On this project's 2-core CPU it is slower than oneDNN's grouped convolution
-(P2's step over 50 clients: 542 ms against 304 ms), where the batched engine is not ``auto``'s
-choice anyway.
+GPU speed is not measured yet, nor ``grouped_nhwc``'s (``PART=unfold bash
+experiments/issue28_gpu.sh`` measures both), so the default stays ``grouped``. On this project's
+2-core CPU unfold is slower than oneDNN's grouped convolution (P2's step over 50 clients: 542 ms
+against 304 ms), where the batched engine is not ``auto``'s choice anyway.
 """
 from __future__ import annotations
 
@@ -38,7 +44,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 #: ``--batched_conv`` choices (the first is the default)
-BATCHED_CONVS = ("grouped", "unfold")
+BATCHED_CONVS = ("grouped", "unfold", "grouped_nhwc")
 
 
 def _pair(value: Any) -> tuple[int, int]:
@@ -97,11 +103,64 @@ def _as_rows(grad_out: torch.Tensor) -> torch.Tensor:
     return grad_out.transpose(1, 2).reshape(k, o, -1)
 
 
+def _unfold_conv(x: torch.Tensor, weight: torch.Tensor, geometry: tuple) -> torch.Tensor:
+    """[K, N, C, H, W] * [K, O, C, kh, kw] -> [K, N, O, Ho, Wo]: im2col and one batched product."""
+    k = x.shape[0]
+    cols, out_h, out_w = _unfold(x, tuple(weight.shape[-2:]), geometry)
+    out = torch.bmm(weight.reshape(k, weight.shape[1], -1), cols)
+    return out.view(k, weight.shape[1], x.shape[1], out_h, out_w).transpose(1, 2)
+
+
+def _unfold_grads(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, geometry: tuple,
+                  need_input: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    k, kernel = x.shape[0], tuple(weight.shape[-2:])
+    rows = _as_rows(grad_out)                                               # [K, O, N·L]
+    cols, _, _ = _unfold(x, kernel, geometry)                               # [K, C·kh·kw, N·L]
+    grad_w = torch.bmm(rows, cols.transpose(1, 2)).view_as(weight)
+    if not need_input:
+        return None, grad_w
+    grad_cols = torch.bmm(weight.reshape(k, weight.shape[1], -1).transpose(1, 2), rows)
+    return _fold_add(grad_cols, x.shape, kernel, geometry), grad_w
+
+
+def _as_groups(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[K, N, C, H, W] and [K, O, C, kh, kw] as one grouped convolution's channels-last input
+    [N, K·C, H, W] and weight [K·O, C, kh, kw] (vmap's own rule, in the other layout)."""
+    k, n, c, height, width = x.shape
+    grouped_x = x.transpose(0, 1).reshape(n, k * c, height, width).contiguous(memory_format=torch.channels_last)
+    grouped_w = weight.reshape(-1, *weight.shape[2:]).contiguous(memory_format=torch.channels_last)
+    return grouped_x, grouped_w
+
+
+def _nhwc_conv(x: torch.Tensor, weight: torch.Tensor, geometry: tuple) -> torch.Tensor:
+    k, n, o = x.shape[0], x.shape[1], weight.shape[1]
+    out = F.conv2d(*_as_groups(x, weight), None, *geometry, groups=k)        # [N, K·O, Ho, Wo]
+    return out.reshape(n, k, o, *out.shape[-2:]).transpose(0, 1)
+
+
+def _nhwc_grads(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, geometry: tuple,
+                need_input: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
+    k, n = x.shape[:2]
+    grouped_x, grouped_w = _as_groups(x, weight)
+    grouped_out = grad_out.transpose(0, 1).reshape(n, -1, *grad_out.shape[-2:]).contiguous(
+        memory_format=torch.channels_last)
+    stride, padding, dilation = geometry
+    grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
+        grouped_out, grouped_x, grouped_w, None, list(stride), list(padding), list(dilation), False, [0, 0], k,
+        [need_input, True, False])
+    grad_w = grad_w.reshape(weight.shape)
+    return (None if grad_x is None else grad_x.reshape(n, k, *x.shape[2:]).transpose(0, 1)), grad_w
+
+
+#: the vmap rules of each kind: (convolution, gradients) of all K clients at once
+_BATCHED_RULES = {"unfold": (_unfold_conv, _unfold_grads), "grouped_nhwc": (_nhwc_conv, _nhwc_grads)}
+
+
 class _ConvGrads(torch.autograd.Function):
     """(input gradient or None, weight gradient) of a 2-d convolution without bias."""
 
     @staticmethod
-    def forward(x, weight, grad_out, stride, padding, dilation, need_input):
+    def forward(x, weight, grad_out, stride, padding, dilation, need_input, kind):
         grad_x, grad_w, _ = torch.ops.aten.convolution_backward(
             grad_out, x, weight, None, list(stride), list(padding), list(dilation), False, [0, 0], 1,
             [bool(need_input), True, False])
@@ -116,17 +175,11 @@ class _ConvGrads(torch.autograd.Function):
         raise RuntimeError("--batched_conv unfold: second derivatives of a convolution are not supported")
 
     @staticmethod
-    def vmap(info, in_dims, x, weight, grad_out, stride, padding, dilation, need_input):
+    def vmap(info, in_dims, x, weight, grad_out, stride, padding, dilation, need_input, kind):
         k = info.batch_size
         x, weight, grad_out = (_to_front(t, d, k) for t, d in zip((x, weight, grad_out), in_dims[:3]))
-        kernel, geometry = tuple(weight.shape[-2:]), (stride, padding, dilation)
-        rows = _as_rows(grad_out)                                               # [K, O, N·L]
-        cols, _, _ = _unfold(x, kernel, geometry)                               # [K, C·kh·kw, N·L]
-        grad_w = torch.bmm(rows, cols.transpose(1, 2)).view_as(weight)
-        if not need_input:
-            return grad_w, 0
-        grad_cols = torch.bmm(weight.reshape(k, weight.shape[1], -1).transpose(1, 2), rows)
-        return (_fold_add(grad_cols, x.shape, kernel, geometry), grad_w), (0, 0)
+        grad_x, grad_w = _BATCHED_RULES[kind][1](x, weight, grad_out, (stride, padding, dilation), need_input)
+        return ((grad_x, grad_w), (0, 0)) if need_input else (grad_w, 0)
 
 
 class _ClientConv2d(torch.autograd.Function):
@@ -134,14 +187,15 @@ class _ClientConv2d(torch.autograd.Function):
     matrix products instead of a grouped convolution."""
 
     @staticmethod
-    def forward(x, weight, stride, padding, dilation):
+    def forward(x, weight, stride, padding, dilation, kind):
         return F.conv2d(x, weight, None, stride, padding, dilation)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, weight, stride, padding, dilation = inputs
+        x, weight, stride, padding, dilation, kind = inputs
         ctx.save_for_backward(x, weight)  # not the columns: recomputed in one kernel, they would hold C·kh·kw x the input
         ctx.geometry = (stride, padding, dilation)
+        ctx.kind = kind
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -151,43 +205,47 @@ class _ClientConv2d(torch.autograd.Function):
         # returned gradients back to each input's dtype)
         x, weight = x.to(grad_out.dtype), weight.to(grad_out.dtype)
         need_input = bool(ctx.needs_input_grad[0])
-        grads = _ConvGrads.apply(x, weight, grad_out, *ctx.geometry, need_input)
+        grads = _ConvGrads.apply(x, weight, grad_out, *ctx.geometry, need_input, ctx.kind)
         grad_x, grad_w = grads if need_input else (None, grads)
-        return grad_x, grad_w, None, None, None
+        return grad_x, grad_w, None, None, None, None
 
     @staticmethod
-    def vmap(info, in_dims, x, weight, stride, padding, dilation):
+    def vmap(info, in_dims, x, weight, stride, padding, dilation, kind):
         k = info.batch_size
         x, weight = _to_front(x, in_dims[0], k), _to_front(weight, in_dims[1], k)
-        cols, out_h, out_w = _unfold(x, tuple(weight.shape[-2:]), (stride, padding, dilation))
-        out = torch.bmm(weight.reshape(k, weight.shape[1], -1), cols)
-        return out.view(k, weight.shape[1], x.shape[1], out_h, out_w).transpose(1, 2), 0
+        return _BATCHED_RULES[kind][0](x, weight, (stride, padding, dilation)), 0
 
 
 def client_conv2d(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1) -> torch.Tensor | None:
-    """``F.conv2d`` through :class:`_ClientConv2d`; None where it does not apply (grouped
-    convolutions, string padding, an unbatched 3-d input), so the caller convolves as usual."""
+                  stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1,
+                  kind: str = "unfold") -> torch.Tensor | None:
+    """``F.conv2d`` through :class:`_ClientConv2d` with ``kind``'s vmap rule; None where it does not
+    apply (grouped convolutions, string padding, an unbatched 3-d input), so the caller convolves as usual."""
     if groups != 1 or isinstance(padding, str) or input.dim() != 4:
         return None
-    out = _ClientConv2d.apply(input, weight, _pair(stride), _pair(padding), _pair(dilation))
+    out = _ClientConv2d.apply(input, weight, _pair(stride), _pair(padding), _pair(dilation), kind)
     return out if bias is None else out + bias.view(1, -1, 1, 1)
 
 
 class ClientConvolutions(TorchFunctionMode):
-    """Inside the block, 2-d convolutions run through :func:`client_conv2d`."""
+    """Inside the block, 2-d convolutions run through :func:`client_conv2d` with ``kind``'s vmap rule."""
+
+    def __init__(self, kind: str = "unfold"):
+        super().__init__()
+        self.kind = kind
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.conv2d:  # F.conv2d is the same builtin; the mode is off inside this handler
-            out = client_conv2d(*args, **kwargs)
+            out = client_conv2d(*args, **kwargs, kind=self.kind)
             if out is not None:
                 return out
         return func(*args, **kwargs)
 
 
 def batched_convolutions(kind: str) -> contextlib.AbstractContextManager:
-    """The context the batched step convolves in: ``grouped`` (vmap's own rule) or ``unfold``."""
+    """The context the batched step convolves in: ``grouped`` (vmap's own rule), ``unfold`` or
+    ``grouped_nhwc``."""
     if kind not in BATCHED_CONVS:
         raise ValueError(f"--batched_conv {kind}: choose one of {', '.join(BATCHED_CONVS)}")
-    return ClientConvolutions() if kind == "unfold" else contextlib.nullcontext()
+    return ClientConvolutions(kind) if kind in _BATCHED_RULES else contextlib.nullcontext()
