@@ -277,11 +277,13 @@ def data_folder(args: argparse.Namespace) -> Path:
 
 
 def experiment_name(args: argparse.Namespace, halving: int) -> str:
-    """The results folder and table name of a run: runs with another dataset, optimiser, attack, E,
-    γ halving period or first seed than the defaults get folders and a table of their own, so they never
-    wipe the default runs' results they are compared with (``run_variant`` empties a row's folder, and a
-    ``--seed 2 --times 1`` run would otherwise delete seed 0's files, which have the same names)."""
+    """The results folder and table name of a run: runs with another dataset, rows per client,
+    optimiser, attack, E, γ halving period or first seed than the defaults get folders and a table of
+    their own, so they never wipe the default runs' results they are compared with (``run_variant``
+    empties a row's folder, and a ``--seed 2 --times 1`` run would otherwise delete seed 0's files,
+    which have the same names)."""
     return (f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
+            + (f"_{args.samples}s" if getattr(args, "samples", 0) else "")
             + (f"_momentum{args.local_momentum:g}_lr{args.lr:g}" if args.local_momentum else "")
             + ("_flip_weights" if args.attack_flip == "weights" else "")
             + (f"_E{args.local_epochs}" if args.local_epochs != 1 else "")

@@ -94,7 +94,9 @@ def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_r
     assert sf.experiment_name(args, 15) == "sageflow_stragglers_FashionMNIST_E5_gamma_halving15"
     args.seed = 2  # a later seed run on its own must not empty seed 0's folder (same file names)
     assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5_seed2"
-    args.seed = 0
+    args.samples = 150  # nor a run on fewer rows a client the full data's
+    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_150s_E5_seed2"
+    args.seed, args.samples = 0, 0
     for setting in ("official", "stragglers", "sign_flip", "backdoor"):
         for label, algo, flags in sf.variants(setting, 0.1, halving=0):
             if algo == "Sageflow":
