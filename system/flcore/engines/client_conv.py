@@ -172,7 +172,8 @@ class _ConvGrads(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise RuntimeError("--batched_conv unfold: second derivatives of a convolution are not supported")
+        raise RuntimeError(f"--batched_conv {'|'.join(_BATCHED_RULES)}: second derivatives of a convolution are not "
+                           "supported")
 
     @staticmethod
     def vmap(info, in_dims, x, weight, grad_out, stride, padding, dilation, need_input, kind):
@@ -183,8 +184,8 @@ class _ConvGrads(torch.autograd.Function):
 
 
 class _ClientConv2d(torch.autograd.Function):
-    """``F.conv2d(x, weight, None, stride, padding, dilation)`` whose vmap rule is im2col plus batched
-    matrix products instead of a grouped convolution."""
+    """``F.conv2d(x, weight, None, stride, padding, dilation)`` whose vmap rule, and its gradient's,
+    are ``kind``'s in :data:`_BATCHED_RULES` instead of vmap's grouped convolution."""
 
     @staticmethod
     def forward(x, weight, stride, padding, dilation, kind):
