@@ -92,16 +92,23 @@ def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_r
     args.dataset = "FashionMNIST"
     assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5"
     assert sf.experiment_name(args, 15) == "sageflow_stragglers_FashionMNIST_E5_gamma_halving15"
-    args.seed = 2  # a later seed run on its own must not empty seed 0's folder (same file names)
-    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5_seed2"
-    args.samples = 150  # nor a run on fewer rows a client the full data's
-    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_150s_E5_seed2"
-    args.seed, args.samples = 0, 0
     for setting in ("official", "stragglers", "sign_flip", "backdoor"):
         for label, algo, flags in sf.variants(setting, 0.1, halving=0):
             if algo == "Sageflow":
                 assert flags[flags.index("--sageflow_gamma_halving") + 1] == "0", label
                 assert main.parse_args(["-algo", algo, "-m", "CNN", *flags]).sageflow_gamma_halving == 0
+
+
+def test_a_later_seed_and_fewer_rows_a_client_get_their_own_folders():
+    """run_variant empties a row's folder and names files by run index, so a ``--seed 2 --times 1`` run
+    in seed 0's folder would delete seed 0's files, and a full-data run the 150-row runs'."""
+    args = argparse.Namespace(setting="stragglers", dataset="FashionMNIST", local_momentum=0.0, lr=0.1,
+                              attack_flip="update", local_epochs=5, protocol="ours", partition="ours", seed=0, samples=0)
+    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5"
+    args.seed = 2
+    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5_seed2"
+    args.samples = 150
+    assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_150s_E5_seed2"
 
 
 def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
