@@ -23,7 +23,7 @@ cuda_tests() {  # timeout [more test files...]: the CUDA tests, from the reposit
   echo "pytest rc=$?" | tee -a "$LOG"; tail -3 "$OUT/pytest.log" | tee -a "$LOG"; }
 $PY -c "import torch,sys; print(sys.version.split()[0], 'torch', torch.__version__, torch.cuda.get_device_name(0))" | tee -a "$LOG"
 cd system
-if [ "${PART:-main}" = unfold ]; then  # about 6 minutes: --batched_conv grouped against unfold (client_conv.py)
+if [ "${PART:-main}" = unfold ]; then  # about 7 minutes: --batched_conv grouped, unfold, grouped_nhwc (client_conv.py)
   say "P2: sequential, batched grouped, unfold, grouped_nhwc"
   timeout 170 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 50 --out "$OUT/p2unfold.json" \
     --engines sequential batched+grouped batched+unfold batched+groupednhwc batched+unfold+cudnnbench \
@@ -41,7 +41,7 @@ if [ "${PART:-main}" = unfold ]; then  # about 6 minutes: --batched_conv grouped
     SB_BATCHED_CONV=$1 SB_CLIENTS=$2 SB_SHAPE=$3 SB_RUNNERS="eager graph" SB_PROFILE=$4 timeout 75 \
       $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT|host syncs|_warn_once" | tee -a "$LOG"
   done
-  cuda_tests 80 tests/engines/test_client_conv.py
+  cuda_tests 100 tests/engines/test_client_conv.py
   say done; exit 0
 fi
 if [ "${PART:-main}" = conv ]; then
