@@ -283,14 +283,14 @@ def experiment_name(args: argparse.Namespace, halving: int) -> str:
     empties a row's folder, and a ``--seed 2 --times 1`` run would otherwise delete seed 0's files,
     which have the same names)."""
     return (f"sageflow_{args.setting}" + ("" if args.dataset == "MNIST" else f"_{args.dataset}")
-            + (f"_{args.samples}s" if getattr(args, "samples", 0) else "")
+            + (f"_{args.samples}s" if args.samples else "")
             + (f"_momentum{args.local_momentum:g}_lr{args.lr:g}" if args.local_momentum else "")
             + ("_flip_weights" if args.attack_flip == "weights" else "")
             + (f"_E{args.local_epochs}" if args.local_epochs != 1 else "")
             + (f"_gamma_halving{halving}" if halving != GAMMA_HALVING[args.dataset] else "")
             + ("_official_protocol" if args.protocol == "official" else "")
             + (f"_official_partition{args.official_seed}" if args.partition == "official" else "")
-            + (f"_seed{args.seed}" if getattr(args, "seed", 0) else ""))
+            + (f"_seed{args.seed}" if args.seed else ""))
 
 
 def main() -> None:

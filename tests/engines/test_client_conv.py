@@ -119,8 +119,8 @@ def test_bf16_autocast_trains_through_each_kind_as_through_the_grouped_convoluti
         cohort = list(range(len(server.clients)))
         return server.engine.train([server.clients[i] for i in cohort], server.make_package(0, cohort))
 
-    full, grouped, unfold = round_of("fp32", "grouped"), round_of("bf16", "grouped"), round_of("bf16", kind)
-    for f, g, u in zip(full, grouped, unfold):
+    full, grouped, other = round_of("fp32", "grouped"), round_of("bf16", "grouped"), round_of("bf16", kind)
+    for f, g, u in zip(full, grouped, other):
         assert u.params.dtype == torch.float32 and not torch.equal(u.params, f.params)  # it did train in bf16
         assert (u.params - f.params).abs().max() < 2e-2 and (u.params - g.params).abs().max() < 1e-2
 
@@ -136,6 +136,6 @@ def test_each_kind_trains_as_the_grouped_convolution_on_the_gpu(algo, kind, monk
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # compare float32 arithmetic
     device = torch.device("cuda")
     grouped = cnn_run(algo, "batched", device, batched_conv="grouped", step_runner="graph")
-    unfold = cnn_run(algo, "batched", device, batched_conv=kind, step_runner="graph")
-    assert unfold.engine.batched_conv == kind and unfold.engine.runner.captured > 0
-    assert_same_training(grouped, unfold, atol=1e-4, rtol=1e-4)
+    other = cnn_run(algo, "batched", device, batched_conv=kind, step_runner="graph")
+    assert other.engine.batched_conv == kind and other.engine.runner.captured > 0
+    assert_same_training(grouped, other, atol=1e-4, rtol=1e-4)
