@@ -12,12 +12,9 @@ from fltest import (assert_same_training, build_server, linear_grad, make_args, 
 from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
 
 
-def test_local_and_server_steps_match_hand_computation():
-    # K = 2 inner steps per local epoch.
-    lr, lrp, lam, mu, beta, inner = 0.2, 0.1, 2.0, 0.01, 0.5, 2
-    data, server = two_client_server("pFedMe", "-K", str(inner), "-lrp", str(lrp), "-lam", str(lam), "--pfedme_mu",
-                                     str(mu), "-bt", str(beta), seed=1, local_learning_rate=lr)
-    g = server.global_params.double()
+def by_hand(data, g, lr, lrp, lam, mu, inner):
+    """Each client's upload w and personal model θ after 2 local steps from ``g`` (K = ``inner``
+    inner steps on θ per outer step on w), in float64."""
     uploads, personal = [], []
     for client in data.clients:
         x, y = client.train_x.double(), client.train_y
@@ -28,6 +25,16 @@ def test_local_and_server_steps_match_hand_computation():
             w = w - lr * lam * (w - theta)
         uploads.append(w)
         personal.append(theta)
+    return uploads, personal
+
+
+def test_local_and_server_steps_match_hand_computation():
+    # K = 2 inner steps per local epoch.
+    lr, lrp, lam, mu, beta, inner = 0.2, 0.1, 2.0, 0.01, 0.5, 2
+    data, server = two_client_server("pFedMe", "-K", str(inner), "-lrp", str(lrp), "-lam", str(lam), "--pfedme_mu",
+                                     str(mu), "-bt", str(beta), seed=1, local_learning_rate=lr)
+    g = server.global_params.double()
+    uploads, personal = by_hand(data, g, lr, lrp, lam, mu, inner)
     updates = run_round(server, 0).updates
     for i, update in enumerate(updates):
         assert update.num_steps == 2
@@ -81,16 +88,7 @@ def test_paper_reading_by_hand_an_unsampled_client_updates_its_personal_model():
                                      local_learning_rate=lr)
     _, cohort_only = two_client_server("pFedMe", *flags, seed=1, local_learning_rate=lr)
     g = server.global_params.double()
-    uploads, personal = [], []
-    for client in data.clients:
-        x, y = client.train_x.double(), client.train_y
-        theta, w = g.clone(), g.clone()
-        for _ in range(2):
-            for _ in range(inner):
-                theta = theta - lrp * (linear_grad(theta, x, y, 2) + lam * (theta - w) + mu * theta)
-            w = w - lr * lam * (w - theta)
-        uploads.append(w)
-        personal.append(theta)
+    uploads, personal = by_hand(data, g, lr, lrp, lam, mu, inner)
     updates = run_round(server, 0, [0]).updates
     run_round(cohort_only, 0, [0])
     assert [u.index for u in updates] == [0]
