@@ -120,9 +120,9 @@ def test_bf16_autocast_trains_through_each_kind_as_through_the_grouped_convoluti
         return server.engine.train([server.clients[i] for i in cohort], server.make_package(0, cohort))
 
     full, grouped, other = round_of("fp32", "grouped"), round_of("bf16", "grouped"), round_of("bf16", kind)
-    for f, g, u in zip(full, grouped, other):
-        assert u.params.dtype == torch.float32 and not torch.equal(u.params, f.params)  # it did train in bf16
-        assert (u.params - f.params).abs().max() < 2e-2 and (u.params - g.params).abs().max() < 1e-2
+    for f, g, o in zip(full, grouped, other):
+        assert o.params.dtype == torch.float32 and not torch.equal(o.params, f.params)  # it did train in bf16
+        assert (o.params - f.params).abs().max() < 2e-2 and (o.params - g.params).abs().max() < 1e-2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")

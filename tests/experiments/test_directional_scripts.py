@@ -83,10 +83,17 @@ def test_curves_put_each_evaluation_at_its_round_and_pad_with_nan(tmp_path):
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.allclose(got[~np.isnan(got)], want[~np.isnan(want)])
 
 
+def name_args(**changes) -> argparse.Namespace:
+    """The options ``experiment_name`` reads: the stragglers setting on MNIST at E = 5 with the
+    script's other defaults, then ``changes``."""
+    defaults = dict(setting="stragglers", dataset="MNIST", local_momentum=0.0, lr=0.1, attack_flip="update",
+                    local_epochs=5, protocol="ours", partition="ours", seed=0, samples=0)
+    return argparse.Namespace(**{**defaults, **changes})
+
+
 def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_row():
     load_all()
-    args = argparse.Namespace(setting="stragglers", dataset="MNIST", local_momentum=0.0, lr=0.1,
-                              attack_flip="update", local_epochs=5, protocol="ours", partition="ours", seed=0, samples=0)
+    args = name_args()
     assert sf.experiment_name(args, 15) == "sageflow_stragglers_E5"  # the official period: the default folders
     assert sf.experiment_name(args, 0) == "sageflow_stragglers_E5_gamma_halving0"
     args.dataset = "FashionMNIST"
@@ -102,8 +109,7 @@ def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_r
 def test_a_later_seed_and_fewer_rows_a_client_get_their_own_folders():
     """run_variant empties a row's folder and names files by run index, so a ``--seed 2 --times 1`` run
     in seed 0's folder would delete seed 0's files, and a full-data run the 150-row runs'."""
-    args = argparse.Namespace(setting="stragglers", dataset="FashionMNIST", local_momentum=0.0, lr=0.1,
-                              attack_flip="update", local_epochs=5, protocol="ours", partition="ours", seed=0, samples=0)
+    args = name_args(dataset="FashionMNIST")
     assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5"
     args.seed = 2
     assert sf.experiment_name(args, 20) == "sageflow_stragglers_FashionMNIST_E5_seed2"
@@ -113,9 +119,7 @@ def test_a_later_seed_and_fewer_rows_a_client_get_their_own_folders():
 
 def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
     load_all()
-    args = argparse.Namespace(setting="official", dataset="MNIST", local_momentum=0.9, lr=0.01,
-                              attack_flip="weights", local_epochs=5, protocol="official", partition="ours", seed=0,
-                              samples=0)
+    args = name_args(setting="official", local_momentum=0.9, lr=0.01, attack_flip="weights", protocol="official")
     assert sf.experiment_name(args, 15) == "sageflow_official_momentum0.9_lr0.01_flip_weights_E5_official_protocol"
     args.partition, args.official_seed = "official", 2022
     assert sf.experiment_name(args, 15).endswith("_E5_official_protocol_official_partition2022")
