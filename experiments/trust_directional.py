@@ -7,7 +7,10 @@ on the same seeded costs: random order (``--select budget_uniform``) and AdaFL's
 (``--select budget_adafl``), both with FedAvg; on clean data and with ``--flip`` of the clients
 flipping their labels (``label_flip``). Columns: final and best accuracy, the budget spent over the
 run (``rs_budget_spent``), the uploads the server bought and how many of them were attackers'
-(``rs_attack_uploads``).
+(``rs_attack_uploads``). ``--public_data F`` holds a fraction F of the training pool out as the
+server's public data for every row (so all rows train on the same client data) and adds FAIR with
+learned aggregation weights (``--fair_aggregation learned``, the journal version's, which needs
+it); its table is ``out/trust_fair_public.md``.
 
 ``--part flchain``: FedAvg, FLChain with every edge node honest and FLChain with one malicious
 node of five (``--flchain_malicious 1``, outvoted by the quorum). Half the clients
@@ -19,6 +22,7 @@ virtual seconds the run took (FLChain's consensus and blocks are on the clock).
 Usage (from the repository root)::
 
     nice -n 10 .venv/bin/python experiments/trust_directional.py --part fair --times 3
+    nice -n 10 .venv/bin/python experiments/trust_directional.py --part fair --times 3 --public_data 0.05
     nice -n 10 .venv/bin/python experiments/trust_directional.py --part flchain --times 3
 """
 from __future__ import annotations
@@ -36,13 +40,15 @@ from flcore.registry import load_all  # importable once common has put system/ o
 EXTRA = ["--engine", "sequential", "--num_threads", "1"]
 
 
-def fair_rows(budget: float, flip: float) -> list[tuple[str, str, list[str]]]:
-    """(label, -algo, flags): FAIR and the two same-budget baselines, clean then with label flippers."""
+def fair_rows(budget: float, flip: float, public: str | None = None) -> list[tuple[str, str, list[str]]]:
+    """(label, -algo, flags): FAIR and the two same-budget baselines, clean then with label flippers;
+    with ``public`` (a --public_data fraction) every row holds it out and FAIR's learned weights join."""
     rows = []
     for poison, attack in (("clean", []), (f"{flip:g} label flip",
                                             ["--attack", "label_flip", "--attack_fraction", str(flip)])):
-        spend = ["--budget", str(budget), *attack]
+        spend = ["--budget", str(budget), *attack, *(["--public_data", public] if public else [])]
         rows += [(f"FAIR, {poison}", "FAIR", spend),
+                 *([(f"FAIR learned, {poison}", "FAIR", ["--fair_aggregation", "learned", *spend])] if public else []),
                  (f"random, {poison}", "FedAvg", ["--select", "budget_uniform", *spend]),
                  (f"AdaFL order, {poison}", "FedAvg", ["--select", "budget_adafl", *spend])]
     return rows
@@ -84,6 +90,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20, help="global rounds")
     parser.add_argument("--budget", type=float, default=10.0, help="fair: budget per round (costs uniform in [1, 5])")
     parser.add_argument("--flip", type=float, default=0.3, help="fair: share of label-flipping clients")
+    parser.add_argument("--public_data", default=None,
+                        help="fair: a fraction of the training pool held out as public data for every row; adds "
+                             "FAIR with learned aggregation weights")
     parser.add_argument("--model", default="DNN", help="-m")
     add_training_flags(parser, lr=0.05, lr_help="client learning rate", batch_size=10)
     add_only_and_data_flags(parser, "row labels to run")
@@ -96,20 +105,22 @@ def main() -> None:
                                             "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW),
                                             "--out-dir", str(data)])
     if args.part == "fair":
-        rows, header = fair_rows(args.budget, args.flip), ["final acc (%)", "best acc (%)", "budget spent",
+        rows, header = fair_rows(args.budget, args.flip, args.public_data), ["final acc (%)", "best acc (%)", "budget spent",
                                                            "uploads bought", "attackers' uploads"]
     else:
         rows, header = FLCHAIN_ROWS, ["final acc (%)", "best acc (%)", "max |acc − FedAvg| (pp)", "nodes outvoted",
                                       "virtual s"]
+    experiment = f"trust_{args.part}" + ("_public" if args.part == "fair" and args.public_data else "")
     lines = [f"# {args.part}: MNIST Dir 0.1, 20 clients x 300 samples, {args.model}, {args.rounds} rounds, "
-             f"E = {args.local_epochs}, B = {args.batch_size}, lr {args.lr}, seeds {args.seed}..{args.seed + args.times - 1}",
+             f"E = {args.local_epochs}, B = {args.batch_size}, lr {args.lr}, seeds {args.seed}..{args.seed + args.times - 1}"
+             + (f", public data {args.public_data} of the training pool" if args.part == "fair" and args.public_data else ""),
              "", "| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
     fedavg = None
     for label, algo, flags in rows:
         if args.only and label not in args.only:
             continue
         extra = [*EXTRA, "-jr", "0.5"] if args.part == "flchain" else EXTRA
-        run = run_variant(f"trust_{args.part}", label, algo, flags, data, args, args.model, args.rounds, extra,
+        run = run_variant(experiment, label, algo, flags, data, args, args.model, args.rounds, extra,
                           quiet=True)
         if isinstance(run, str):
             lines.append(f"| {label} | {run} |")
@@ -119,7 +130,7 @@ def main() -> None:
         cells = fair_cells(run) if args.part == "fair" else flchain_cells(run, fedavg)
         lines.append(f"| {label} | " + " | ".join(cells) + f" |  <!-- {run.seconds():.0f} s -->")
         print(lines[-1], flush=True)
-    write_table(f"trust_{args.part}", lines, args.only or ())  # rows run with --only keep the others'
+    write_table(experiment, lines, args.only or ())  # rows run with --only keep the others'
 
 
 if __name__ == "__main__":

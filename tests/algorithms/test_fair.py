@@ -1,11 +1,14 @@
 """FAIR: the reverse auction and pay-as-bid recruiting by hand, the forgetting quality estimate, the
-quality-weighted average, the reduction to FedAvg, the budgeted baselines, refusals, determinism."""
+quality-weighted average, the reduction to FedAvg, the budgeted baselines, refusals, determinism; the
+learned aggregation weights (``--fair_aggregation learned``) by hand, their reduction to FedAvg, and
+their refusal without public data."""
 from __future__ import annotations
 
 import dataclasses
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import main
 from flcore.auction import client_costs, reverse_auction, within_budget
@@ -13,6 +16,7 @@ from flcore.clients.clientbase import ClientUpdate
 from flcore.servers.serverbase import weighted_average
 from flcore.servers.serverfair import forgetting_update, quality_weights
 from fltest import build_server, linear_loss, make_args, random_dataset, run_round, trained_server
+from knowledgetest import refusal
 from toydata import make_dataset
 
 TINY = dict(global_rounds=2, batch_size=4, local_epochs=1)
@@ -139,3 +143,77 @@ def test_cost_range_upside_down_is_one_line_exit_2(tmp_path, capsys):
                     "-q", "True"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "--cost_low 5.0 is above --cost_high 2.0" in err, err
+
+
+LEARNED = ("--fair_aggregation", "learned", "--public_data", "0.2")
+
+
+def learned_server(*flags: str):
+    return build_server(make_args("FAIR", *LEARNED, *flags, **TINY), data())
+
+
+def two_uploads(server) -> list[ClientUpdate]:
+    w = server.global_params
+    g = torch.Generator().manual_seed(3)
+    return [ClientUpdate(0, 6, 1, w + torch.randn(w.shape, generator=g), 0.0),
+            ClientUpdate(2, 10, 1, w + torch.randn(w.shape, generator=g), 0.0)]
+
+
+def test_learned_weights_one_gradient_step_by_hand():
+    fair = learned_server("--fair_learn_steps", "1", "--fair_learn_lr", "0.7")
+    updates = two_uploads(fair)
+    x, y = fair.dataset.public.inputs().double(), fair.dataset.public.y
+    stacked = torch.stack([u.params for u in updates]).double()
+    n = torch.tensor([6.0, 10.0], dtype=torch.float64)
+    w0 = n / n.sum()  # softmax(log n)
+    mixed = w0 @ stacked
+    # the linear model's cross-entropy gradient in the flat layout [W.flatten(), b]: (P - Y)^T x / N and mean(P - Y)
+    dim, classes = x.shape[1], 3
+    residual = torch.softmax(x @ mixed[: dim * classes].view(classes, dim).T + mixed[dim * classes:], 1) \
+        - F.one_hot(y, classes).double()
+    g = torch.cat([(residual.T @ x / len(y)).flatten(), residual.mean(0)])
+    # d loss / d theta_i = w_i (g . x_i - g . mixed), then one step of 0.7 from theta = log n
+    theta = n.log() - 0.7 * w0 * (stacked @ g - g @ mixed)
+    expected = torch.softmax(theta, 0)
+    learned = fair.learned_weights(updates)
+    assert learned == pytest.approx(expected.numpy(), abs=1e-6)
+    assert not learned == pytest.approx(w0.numpy(), abs=1e-4)  # the step moved them
+    fair.aggregate(updates, fair.package(0, [0, 2]))
+    assert torch.allclose(fair.global_params, weighted_average(updates, learned), atol=1e-6)
+    # the quality records: the learned weight times the cohort size (2)
+    assert fair.quality_estimates()[[0, 2]] == pytest.approx(2 * learned, abs=1e-9)
+
+
+def test_learned_weights_with_a_zero_step_are_fedavgs():
+    fair = learned_server("--fair_learn_lr", "0")
+    cohort, _, updates = run_round(fair, 0, cohort=[0, 1, 2, 3])
+    sizes = np.array([u.num_samples for u in updates], dtype=float)
+    fedavg = build_server(make_args("FedAvg", "--public_data", "0.2", **TINY), data())
+    run_round(fedavg, 0, cohort=cohort)
+    assert torch.allclose(fair.global_params, fedavg.global_params, atol=1e-6)
+    assert fair.quality_estimates() == pytest.approx(4 * sizes / sizes.sum(), abs=1e-6)
+
+
+def test_learned_weights_favour_the_upload_that_fits_the_public_data():
+    fair = learned_server("--fair_learn_steps", "20")
+    x, y = fair.dataset.public.inputs(), fair.dataset.public.y
+    fitted = fair.global_params.clone().requires_grad_(True)
+    for _ in range(200):  # a model fitted to the public data by plain gradient descent
+        (grad,) = torch.autograd.grad(linear_loss(fitted, x, y, 3), fitted)
+        fitted = (fitted - 0.5 * grad).detach().requires_grad_(True)
+    w = fair.global_params
+    updates = [ClientUpdate(0, 10, 1, fitted.detach(), 0.0), ClientUpdate(1, 10, 1, w - 3 * (fitted.detach() - w), 0.0)]
+    learned = fair.learned_weights(updates)
+    assert learned[0] > 0.9 and learned.sum() == pytest.approx(1.0)
+
+
+def test_a_learned_run_is_budgeted_and_reproducible():
+    runs = [trained_server(data(), "FAIR", *LEARNED, "--budget", "6", **TINY) for _ in range(2)]
+    assert torch.equal(runs[0].global_params, runs[1].global_params)
+    spent = runs[0].history.extra_series["budget_spent"]
+    assert len(spent) == 2 and all(0 < s <= 6 + 1e-9 for s in spent)
+
+
+def test_learned_aggregation_without_public_data_is_refused_in_one_line():
+    message = refusal("FAIR", "--fair_aggregation", "learned")
+    assert "FAIR --fair_aggregation learned needs a public dataset held by the server: pass --public_data" in message

@@ -19,11 +19,21 @@ import main  # noqa: E402
 def test_every_row_names_a_registered_algorithm_and_flags_it_uses():
     load_all()
     rows = [row for setting in ("official", "stragglers", "sign_flip", "backdoor") for row in sf.variants(setting, 10.0)]
-    rows += td.fair_rows(10.0, 0.3) + td.FLCHAIN_ROWS
+    rows += td.fair_rows(10.0, 0.3) + td.fair_rows(10.0, 0.3, public="0.05") + td.FLCHAIN_ROWS
     for label, algo, flags in rows:
         assert algo in ALGORITHMS, label
         args = main.parse_args(["-algo", algo, "-m", "CNN", *flags])
         assert getattr(args, main.IGNORED_DEST) == [], label  # main would ignore them with an info line
+
+
+def test_public_data_reaches_every_fair_row_and_adds_the_learned_weights():
+    assert [label for label, _, _ in td.fair_rows(10.0, 0.3)] == [
+        "FAIR, clean", "random, clean", "AdaFL order, clean", "FAIR, 0.3 label flip", "random, 0.3 label flip",
+        "AdaFL order, 0.3 label flip"]
+    rows = td.fair_rows(10.0, 0.3, public="0.05")
+    assert [label for label, _, flags in rows if "learned" in flags] == ["FAIR learned, clean",
+                                                                          "FAIR learned, 0.3 label flip"]
+    assert len(rows) == 8 and all(flags[flags.index("--public_data") + 1] == "0.05" for _, _, flags in rows)
 
 
 def test_sign_flip_rows_are_the_issues_five_and_the_defences_are_the_ones_named():

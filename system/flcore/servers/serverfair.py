@@ -34,8 +34,15 @@ Each round the server
 The journal version (Deng et al., IEEE TPDS 2022, "Improving Federated Learning With Quality-Aware
 User Incentive and Auto-Weighted Model Aggregation") differs in two components, by its abstract:
 the aggregation weights are learned by gradient descent ("auto-weighted model aggregation") and
-those learned weights, not a loss reduction, are the quality records. Neither its objective nor
-its data for that descent were at hand, so this is the conference version as the spec reads it.
+those learned weights, not a loss reduction, are the quality records. ``--fair_aggregation
+learned`` runs that variant; its text was not at hand either, so the objective and the data of the
+descent are ours, the natural reading: the weights are a softmax over the uploads,
+w = softmax(θ), started at FedAvg's sample weights (θ_i = log n_i), and θ takes
+``--fair_learn_steps`` full-batch gradient steps of size ``--fair_learn_lr`` on the cross-entropy of
+the averaged model Σ_i w_i x_i over the server's public data (``--public_data``, required; model in
+eval mode). The global model is that average, and each upload's quality record is its learned
+weight times the cohort size (1 for an equal share), so the forgetting estimate and the auction
+read it as they read a loss reduction. With ``--fair_learn_lr 0`` the weights stay FedAvg's.
 
 Choices where the paper's text was not at hand offline (read from its abstract and the spec):
 the quality sample is the client's own training-loss reduction; the aggregation weight multiplies
@@ -50,16 +57,17 @@ import logging
 from argparse import ArgumentParser
 
 import numpy as np
-
-from flcore.auction import reverse_auction
 import torch
 import torch.nn.functional as F
 
+from flcore.auction import reverse_auction
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
+from utils.data_utils import decode_inputs
+from utils.public_data import require_public_data
 
 log = logging.getLogger("fl")
 
@@ -92,8 +100,18 @@ class FAIR(Server):
                  help="FAIR: forgetting factor rho of the quality records (1: every record counts alike)")
         add_flag(parser, "--fair_unknown", type=str, default="optimistic", choices=["optimistic", "mean"],
                  help="FAIR: quality estimate of a client without records: the highest or the mean of the known ones")
+        add_flag(parser, "--fair_aggregation", type=str, default="quality", choices=["quality", "learned"],
+                 help="FAIR: quality: weights n_i * loss reduction (the conference paper); learned: weights learned by "
+                      "gradient descent on the server's public data, also the quality records (the journal version; "
+                      "needs --public_data)")
+        add_flag(parser, "--fair_learn_steps", type=int, default=10, low=1,
+                 help="FAIR --fair_aggregation learned: gradient steps on the aggregation weights a round")
+        add_flag(parser, "--fair_learn_lr", type=float, default=1.0, low=0,
+                 help="FAIR --fair_aggregation learned: step size on the weights' logits (0: FedAvg's weights)")
 
     def setup(self) -> None:
+        if self.hp.fair_aggregation == "learned":
+            require_public_data(self.dataset, "FAIR --fair_aggregation learned")
         n = len(self.clients)
         self.quality_numerator = np.zeros(n)
         self.quality_denominator = np.zeros(n)
@@ -102,7 +120,7 @@ class FAIR(Server):
     def summary(self) -> dict[str, object]:
         policy = self.selector.hp
         return {"budget": policy.budget, "costs": [policy.cost_low, policy.cost_high],
-                "forgetting": self.hp.fair_forgetting}
+                "forgetting": self.hp.fair_forgetting, "aggregation": self.hp.fair_aggregation}
 
     def quality_estimates(self) -> np.ndarray:
         known = self.quality_denominator > 0
@@ -145,11 +163,38 @@ class FAIR(Server):
         return np.asarray([max(self.training_loss(u.index, package.global_params) - self.training_loss(u.index, u.params), 0.0)
                            for u in updates])
 
+    def learned_weights(self, updates: list[ClientUpdate]) -> np.ndarray:
+        """softmax(θ) after ``--fair_learn_steps`` gradient steps on the public cross-entropy of the
+        averaged model, from θ_i = log n_i (FedAvg's weights; module docstring)."""
+        public = require_public_data(self.dataset, "FAIR --fair_aggregation learned")
+        x, y = public.x.to(self.device), public.y.to(self.device)
+        table = None if public.table is None else public.table.to(self.device)
+        stacked = torch.stack([u.params for u in updates]).to(self.device)
+        sizes = torch.tensor([max(u.num_samples, 1) for u in updates], dtype=stacked.dtype, device=self.device)
+        theta = sizes.log().requires_grad_(True)
+        chunk = max(1, int(self.args.eval_batch_size))
+        module = self.model.module
+        was_training = module.training
+        module.eval()
+        for _ in range(self.hp.fair_learn_steps):
+            net = self.model.net.at(torch.softmax(theta, 0) @ stacked)
+            loss = sum(F.cross_entropy(net(decode_inputs(x[i : i + chunk], table)), y[i : i + chunk], reduction="sum")
+                       for i in range(0, len(y), chunk)) / len(y)
+            (grad,) = torch.autograd.grad(loss, theta)
+            with torch.no_grad():
+                theta -= self.hp.fair_learn_lr * grad
+        module.train(was_training)
+        return torch.softmax(theta.detach().double(), 0).cpu().numpy()
+
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        """Quality-weighted mean of the uploads that reduced their loss; then every upload's quality
-        joins its client's records."""
-        qualities = self.measured_qualities(updates, package)
-        weights = quality_weights(np.asarray([u.num_samples for u in updates]), qualities)
+        """Quality-weighted mean of the uploads that reduced their loss (or the learned weights'
+        mean); then every upload's quality joins its client's records."""
+        if self.hp.fair_aggregation == "learned":
+            weights = self.learned_weights(updates)
+            qualities = len(updates) * weights
+        else:
+            qualities = self.measured_qualities(updates, package)
+            weights = quality_weights(np.asarray([u.num_samples for u in updates]), qualities)
         if weights.sum() > 0:
             self.global_params = weighted_average(updates, weights)
         rho = self.hp.fair_forgetting
