@@ -28,12 +28,12 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from flcore.attacks.dlg import DLGAttack
     from flcore.newclients import NewClientEvaluation, hold_out
     from flcore.privacy.server import privacy_lines, privacy_summary
-    from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
+    from flcore.registry import ALGORITHMS, ENGINES, MODELS, PLUGINS, SELECTORS, load_all
     from flcore.trainmodel.checks import dry_run
     from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, SEED_HIGH, accept_other_flags, check_ranges,
                            declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
     from utils.data_utils import FederatedDataset, load_federated_dataset
-    from utils.public_data import with_public_data
+    from utils.public_data import public_data_needed, with_public_data
     from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
     from utils.errors import Diverged, FLError
     from utils.live import live_callbacks
@@ -150,6 +150,7 @@ def validate(args: argparse.Namespace) -> None:
                       f"pass --seed {MAX_SEED - args.times + 1} or less")
     validate_names(args)
     validate_privacy(args)
+    validate_public_data(args)
     if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     if args.client_trace is not None and not Path(args.client_trace).is_file():
@@ -199,6 +200,18 @@ def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> N
         named = ", ".join(map(str, idle[:5])) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
         reason = f"fewer training samples than -lbs {args.batch_size}, with --drop_last" if args.drop_last else "no training samples"
         log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
+
+
+def validate_public_data(args: argparse.Namespace) -> None:
+    """An algorithm or plug-in that needs the server's public data, without ``--public_data``."""
+    if getattr(args, "public_data", None) is not None:
+        return
+    plugins = [PLUGINS.get(name) for name in PLUGINS]
+    users = [ALGORITHMS.get(args.algorithm).public_data_user(args),
+             *(cls.public_data_user(args) for cls in plugins if cls.wanted(args))]
+    user = next((u for u in users if u), None)
+    if user:
+        raise public_data_needed(user)
 
 
 def validate_privacy(args: argparse.Namespace) -> None:

@@ -57,12 +57,17 @@ def public_data_of(dataset: FederatedDataset) -> PublicData | None:
     return getattr(dataset, "public", None)
 
 
+def public_data_needed(user: str) -> FLError:
+    """The one-line advice for ``user`` (an algorithm, or the option that needs it) to give a public set."""
+    return FLError(f"{user} needs a public dataset held by the server: pass --public_data 0.02 "
+                   "(2% of the training pool) or --public_data <generated dataset folder>")
+
+
 def require_public_data(dataset: FederatedDataset, algorithm: str) -> PublicData:
     """The public set, or the one-line advice to give one."""
     public = public_data_of(dataset)
     if public is None or len(public) == 0:
-        raise FLError(f"{algorithm} needs a public dataset held by the server: pass --public_data 0.02 "
-                      "(2% of the training pool) or --public_data <generated dataset folder>")
+        raise public_data_needed(algorithm)
     return public
 
 

@@ -16,13 +16,20 @@ from flcore.registry import ALGORITHMS, load_all  # noqa: E402
 import main  # noqa: E402
 
 
+def parse_row(algo: str, *flags: str, model: str = "CNN"):
+    """A row's flags as main parses them, with the public data sageflow_mnist.py passes beside every row
+    (Sageflow refuses to run without it)."""
+    public = [] if "--public_data" in flags else sf.public(150)
+    return main.parse_args(["-algo", algo, "-m", model, *public, *flags])
+
+
 def test_every_row_names_a_registered_algorithm_and_flags_it_uses():
     load_all()
     rows = [row for setting in ("official", "stragglers", "sign_flip", "backdoor") for row in sf.variants(setting, 10.0)]
     rows += td.fair_rows(10.0, 0.3) + td.fair_rows(10.0, 0.3, public="0.05") + td.FLCHAIN_ROWS
     for label, algo, flags in rows:
         assert algo in ALGORITHMS, label
-        args = main.parse_args(["-algo", algo, "-m", "CNN", *flags])
+        args = parse_row(algo, *flags)
         assert getattr(args, main.IGNORED_DEST) == [], label  # main would ignore them with an info line
 
 
@@ -75,7 +82,7 @@ def test_weights_flip_reaches_every_attacked_row_and_main_takes_it_with_local_mo
     for setting in ("official", "sign_flip"):
         for label, algo, flags in sf.variants(setting, 0.1, flip="weights"):
             assert flags[flags.index("--attack_flip") + 1] == "weights", label
-            args = main.parse_args(["-algo", algo, "-m", "CNN", "--local_momentum", "0.9", *flags])
+            args = parse_row(algo, "--local_momentum", "0.9", *flags)
             assert args.attack_flip == "weights" and args.local_momentum == 0.9
             assert getattr(args, main.IGNORED_DEST) == [], label
     assert all("--attack_flip" not in flags for _, _, flags in sf.variants("stragglers", 0.1, flip="weights"))
@@ -113,7 +120,7 @@ def test_another_gamma_halving_gets_its_own_folders_and_reaches_every_sageflow_r
         for label, algo, flags in sf.variants(setting, 0.1, halving=0):
             if algo == "Sageflow":
                 assert flags[flags.index("--sageflow_gamma_halving") + 1] == "0", label
-                assert main.parse_args(["-algo", algo, "-m", "CNN", *flags]).sageflow_gamma_halving == 0
+                assert parse_row(algo, *flags).sageflow_gamma_halving == 0
 
 
 def test_a_later_seed_and_fewer_rows_a_client_get_their_own_folders():
@@ -137,7 +144,7 @@ def test_the_official_protocol_reaches_every_row_and_gets_its_own_folders():
         for label, algo, flags in sf.variants(setting, 0.1):
             assert sf.with_protocol(flags, "ours") == flags
             official = sf.with_protocol(flags, "official")
-            parsed = main.parse_args(["-algo", algo, "-m", sf.MODELS["official"], *official])
+            parsed = parse_row(algo, *official, model=sf.MODELS["official"])
             assert getattr(parsed, main.IGNORED_DEST) == [], label
             assert parsed.model == "SageflowCNN"
             if "--straggler_delay" in flags:  # stragglers: busy clients sit out, the official delay draw

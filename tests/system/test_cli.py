@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 import main
-from fltest import build_server, make_args, random_dataset
+from fltest import REQUIRED_FLAGS, build_server, make_args, random_dataset
 from flcore.registry import ALGORITHMS, ENGINES, SELECTORS, load_all
 from toydata import make_dataset
 from utils.cli import IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, declared_actions, generic_parser, hyperparameters, str2bool
@@ -87,7 +87,7 @@ def test_ignored_values_are_still_checked():
 def test_every_declared_flag_is_accepted_with_any_algorithm(algorithm):
     server_cls = ALGORITHMS.get(algorithm)
     own = {name: action for action in declared_actions(server_cls, server_cls.client_cls) for name in action.option_strings}
-    argv = ["-algo", algorithm]
+    argv = ["-algo", algorithm, *REQUIRED_FLAGS.get(algorithm, [])]
     flags = []
     for action in every_declaration():
         for name in action.option_strings:
@@ -226,7 +226,7 @@ def test_values_set_after_parsing_are_converted_and_checked():
 @pytest.mark.parametrize("algorithm", ALGORITHM_NAMES)
 def test_every_algorithms_hyperparameters_have_their_declared_types(algorithm):
     server_cls = ALGORITHMS.get(algorithm)
-    hp = hyperparameters(make_args(algorithm), server_cls, server_cls.client_cls)
+    hp = hyperparameters(make_args(algorithm, *REQUIRED_FLAGS.get(algorithm, [])), server_cls, server_cls.client_cls)
     by_dest = {a.dest: a for a in declared_actions(server_cls, server_cls.client_cls)}
     python_type = {str2bool: bool, int: int, float: float, str: str, None: str}
     for field in dataclasses.fields(hp):

@@ -92,3 +92,25 @@ def test_recorded_in_the_results_and_bad_values_exit_2(tmp_path, capsys):
     capsys.readouterr()
     assert main.main([*argv, "--public_data", "2", "--overwrite"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, user", [
+    (["-algo", "Sageflow"], "Sageflow"),
+    (["-algo", "KT-pFL"], "KT-pFL"),
+    (["-algo", "FAIR", "--fair_aggregation", "learned"], "FAIR --fair_aggregation learned"),
+    (["-algo", "FedAvg", "--robust", "clip,fltrust"], "--robust fltrust"),
+])
+def test_a_run_that_needs_public_data_is_refused_before_any_data_is_read(tmp_path, capsys, flags, user):
+    # the dataset folder does not exist: the refusal must come first, from the flags alone
+    rc = main.main(["-data", str(tmp_path / "absent"), "--results_dir", str(tmp_path / "res"), "-dev", "cpu",
+                    "-gr", "1", *flags, "--progress", "False", "-q", "True"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"error: {user} needs a public dataset held by the server: pass --public_data 0.02 (2% of the "
+                               "training pool) or --public_data <generated dataset folder>"]
+    assert not (tmp_path / "res").exists()
+
+
+def test_runs_that_do_not_need_public_data_pass_the_check():
+    for flags in (["-algo", "FAIR"], ["-algo", "FedAvg", "--robust", "clip,multi_krum"], ["-algo", "Sageflow",
+                                                                                          "--public_data", "0.02"]):
+        main.parse_args([*flags, "-dev", "cpu"])  # no FLError

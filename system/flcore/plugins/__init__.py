@@ -63,6 +63,12 @@ class RoundPlugin:
         """Whether a run with these flags uses this plug-in."""
         return True
 
+    @classmethod
+    def public_data_user(cls, args: Namespace) -> str | None:
+        """The option that needs ``--public_data`` with these flags (None: none does); ``main.py``
+        refuses a run without it before any data is read."""
+        return None
+
     def __init__(self, runtime: Runtime, server_cls: type):
         """``server_cls``: the algorithm's server class (its ``capabilities`` and ``client_cls``)."""
         self.runtime = runtime

@@ -266,6 +266,10 @@ class RobustAggregation(RoundPlugin):
     def wanted(cls, args) -> bool:
         return bool(getattr(args, "robust", None))
 
+    @classmethod
+    def public_data_user(cls, args) -> str | None:
+        return "--robust fltrust" if parse_robust(args.robust)[1] == "fltrust" else None
+
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
         args = runtime.args

@@ -129,6 +129,13 @@ class Server:
     def add_args(cls, parser: ArgumentParser) -> None:
         """Declare this algorithm's server flags (called once per class in the MRO)."""
 
+    @classmethod
+    def public_data_user(cls, args: Namespace) -> str | None:
+        """The name under which this algorithm needs ``--public_data`` with these flags (None: it does
+        not); ``main.py`` refuses a run without it before any data is read (``setup`` checks again,
+        for servers built without ``main``)."""
+        return None
+
     # ------------------------------------------------------------------ hooks
     def build_module(self, module: nn.Module) -> nn.Module:
         """The module the run trains: ``module``, or one that holds it with the algorithm's own

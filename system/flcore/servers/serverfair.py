@@ -109,6 +109,10 @@ class FAIR(Server):
         add_flag(parser, "--fair_learn_lr", type=float, default=1.0, low=0,
                  help="FAIR --fair_aggregation learned: step size on the weights' logits (0: FedAvg's weights)")
 
+    @classmethod
+    def public_data_user(cls, args) -> str | None:
+        return "FAIR --fair_aggregation learned" if args.fair_aggregation == "learned" else None
+
     def setup(self) -> None:
         if self.hp.fair_aggregation == "learned":
             require_public_data(self.dataset, "FAIR --fair_aggregation learned")

@@ -75,6 +75,10 @@ class KTpFLServer(Server):
         add_flag(parser, "--ktpfl_coef_steps", type=int, default=1, low=0,
                  help="KT-pFL: gradient steps on c per round")
 
+    @classmethod
+    def public_data_user(cls, args) -> str | None:
+        return "KT-pFL"
+
     def setup(self) -> None:
         public = require_public_data(self.dataset, "KT-pFL")
         hp = self.hp

@@ -148,6 +148,10 @@ class SageflowServer(Server):
                       "would take (norms, cosines, the stale groups' weight, both models' test accuracy: "
                       "rs_sageflow_*); two extra evaluations a round, the run's numbers unchanged")
 
+    @classmethod
+    def public_data_user(cls, args) -> str | None:
+        return "Sageflow"
+
     def setup(self) -> None:
         self._said_all_filtered = False
         public = require_public_data(self.dataset, "Sageflow")
