@@ -160,7 +160,8 @@ def two_uploads(server) -> list[ClientUpdate]:
 
 
 def test_learned_weights_one_gradient_step_by_hand():
-    fair = learned_server("--fair_learn_steps", "1", "--fair_learn_lr", "0.7")
+    fair = learned_server("--fair_learn_steps", "1", "--fair_learn_lr", "0.7", "--eval_batch_size", "3")
+    assert len(fair.dataset.public) == 10  # so the public gradient is summed over four chunks
     updates = two_uploads(fair)
     x, y = fair.dataset.public.inputs().double(), fair.dataset.public.y
     stacked = torch.stack([u.params for u in updates]).double()

@@ -182,9 +182,10 @@ class FAIR(Server):
         module.eval()
         for _ in range(self.hp.fair_learn_steps):
             net = self.model.net.at(torch.softmax(theta, 0) @ stacked)
-            loss = sum(F.cross_entropy(net(decode_inputs(x[i : i + chunk], table)), y[i : i + chunk], reduction="sum")
-                       for i in range(0, len(y), chunk)) / len(y)
-            (grad,) = torch.autograd.grad(loss, theta)
+            grad = torch.zeros_like(theta)
+            for i in range(0, len(y), chunk):  # a chunk's activations are freed after its gradient
+                loss = F.cross_entropy(net(decode_inputs(x[i : i + chunk], table)), y[i : i + chunk], reduction="sum")
+                grad += torch.autograd.grad(loss / len(y), theta, retain_graph=True)[0]
             with torch.no_grad():
                 theta -= self.hp.fair_learn_lr * grad
         module.train(was_training)
