@@ -23,6 +23,8 @@ Usage (from the repository root)::
 
     nice -n 10 .venv/bin/python experiments/trust_directional.py --part fair --times 3
     nice -n 10 .venv/bin/python experiments/trust_directional.py --part fair --times 3 --public_data 0.05
+    nice -n 10 .venv/bin/python experiments/trust_directional.py --part fair --times 3 --public_data 0.05 \
+        --data experiments/out/data/FashionMNIST_dir0.1_20c_300s   # generated with dataset/generate_FashionMNIST.py
     nice -n 10 .venv/bin/python experiments/trust_directional.py --part flchain --times 3
 """
 from __future__ import annotations
@@ -110,8 +112,11 @@ def main() -> None:
     else:
         rows, header = FLCHAIN_ROWS, ["final acc (%)", "best acc (%)", "max |acc − FedAvg| (pp)", "nodes outvoted",
                                       "virtual s"]
-    experiment = f"trust_{args.part}" + ("_public" if args.part == "fair" and args.public_data else "")
-    lines = [f"# {args.part}: MNIST Dir 0.1, 20 clients x 300 samples, {args.model}, {args.rounds} rounds, "
+    # another dataset (--data) gets its own results and table, so it never empties the default's
+    experiment = (f"trust_{args.part}" + ("_public" if args.part == "fair" and args.public_data else "")
+                  + ("" if args.data is None else f"_{args.data.name}"))
+    setting = "MNIST Dir 0.1, 20 clients x 300 samples" if args.data is None else str(args.data.name)
+    lines = [f"# {args.part}: {setting}, {args.model}, {args.rounds} rounds, "
              f"E = {args.local_epochs}, B = {args.batch_size}, lr {args.lr}, seeds {args.seed}..{args.seed + args.times - 1}"
              + (f", public data {args.public_data} of the training pool" if args.part == "fair" and args.public_data else ""),
              "", "| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
