@@ -106,19 +106,20 @@ def main() -> None:
         generate_data("generate_MNIST.py", ["noniid", "-", "dir", "--alpha", "0.1", "--num-clients", "20",
                                             "--samples-per-client", "300", "--raw-dir", str(MNIST_RAW),
                                             "--out-dir", str(data)])
+    public = args.public_data if args.part == "fair" else None
     if args.part == "fair":
-        rows, header = fair_rows(args.budget, args.flip, args.public_data), ["final acc (%)", "best acc (%)", "budget spent",
+        rows, header = fair_rows(args.budget, args.flip, public), ["final acc (%)", "best acc (%)", "budget spent",
                                                            "uploads bought", "attackers' uploads"]
     else:
         rows, header = FLCHAIN_ROWS, ["final acc (%)", "best acc (%)", "max |acc − FedAvg| (pp)", "nodes outvoted",
                                       "virtual s"]
     # another dataset (--data) gets its own results and table, so it never empties the default's
-    experiment = (f"trust_{args.part}" + ("_public" if args.part == "fair" and args.public_data else "")
+    experiment = (f"trust_{args.part}" + ("_public" if public else "")
                   + ("" if args.data is None else f"_{args.data.name}"))
     setting = "MNIST Dir 0.1, 20 clients x 300 samples" if args.data is None else str(args.data.name)
     lines = [f"# {args.part}: {setting}, {args.model}, {args.rounds} rounds, "
              f"E = {args.local_epochs}, B = {args.batch_size}, lr {args.lr}, seeds {args.seed}..{args.seed + args.times - 1}"
-             + (f", public data {args.public_data} of the training pool" if args.part == "fair" and args.public_data else ""),
+             + (f", public data {public} of the training pool" if public else ""),
              "", "| method | " + " | ".join(header) + " |", "|---|" + "---|" * len(header)]
     fedavg = None
     for label, algo, flags in rows:

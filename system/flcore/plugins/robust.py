@@ -292,7 +292,8 @@ class RobustAggregation(RoundPlugin):
         if int(args.robust_iters) < 1:
             raise FLError(f"--robust_iters must be >= 1, got {args.robust_iters}")
         #: FLTrust's root data: the server's public set
-        self.root = require_public_data(runtime.dataset, "--robust fltrust") if self.aggregator == "fltrust" else None
+        needs_public = self.public_data_user(args)
+        self.root = require_public_data(runtime.dataset, needs_public) if needs_public else None
         #: centered clipping's starting point: the previous round's aggregate update (checkpointed)
         self.center: torch.Tensor | None = None
         #: the uploads the last filtering round kept and left out, as (client, round it trained in)

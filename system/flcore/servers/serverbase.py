@@ -58,6 +58,7 @@ from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset
 from utils.errors import Diverged
 from utils.metrics import EvalResult
+from utils.public_data import require_public_data
 from utils.result_utils import RunHistory
 from utils.seeding import numpy_rng
 
@@ -98,6 +99,9 @@ class Server:
         self.args = args
         self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
         self.dataset = dataset
+        needs_public = type(self).public_data_user(args)
+        if needs_public:  # main.py refused this before any data was read; a server built directly is checked here
+            require_public_data(dataset, needs_public)
         self.device = device
         self.num_classes = dataset.num_classes
         # --eval_batch_size 0 = auto by device; written back, so every pass of the run (the
@@ -132,8 +136,8 @@ class Server:
     @classmethod
     def public_data_user(cls, args: Namespace) -> str | None:
         """The name under which this algorithm needs ``--public_data`` with these flags (None: it does
-        not); ``main.py`` refuses a run without it before any data is read (``setup`` checks again,
-        for servers built without ``main``)."""
+        not); ``main.py`` refuses a run without it before any data is read, and ``__init__`` checks
+        again for servers built without ``main``."""
         return None
 
     # ------------------------------------------------------------------ hooks

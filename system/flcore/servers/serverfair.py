@@ -71,6 +71,9 @@ from utils.public_data import require_public_data
 
 log = logging.getLogger("fl")
 
+#: what needs the public data, in the refusal without it
+LEARNED = "FAIR --fair_aggregation learned"
+
 
 def forgetting_update(numerator: float, denominator: float, last_round: int, rnd: int, sample: float,
                       rho: float) -> tuple[float, float]:
@@ -111,11 +114,9 @@ class FAIR(Server):
 
     @classmethod
     def public_data_user(cls, args) -> str | None:
-        return "FAIR --fair_aggregation learned" if args.fair_aggregation == "learned" else None
+        return LEARNED if args.fair_aggregation == "learned" else None
 
     def setup(self) -> None:
-        if self.hp.fair_aggregation == "learned":
-            require_public_data(self.dataset, "FAIR --fair_aggregation learned")
         n = len(self.clients)
         self.quality_numerator = np.zeros(n)
         self.quality_denominator = np.zeros(n)
@@ -170,7 +171,7 @@ class FAIR(Server):
     def learned_weights(self, updates: list[ClientUpdate]) -> np.ndarray:
         """softmax(θ) after ``--fair_learn_steps`` gradient steps on the public cross-entropy of the
         averaged model, from θ_i = log n_i (FedAvg's weights; module docstring)."""
-        public = require_public_data(self.dataset, "FAIR --fair_aggregation learned")
+        public = require_public_data(self.dataset, LEARNED)
         x, y = public.x.to(self.device), public.y.to(self.device)
         table = None if public.table is None else public.table.to(self.device)
         stacked = torch.stack([u.params for u in updates]).to(self.device)
