@@ -1,8 +1,8 @@
 #!/bin/bash
 # Issue 28's GPU table in one call (about 8 minutes on an H200), from the repository root:
 #   PFLLIB=/path/to/PFLlib OUT=/tmp/gpu28 bash experiments/issue28_gpu.sh
-# PART=unfold (about 7 minutes; the next lead): P2 and P1 with --batched_conv grouped against unfold (im2col as one
-# strided copy and batched matrix products) and grouped_nhwc (the grouped convolution channels-last), all in
+# PART=unfold (about 7-8 minutes; the next lead): P2 and P1 with --batched_conv grouped against unfold (im2col as one
+# strided copy and batched matrix products) and grouped_nhwc (the grouped convolution channels-last; P2 also in bf16), all in
 # flcore/engines/client_conv.py; per-step costs with a kernel profile; the CUDA tests. Why: cuDNN runs vmap's grouped
 # convolution over the clients as one kernel per client (PART=conv's profile).
 # PART=conv (about 5 minutes; ran 2026-11-27): cuDNN's timed algorithm choice (--cudnn_benchmark) and channels-last
@@ -25,9 +25,10 @@ $PY -c "import torch,sys; print(sys.version.split()[0], 'torch', torch.__version
 cd system
 if [ "${PART:-main}" = unfold ]; then  # about 7 minutes: --batched_conv grouped, unfold, grouped_nhwc (client_conv.py)
   say "P2: sequential, batched grouped, unfold, grouped_nhwc"
-  timeout 170 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 50 --out "$OUT/p2unfold.json" \
+  # +bf16: cuDNN's grouped kernels for half types in NHWC may take all clients in one launch where fp32 NCHW loops
+  timeout 230 $PY benchmark.py --device cuda --warmup 1 --only P2 --rounds 5 --timeout 50 --out "$OUT/p2unfold.json" \
     --engines sequential batched+grouped batched+unfold batched+groupednhwc batched+unfold+cudnnbench \
-    batched+groupednhwc+cudnnbench > "$OUT/p2unfold.log" 2>&1
+    batched+groupednhwc+cudnnbench batched+grouped+bf16 batched+groupednhwc+bf16 > "$OUT/p2unfold.log" 2>&1
   echo "rc=$?" | tee -a "$LOG"; grep -E "speed-up|^P2 " "$OUT/p2unfold.log" | tee -a "$LOG"
   say "P1: batched grouped, unfold and grouped_nhwc, ours only"
   timeout 90 $PY benchmark.py --device cuda --warmup 1 --only P1 --engines batched+grouped batched+unfold \
