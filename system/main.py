@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import json
 import logging
 import math
@@ -138,6 +139,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 #: utils.seeding keeps 32 bits of a seed: -1 would be 4294967295's run under another name. The
 #: generators (dataset/datagen) take the same range (utils/cli.py declares it with --seed).
 MAX_SEED = SEED_HIGH
+#: the model is written after the last round, so a missing package is refused before the first
+SAVE_MODEL_NEEDS_SAFETENSORS = ("--save_model (on by default) needs the safetensors package: "
+                                "pip install -r requirements.txt, or pass --save_model False")
 
 
 def validate(args: argparse.Namespace) -> None:
@@ -155,6 +159,9 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
     if args.client_trace is not None and not Path(args.client_trace).is_file():
         raise FLError(f"--client_trace {args.client_trace}: no such file")
+    if args.save_model and importlib.util.find_spec("safetensors") is None:
+        raise FLError(SAVE_MODEL_NEEDS_SAFETENSORS)  # now, not after the last round, when it would cost the run
+
 
 
 #: what a goal (-go) may hold: it becomes part of file names (sweep.py applies the same rule)
@@ -564,8 +571,7 @@ def stage_model(server, result: Path) -> dict[Path, Path]:
     try:
         from safetensors.torch import save_file
     except ImportError:
-        raise FLError("--save_model needs the safetensors package (pip install -r requirements.txt), "
-                      "or pass --save_model False") from None
+        raise FLError(SAVE_MODEL_NEEDS_SAFETENSORS) from None
 
     def state_of(params: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
         model = server.model_of(params)

@@ -123,6 +123,19 @@ def test_errors_are_one_line_with_exit_2(toy, tmp_path, capsys, argv, needle):
     assert not list(tmp_path.glob(".*")), "no temporary or lock file is left behind"
 
 
+def test_a_missing_safetensors_is_refused_before_any_data_is_read(tmp_path, capsys, monkeypatch):
+    # the model is written after the last round: without the package a whole run used to end in this error
+    real = main.importlib.util.find_spec
+    monkeypatch.setattr(main.importlib.util, "find_spec", lambda name, *a: None if name == "safetensors" else real(name, *a))
+    code, _, err = run_main(capsys, "-data", str(tmp_path / "absent"), "-m", "DNN", "-gr", "1",
+                            "--results_dir", str(tmp_path / "res"))
+    assert code == 2 and err.strip().splitlines() == [f"error: {main.SAVE_MODEL_NEEDS_SAFETENSORS}"]
+    assert not (tmp_path / "res").exists()
+    code, _, err = run_main(capsys, "-data", str(tmp_path / "absent"), "-m", "DNN", "-gr", "1", "--save_model", "False",
+                            "--results_dir", str(tmp_path / "res"))
+    assert code == 2 and "no config.json" in err  # without a model to write, the flags pass and the data is read
+
+
 def test_model_that_does_not_fit_the_data(tmp_path, capsys):
     vectors = make_dataset(tmp_path, name="Vec", num_clients=2, input_shape=(12,))
     code, _, err = run_main(capsys, "-data", str(vectors), "-m", "CNN", "-gr", "1", "--results_dir", str(tmp_path))

@@ -51,6 +51,16 @@ def test_readme_and_conda_environment_name_fedcohort():
     assert "conda activate fedcohort" in env
 
 
+def test_conda_environment_pins_what_requirements_txt_pins():
+    # a GPU user's conda environment lacking a pinned package failed late: without safetensors a whole run
+    # ended in an error when its model was written (main.py now refuses that at the start as well)
+    env = (REPO / "env_cuda_latest.yaml").read_text().splitlines()
+    conda_pins = sorted(line.strip()[2:] for line in env if re.fullmatch(r"\s+- [A-Za-z0-9_.-]+==\S+", line))
+    wanted = sorted(line.strip() for line in (REPO / "requirements.txt").read_text().splitlines()
+                    if line.strip() and not line.lstrip().startswith("#"))
+    assert conda_pins == wanted
+
+
 def test_main_help_names_fedcohort(capsys):
     with pytest.raises(SystemExit) as stop:
         main.main(["-h"])
