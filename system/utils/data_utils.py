@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from utils.errors import FLError
+from utils.mem_utils import device_room
 
 log = logging.getLogger(__name__)
 
@@ -559,6 +560,8 @@ def load_federated_dataset(
                     )
             if all_x is None and shape is not None:
                 dtype = torch.int64 if integer_inputs else torch.uint8 if coder is not None else torch.float32
+                if split == "train":
+                    _check_fits(name, device, labels, shape, dtype)
                 all_x = torch.empty((sum(sizes), *shape), dtype=dtype, device=device)
             if size and coder is not None:
                 coded = coder.encode(x)
@@ -599,6 +602,22 @@ def load_federated_dataset(
             raise FLError(f"dataset {name!r} has no samples and {config_file} no \"num_classes\"; {REGENERATE}")
         config["num_classes"] = max(seen) + 1
     return FederatedDataset(name=name, path=path, config=config, clients=clients, merged=merged, input_table=table)
+
+
+def _check_fits(name: str, device, labels: dict[str, list[np.ndarray]], shape: tuple, dtype: torch.dtype) -> None:
+    """Refuse in one line a dataset whose inputs and labels cannot fit the GPU's free memory: every
+    split is loaded onto the training device whole, and the out-of-memory error that would follow
+    would point at the batch size instead."""
+    room = device_room(torch.device(device))
+    if room is None:
+        return
+    rows = sum(len(y) for split in labels.values() for y in split)
+    need = rows * (int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + 16)  # inputs; labels and owner (int64)
+    if need > room[0]:
+        gib = 1024**3
+        raise FLError(f"dataset {name} needs {need / gib:.1f} GiB on {device} ({rows} samples, loaded whole onto the "
+                      f"training device) and {room[0] / gib:.1f} of its {room[1] / gib:.1f} GiB are free: "
+                      "run with -dev cpu, on a larger GPU, or on fewer or smaller samples")
 
 
 def _renumber(renumber: np.ndarray, code_tensors: list[torch.Tensor]) -> None:
