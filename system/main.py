@@ -163,7 +163,6 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError(SAVE_MODEL_NEEDS_SAFETENSORS)  # now, not after the last round, when it would cost the run
 
 
-
 #: what a goal (-go) may hold: it becomes part of file names (sweep.py applies the same rule)
 PLAIN_NAME = re.compile(r"[A-Za-z0-9._+=-]+")
 
