@@ -28,8 +28,9 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
 
     from flcore.attacks.dlg import DLGAttack
     from flcore.newclients import NewClientEvaluation, hold_out
+    from flcore.plugins import wanted_plugins
     from flcore.privacy.server import privacy_lines, privacy_summary
-    from flcore.registry import ALGORITHMS, ENGINES, MODELS, PLUGINS, SELECTORS, load_all
+    from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
     from flcore.trainmodel.checks import dry_run
     from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, SEED_HIGH, accept_other_flags, check_ranges,
                            declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
@@ -212,9 +213,8 @@ def validate_public_data(args: argparse.Namespace) -> None:
     """An algorithm or plug-in that needs the server's public data, without ``--public_data``."""
     if getattr(args, "public_data", None) is not None:
         return
-    plugins = [PLUGINS.get(name) for name in PLUGINS]
     users = [ALGORITHMS.get(args.algorithm).public_data_user(args),
-             *(cls.public_data_user(args) for cls in plugins if cls.wanted(args))]
+             *(cls.public_data_user(args) for cls in wanted_plugins(args))]
     user = next((u for u in users if u), None)
     if user:
         raise public_data_needed(user)

@@ -120,14 +120,19 @@ class RoundPlugin:
         return {}
 
 
-def plugins_for(runtime: Runtime, server_cls: type) -> dict[str, RoundPlugin]:
-    """Every plug-in the run's flags want, built and in calling order; at most one may take over
-    aggregation."""
+def wanted_plugins(args) -> list[type[RoundPlugin]]:
+    """The plug-in classes the run's flags want, in calling order (not built: main.py asks them
+    about the flags before any data is read)."""
     import_submodules("flcore.plugins")
     import_submodules("flcore.privacy")
     classes = [PLUGINS.get(name) for name in PLUGINS]
-    classes = sorted((cls for cls in classes if cls.wanted(runtime.args)), key=lambda c: (c.order, c.registered_name))
-    built = {cls.registered_name: cls(runtime, server_cls) for cls in classes}
+    return sorted((cls for cls in classes if cls.wanted(args)), key=lambda c: (c.order, c.registered_name))
+
+
+def plugins_for(runtime: Runtime, server_cls: type) -> dict[str, RoundPlugin]:
+    """Every plug-in the run's flags want, built and in calling order; at most one may take over
+    aggregation."""
+    built = {cls.registered_name: cls(runtime, server_cls) for cls in wanted_plugins(runtime.args)}
     for plugin in built.values():  # the stragglers plug-in retimes the clock's round
         plugin.peers = built
     takers = [name for name, plugin in built.items() if plugin.takes_aggregation]
