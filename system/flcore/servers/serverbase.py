@@ -58,7 +58,7 @@ from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset
 from utils.errors import Diverged
 from utils.metrics import EvalResult
-from utils.public_data import require_public_data
+from utils.public_data import PublicData, require_public_data
 from utils.result_utils import RunHistory
 from utils.seeding import numpy_rng
 
@@ -99,9 +99,8 @@ class Server:
         self.args = args
         self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
         self.dataset = dataset
-        needs_public = type(self).public_data_user(args)
-        if needs_public:  # main.py refused this before any data was read; a server built directly is checked here
-            require_public_data(dataset, needs_public)
+        if type(self).public_data_user(args):  # main.py refused it before any data was read; a server built directly
+            self.public_data()  # is checked here
         self.device = device
         self.num_classes = dataset.num_classes
         # --eval_batch_size 0 = auto by device; written back, so every pass of the run (the
@@ -139,6 +138,10 @@ class Server:
         not); ``main.py`` refuses a run without it before any data is read, and ``__init__`` checks
         again for servers built without ``main``."""
         return None
+
+    def public_data(self) -> PublicData:
+        """The server's public set, which ``public_data_user`` says this run needs (or the one-line advice)."""
+        return require_public_data(self.dataset, type(self).public_data_user(self.args) or type(self).__name__)
 
     # ------------------------------------------------------------------ hooks
     def build_module(self, module: nn.Module) -> nn.Module:

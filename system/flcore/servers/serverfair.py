@@ -67,7 +67,6 @@ from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs
-from utils.public_data import require_public_data
 
 log = logging.getLogger("fl")
 
@@ -171,7 +170,7 @@ class FAIR(Server):
     def learned_weights(self, updates: list[ClientUpdate]) -> np.ndarray:
         """softmax(θ) after ``--fair_learn_steps`` gradient steps on the public cross-entropy of the
         averaged model, from θ_i = log n_i (FedAvg's weights; module docstring)."""
-        public = require_public_data(self.dataset, LEARNED)
+        public = self.public_data()
         x, y = public.x.to(self.device), public.y.to(self.device)
         table = None if public.table is None else public.table.to(self.device)
         stacked = torch.stack([u.params for u in updates]).to(self.device)

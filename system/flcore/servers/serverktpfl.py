@@ -37,7 +37,6 @@ from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.cli import add_flag
 from utils.errors import FLError
-from utils.public_data import require_public_data
 
 
 def project_rows_to_simplex(c: torch.Tensor) -> torch.Tensor:
@@ -80,7 +79,7 @@ class KTpFLServer(Server):
         return "KT-pFL"
 
     def setup(self) -> None:
-        public = require_public_data(self.dataset, "KT-pFL")
+        public = self.public_data()
         hp = self.hp
         checks = (("--ktpfl_temperature", hp.ktpfl_temperature > 0), ("--ktpfl_steps", hp.ktpfl_steps >= 0),
                   ("--ktpfl_lambda", hp.ktpfl_lambda >= 0), ("--ktpfl_rho", hp.ktpfl_rho >= 0),

@@ -86,7 +86,6 @@ from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs
-from utils.public_data import require_public_data
 
 log = logging.getLogger("fl")
 
@@ -154,7 +153,7 @@ class SageflowServer(Server):
 
     def setup(self) -> None:
         self._said_all_filtered = False
-        public = require_public_data(self.dataset, "Sageflow")
+        public = self.public_data()
         self.public_x = public.x.to(self.device)
         self.public_y = public.y.to(self.device)
         self.public_table = None if public.table is None else public.table.to(self.device)
