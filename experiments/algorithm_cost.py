@@ -40,7 +40,7 @@ from unittest import mock
 
 import h5py
 
-from common import MNIST_RAW, OUT, REPO, generate_data, main, write_table
+from common import MNIST_RAW, OUT, generate_data, main, write_table
 from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 

@@ -249,7 +249,6 @@ def split_variant(name: str, precision: str | None = None) -> tuple[str, list[st
 
 def _build_server(spec: dict, engine: str, dataset=None):
     """(server, args, dataset) for one configuration and engine, as ``main.run`` builds it."""
-    import torch
 
     import main
     from flcore.registry import ALGORITHMS

@@ -45,7 +45,8 @@ from utils.metrics import EvalResult
 from utils.seeding import rng_state, seed_global_rng, set_rng_state
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import RoundResult, Server
+    from flcore.servers.serverbase import Server
+    from flcore.protocol import RoundResult
 
 log = logging.getLogger("fl")
 

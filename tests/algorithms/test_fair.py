@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import main
 from flcore.auction import client_costs, reverse_auction, within_budget
-from flcore.clients.clientbase import ClientUpdate
+from flcore.protocol import ClientUpdate
 from flcore.servers.serverbase import weighted_average
 from flcore.servers.serverfair import forgetting_update, quality_weights
 from fltest import build_server, linear_loss, make_args, random_dataset, run_round, trained_server

@@ -12,7 +12,7 @@ from fltest import build_server, dataset_from_arrays, make_args, run_main_two_ro
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.clients.clientfedgc import ABSENT_BIAS
 from flcore.servers.serverfedgc import correction_loss
-from twolayer import CLASSES, DIM, TwoLayer
+from twolayer import DIM, TwoLayer
 
 
 def reg_by_hand(rows, holds):

@@ -12,7 +12,7 @@ from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 import main
-from flcore.clients.clientbase import ClientUpdate
+from flcore.protocol import ClientUpdate
 from flcore.servers.matching import bbp_map_cost, match_units, matched_average
 from flcore.trainmodel.models import SplitModel
 from flcore.trainmodel.widths import chain_of, gather, input_columns, with_widths

@@ -41,7 +41,7 @@ def test_server_step_matches_hand_computation(variant):
 def test_adam_and_yogi_first_step_in_closed_form():
     # One coordinate, Δ = 0.2, m0 = 0, v0 = τ²: Adam v1 = 0.9·1e-4 + 0.1·0.04; Yogi v1 = 1e-4 + 0.1·0.04
     # (sign(τ² − Δ²) = −1 grows v); the step is η·0.2·Δ/(√v1 + τ).
-    from flcore.clients.clientbase import ClientUpdate, RoundPackage
+    from flcore.protocol import ClientUpdate, RoundPackage
 
     for variant, v1 in (("FedAdam", 0.9e-4 + 0.004), ("FedYogi", 1e-4 + 0.004)):
         data, server = setting(variant)

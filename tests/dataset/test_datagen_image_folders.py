@@ -1,7 +1,6 @@
 """Image-file datasets (kvasir, TinyImagenet, Country211, Flowers102, GTSRB, COVIDx, Omniglot)
 from small archives and folders in their real layouts; downloads only from 127.0.0.1."""
 
-import os
 import subprocess
 import sys
 from dataclasses import replace

@@ -11,7 +11,7 @@ from conftest import REPO
 from datagen_helpers import (LocalServer, all_labels, load_client, make_cifar100_bin,
                              make_cifar100_py, make_emnist_zip, md5, read_config, tar_folder)
 
-from datagen import dataset_utils, download, image_sources
+from datagen import download, image_sources
 from datagen.errors import ChecksumError, ReadError
 
 

@@ -20,7 +20,6 @@ import flcore.state as state_module
 import main
 from fltest import ENGINE_EXTRA_FLAGS, assert_same_training, image_dataset, make_args
 from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
-from flcore.engines.auto import AutoEngine
 from flcore.engines.batched import BatchedEngine
 from flcore.engines.threaded import ThreadedEngine
 from flcore.registry import ALGORITHMS, MODELS

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from flcore.clients.clientbase import RNG_PROMISABLE, Client, ClientUpdate, _promise_covers
+from flcore.clients.clientbase import RNG_PROMISABLE, Client, _promise_covers
+from flcore.protocol import ClientUpdate
 from flcore.registry import ALGORITHMS, MODELS, list_algorithms
 from flcore.servers.serverbase import Server
 from fltest import TinyLinear, assert_same_training, build_server, dataset_from_arrays, engine_run, make_args, random_dataset

@@ -11,11 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from flcore.clients.clientbase import Client
-from flcore.engines.auto import AutoEngine, choose_engine
+from flcore.engines.auto import choose_engine
 from flcore.engines.batched import BatchedEngine
 from flcore.engines.sequential import SequentialEngine
 from flcore.engines.threaded import ThreadedEngine

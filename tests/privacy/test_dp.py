@@ -15,7 +15,7 @@ pytest.importorskip("opacus", reason="the DP accountant needs opacus (requiremen
 from opacus.accountants import PRVAccountant, RDPAccountant  # noqa: E402
 
 import main  # noqa: E402
-from fltest import (ENGINE_SIZES, assert_same_training, build_server, engine_run, image_dataset, make_args,  # noqa: E402
+from fltest import (assert_same_training, build_server, engine_run, image_dataset, make_args,  # noqa: E402
                     random_dataset, run_main_two_rounds, run_round)
 from fltest import notices, one_thread  # noqa: E402,F401  (fixtures)
 from flcore.clients.clientbase import Client  # noqa: E402

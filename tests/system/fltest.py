@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import main
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 from toydata import make_dataset

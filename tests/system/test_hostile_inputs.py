@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import h5py
 import pytest
 import torch
 

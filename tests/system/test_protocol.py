@@ -6,8 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, RoundPackage
-from flcore.servers.serverbase import RoundResult, Server
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
+from flcore.servers.serverbase import Server
+from flcore.protocol import RoundResult
 from fltest import TinyLinear, assert_same_training, make_args, random_dataset, run_round
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 

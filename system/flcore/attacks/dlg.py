@@ -70,7 +70,8 @@ from utils.errors import FLError
 from utils.seeding import torch_generator
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import RoundResult, Server
+    from flcore.servers.serverbase import Server
+    from flcore.protocol import RoundResult
 
 log = logging.getLogger("fl")
 

@@ -54,7 +54,8 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 

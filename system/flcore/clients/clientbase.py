@@ -51,8 +51,7 @@ import torch.nn.functional as F
 from flcore.capabilities import CLIENT_HOOKS, Capabilities
 from flcore.clients.localstep import PLAIN_SGD, LocalStep
 from flcore.flat import FlatModel, Net
-# the protocol's types, importable from here as before (flcore/protocol.py is their home)
-from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part  # noqa: F401
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part
 from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData

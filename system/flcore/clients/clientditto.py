@@ -20,7 +20,8 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import Client, LocalJob
+from flcore.clients.clientbase import Client
+from flcore.protocol import LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 

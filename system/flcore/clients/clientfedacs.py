@@ -12,7 +12,8 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
 from utils.cli import add_flag
 
 

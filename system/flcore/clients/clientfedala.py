@@ -42,7 +42,8 @@ from argparse import ArgumentParser
 import numpy as np
 import torch
 
-from flcore.clients.clientbase import Client, LocalJob
+from flcore.clients.clientbase import Client
+from flcore.protocol import LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 from utils.seeding import numpy_rng, seed_global_rng

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
 from flcore.flat import FlatModel
 from utils.seeding import rng_state, set_rng_state
 

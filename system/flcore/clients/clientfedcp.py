@@ -51,7 +51,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedphp import mmd  # the authors' MMD², as FedPHP uses it
 from flcore.flat import Net
 from utils.cli import add_flag

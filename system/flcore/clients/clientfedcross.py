@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
 
 
 class FedCrossClient(Client):

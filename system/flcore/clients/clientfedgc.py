@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 
 #: the bias that switches a class's logit off: exp(−1e4) underflows to 0 in float32, and −1e4 survives a
 #: float16 state store (--state_dtype float16), where −1e9 would become −inf

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 from utils.cli import add_flag
 from utils.seeding import torch_generator
 

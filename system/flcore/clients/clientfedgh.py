@@ -11,7 +11,8 @@ base training sequence stays and every engine (threaded, batched) trains these c
 """
 from __future__ import annotations
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob
 from flcore.clients.labelmeans import body_class_sums, upload
 from flcore.flat import FlatModel
 

@@ -37,7 +37,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob
 from flcore.clients.clientfml import flat_gradient, kl_divergence, paired_batches
 from flcore.flat import FlatModel, Segment
 from utils.cli import add_flag

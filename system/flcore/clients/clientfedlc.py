@@ -26,7 +26,8 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
 from flcore.flat import Net
 from utils.cli import add_flag
 

@@ -16,7 +16,8 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 
 
 class FedMAClient(Client):

@@ -26,7 +26,8 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 from utils.cli import add_flag
 
 

@@ -26,7 +26,8 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob
 from flcore.clients.labelmeans import body_class_sums, class_means, upload
 from flcore.flat import FlatModel, Net
 from utils.cli import add_flag

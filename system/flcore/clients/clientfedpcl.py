@@ -31,7 +31,8 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.clients.labelmeans import body_class_sums, upload
 from flcore.flat import FlatModel, Net
 from utils.cli import add_flag

@@ -18,7 +18,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientfedavg import FedAvgClient
 from utils.cli import add_flag
 

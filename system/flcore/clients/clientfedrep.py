@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientfedbabu import FedBABUClient
 from flcore.flat import FlatModel
 from utils.cli import add_flag

@@ -21,7 +21,8 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
 from flcore.flat import Net
 
 

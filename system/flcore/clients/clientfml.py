@@ -32,7 +32,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel, Net
 from utils.cli import add_flag
 

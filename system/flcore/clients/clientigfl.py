@@ -36,7 +36,8 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import Client, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import RoundPackage
 from utils.cli import add_flag
 
 #: ClientStateStore name of each client's last upload Δw_i (trainable parameters only)

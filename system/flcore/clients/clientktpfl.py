@@ -25,7 +25,8 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 from utils.data_utils import decode_inputs

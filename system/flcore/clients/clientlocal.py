@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 
 
 class LocalClient(Client):

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, LocalJob, RoundPackage
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.clients.sparsemask import (SparseClient, decode, encode, kept_count, keep_largest, sparse_update,
                                        weight_groups)
 from flcore.flat import FlatModel

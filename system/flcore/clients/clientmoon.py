@@ -32,7 +32,8 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.flat import Net
 from utils.cli import add_flag
 

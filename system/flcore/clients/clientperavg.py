@@ -30,7 +30,8 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import Client, LocalJob
+from flcore.clients.clientbase import Client
+from flcore.protocol import LocalJob
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 from utils.seeding import seed_global_rng, torch_generator

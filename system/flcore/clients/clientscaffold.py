@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedavg import FedAvgClient
 
 

@@ -21,7 +21,8 @@ from typing import ClassVar, Iterable, Sequence
 import numpy as np
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate
 from flcore.flat import Segment
 from utils.cli import add_flag
 

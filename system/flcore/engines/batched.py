@@ -129,7 +129,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Runtime
 from flcore.engines.base import Engine, has_dropout, keeps_base_training
 from flcore.engines.capture import STEP_RUNNERS, make_step_runner
 from flcore.engines.client_conv import BATCHED_CONVS, batched_convolutions
@@ -149,7 +150,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fl")
 
 
-def flat_device(runtime: "Server") -> torch.device:
+def flat_device(runtime: Runtime) -> torch.device:
     return runtime.model.device
 
 

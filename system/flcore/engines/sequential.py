@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flcore.clients.clientbase import Client, ClientUpdate, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.engines.base import Engine
 from flcore.engines.precision import check_precision, precision_context
 from flcore.registry import register_engine

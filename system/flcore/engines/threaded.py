@@ -53,7 +53,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flcore.clients.clientbase import Client, ClientUpdate, LocalJob, RoundPackage
+from flcore.clients.clientbase import Client
+from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.engines.base import Engine, has_dropout
 from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import FlatModel

@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from torch import nn
 from torch.func import grad_and_value, vmap
 
 from flcore.capabilities import AROUND_SGD, LOCAL_PROCEDURE

@@ -47,7 +47,7 @@ from utils.errors import FLError
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:
-    from flcore.clients.clientbase import ClientUpdate, RoundPackage
+    from flcore.protocol import ClientUpdate, RoundPackage
     from flcore.servers.serverbase import Server
 
 log = logging.getLogger("fl")

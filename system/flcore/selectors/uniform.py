@@ -23,7 +23,7 @@ from utils.cli import hyperparameters
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:
-    from flcore.clients.clientbase import ClientUpdate, RoundPackage
+    from flcore.protocol import ClientUpdate, RoundPackage
     from flcore.servers.serverbase import Server
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from flcore.clients.clientapfl import APFLClient
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError

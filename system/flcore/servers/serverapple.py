@@ -16,7 +16,7 @@ import logging
 import torch
 
 from flcore.clients.clientapple import APPLEClient
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError

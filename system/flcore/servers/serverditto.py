@@ -16,7 +16,7 @@ import logging
 
 import torch
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientditto import DittoClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

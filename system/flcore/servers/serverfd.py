@@ -25,7 +25,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfd import FDClient
 from flcore.clients.labelmeans import LABELS, uploaded
 from flcore.registry import register_algorithm

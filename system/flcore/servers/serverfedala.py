@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedala import FedALAClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

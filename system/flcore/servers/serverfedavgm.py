@@ -26,7 +26,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedcac import FedCACClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average

@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientfeddbe import FedDBEClient
 from flcore.clients.labelmeans import require_linear_head
 from flcore.registry import register_algorithm

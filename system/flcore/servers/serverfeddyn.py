@@ -24,7 +24,7 @@ import logging
 import numpy as np
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfeddyn import FedDynClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average

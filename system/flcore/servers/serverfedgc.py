@@ -26,7 +26,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedgc import FedGCClient
 from flcore.clients.labelmeans import require_linear_head
 from flcore.registry import register_algorithm

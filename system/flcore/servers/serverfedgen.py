@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedgen import FedGenClient
 from flcore.flat import FlatModel
 from flcore.registry import register_algorithm

@@ -29,7 +29,7 @@ from argparse import ArgumentParser
 import torch
 import torch.nn.functional as F
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedgh import FedGHClient
 from flcore.clients.labelmeans import LABELS, MEANS, require_body_head
 from flcore.registry import register_algorithm

@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedkd import FedKDClient, compress, decompress, energy_threshold
 from flcore.clients.labelmeans import require_body_head
 from flcore.registry import register_algorithm

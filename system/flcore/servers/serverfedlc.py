@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 
-import torch
 
 from flcore.clients.clientfedlc import FedLCClient
 from flcore.registry import register_algorithm

@@ -50,7 +50,7 @@ from argparse import ArgumentParser
 import numpy as np
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedma import FedMAClient
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel

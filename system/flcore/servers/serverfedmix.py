@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedmix import FedMixClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average

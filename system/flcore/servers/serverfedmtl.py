@@ -18,7 +18,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedmtl import FedMTLClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

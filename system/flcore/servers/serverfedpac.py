@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedpac import FedPACClient
 from flcore.clients.labelmeans import LABELS, average, require_body_head
 from flcore.registry import register_algorithm

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedpcl import FedPCLClient
 from flcore.clients.labelmeans import LABELS, average, require_body_head, uploaded
 from flcore.registry import register_algorithm

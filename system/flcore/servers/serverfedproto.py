@@ -37,7 +37,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedproto import FedProtoClient
 from flcore.clients.labelmeans import LABELS, average, require_body_head
 from flcore.registry import register_algorithm

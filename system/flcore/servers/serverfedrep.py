@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from argparse import ArgumentParser
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedrep import FedRepClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average

@@ -32,7 +32,7 @@ from argparse import ArgumentParser, Namespace
 import torch
 from torch import nn
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientfedrod import FedRoDClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

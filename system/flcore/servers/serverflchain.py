@@ -42,7 +42,6 @@ from argparse import ArgumentParser
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 import ledger

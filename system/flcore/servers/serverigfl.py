@@ -48,7 +48,7 @@ from typing import ClassVar
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.clients.clientigfl import DELTA_KEY, SERVER_STEP_KEY, IGFLClient
 from flcore.registry import register_algorithm

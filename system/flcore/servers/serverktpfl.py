@@ -31,7 +31,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientktpfl import KTpFLClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

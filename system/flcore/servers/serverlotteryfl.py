@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientlotteryfl import LotteryFLClient
 from flcore.clients.sparsemask import encode
 from flcore.registry import register_algorithm

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientmoon import MoonClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from flcore.clients.clientbase import RoundPackage
+from flcore.protocol import RoundPackage
 from flcore.clients.clientpfedeff import PFedEffClient
 from flcore.clients.sparsemask import encode, kept_count, keep_largest, param_groups
 from flcore.registry import register_algorithm

@@ -32,7 +32,7 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientpfedme import PFedMeClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average

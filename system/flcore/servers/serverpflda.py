@@ -15,7 +15,7 @@ import logging
 
 import torch
 
-from flcore.clients.clientbase import with_private_part
+from flcore.protocol import with_private_part
 from flcore.clients.clientpflda import PFLDAClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server

@@ -22,7 +22,7 @@ from argparse import ArgumentParser
 import numpy as np
 import torch
 
-from flcore.clients.clientbase import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientscaffold import ScaffoldClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
