@@ -26,10 +26,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     import numpy as np
     import torch
 
-    from flcore.attacks.dlg import DLGAttack
-    from flcore.newclients import NewClientEvaluation, hold_out
-    from flcore.plugins import wanted_plugins
-    from flcore.privacy.server import privacy_lines, privacy_summary
+    from flcore.plugins import features, incompatibility, split_for_features, wanted_plugins
     from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
     from flcore.trainmodel.checks import dry_run
     from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, SEED_HIGH, accept_other_flags, check_ranges,
@@ -120,6 +117,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     select = server_cls.selector_name or probe.select
     declare_flags(SELECTORS.get(select), parser.add_argument_group(f"--select {select} flags"), seen)
     declare_flags(ENGINES.get(probe.engine), parser.add_argument_group(f"--engine {probe.engine} flags"), seen)
+    for feature in features():  # every run has every feature's flags: they decide whether it is wanted
+        declare_flags(feature, parser.add_argument_group(feature.flag_group or feature.registered_name), seen)
     accept_other_flags(parser, other_declarations())
     return parser
 
@@ -154,12 +153,12 @@ def validate(args: argparse.Namespace) -> None:
         raise FLError(f"--seed {args.seed} with -t {args.times} runs seeds past {MAX_SEED}; "
                       f"pass --seed {MAX_SEED - args.times + 1} or less")
     validate_names(args)
-    validate_privacy(args)
+    for feature in features():  # flags that contradict each other or lack the feature they belong to
+        feature.check(args)
+    reason = incompatibility(args, ALGORITHMS.get(args.algorithm))
+    if reason:
+        raise FLError(reason)
     validate_public_data(args)
-    if args.num_new_clients == 0 and (args.fine_tuning_epoch_new > 0 or args.new_clients_every_eval):
-        raise FLError("-ften and --new_clients_every_eval act on new clients: give -nnc N as well")
-    if args.client_trace is not None and not Path(args.client_trace).is_file():
-        raise FLError(f"--client_trace {args.client_trace}: no such file")
     if args.save_model and importlib.util.find_spec("safetensors") is None:
         raise FLError(SAVE_MODEL_NEEDS_SAFETENSORS)  # now, not after the last round, when it would cost the run
 
@@ -218,14 +217,6 @@ def validate_public_data(args: argparse.Namespace) -> None:
     user = next((u for u in users if u), None)
     if user:
         raise public_data_needed(user)
-
-
-def validate_privacy(args: argparse.Namespace) -> None:
-    """DP noise given without the mechanism it belongs to (the ranges are declared with the flags)."""
-    if args.dp_sigma > 0 and not args.privacy:
-        raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
-    if args.dp_server_sigma > 0 and args.dp_update_clip <= 0:
-        raise FLError("--dp_server_sigma sets DP-FedAvg's noise, which needs --dp_update_clip > 0 (DP-FedAvg) to be on")
 
 
 def resolve_device(args: argparse.Namespace) -> torch.device:
@@ -342,7 +333,8 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         with warnings.catch_warnings(record=True) as caught:
             dataset = load_federated_dataset(
                 args.dataset, device, data_root=args.data_root,
-                num_clients=None if args.num_new_clients else args.num_clients,  # hold_out checks -nc then
+                # a feature that holds clients out (-nnc) checks -nc against what it leaves
+                num_clients=None if any(cls.takes_clients(args) for cls in wanted_plugins(args)) else args.num_clients,
                 legacy_pickle=args.legacy_pickle, few_shot=args.few_shot, compact=args.compact_inputs,
             )
     for w in caught:
@@ -351,7 +343,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         raise FLError(
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
-    dataset, new_clients = hold_out(dataset, args.num_new_clients, args.num_clients)
+    dataset = split_for_features(args, dataset)  # before the public set is drawn from the training pool
     dataset = with_public_data(args, dataset)  # --public_data: the server's public set (utils/public_data.py)
     validate_with_data(args, dataset)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
@@ -373,6 +365,9 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
         server = server_cls(run_args, dataset, module, device)
         if not paths:  # once, at the start of the first run trained
             warn_degenerate(args, server)
+            for feature in wanted_plugins(args):
+                for line in feature.warnings(args, server_cls):
+                    log.warning(line)
         log.info(
             "run %d/%d: %s on %s, %d clients, model %s (%d parameters), device %s %s",
             run_index + 1, args.times, args.algorithm, args.dataset, len(server.clients), args.model,
@@ -382,12 +377,12 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
             if plugin.summary():
                 log.info("  %s: %s", name, json.dumps(plugin.summary(), default=str))
         try:
-            summary, path = train_one(server, run_args, run_index, claimed, device, new_clients)
+            summary, path = train_one(server, run_args, run_index, claimed, device)
         finally:
             server.close()
         paths.append(path)
         best.append(summary["best_acc"])
-        print_summary(run_index, summary, path)
+        print_summary(run_index, summary, path, server.plugins.values())
     if len(best) > 1:
         print(f"Best accuracy over {len(best)} runs: mean {np.mean(best):.4f}, std {np.std(best):.4f}")
     return paths
@@ -420,43 +415,12 @@ def warn_degenerate(args: argparse.Namespace, server) -> None:
         elif not bool(server.shared_mask.any()):
             log.warning("warning: %s shares %s, and model %s has none: no parameter is shared, so this run is "
                         "Local", args.algorithm, shared, args.model)
-    if args.privacy and args.dp_sigma == 0:
-        log.warning("warning: -dp with -dps 0 (PFLlib's default) clips but adds no noise: epsilon is infinite, "
-                    "no privacy; pass -dps > 0 (e.g. 1.0)")
-    if args.dp_update_clip > 0 and args.dp_server_sigma == 0:
-        log.warning("warning: --dp_update_clip without --dp_server_sigma clips the updates but adds no noise: "
-                    "epsilon is infinite, no user-level privacy; pass --dp_server_sigma > 0")
-
-
-def evaluation_callbacks(server, new_clients: FederatedDataset | None, path: Path) -> list:
-    """The round callbacks that evaluate more than accuracy: the DLG attack (``-dlg``; pictures
-    next to the result file) and the held-out new clients (``-nnc``)."""
-    callbacks: list = []
-    if server.args.dlg_eval:
-        callbacks.append(DLGAttack(server, path.with_suffix("")))
-    if new_clients is not None:
-        callbacks.append(NewClientEvaluation(server, new_clients))
-    return callbacks
-
-
-def evaluation_summary(history) -> dict[str, float]:
-    """The new clients' final accuracy and the attack's mean PSNR/SSIM, when the run has them."""
-    series = history.extra_series
-    summary = {}
-    if series.get("new_client_acc"):
-        summary.update(new_client_acc=float(series["new_client_acc"][-1]), new_client_auc=float(series["new_client_auc"][-1]))
-    if series.get("dlg_psnr"):
-        ssim = [v for v in series["dlg_ssim"] if np.isfinite(v)]  # NaN for inputs that are not images
-        summary.update(dlg_psnr_mean=float(np.mean(series["dlg_psnr"])),
-                       dlg_ssim_mean=float(np.mean(ssim)) if ssim else float("nan"))
-    return summary
 
 
 def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Claim,
-              device: torch.device, new_clients: FederatedDataset | None = None) -> tuple[dict, Path]:
+              device: torch.device) -> tuple[dict, Path]:
     """Train one run (from its checkpoint with --resume) and write its results; an interruption
-    or divergence still writes the results so far, marked unfinished. ``new_clients``: the
-    clients ``-nnc`` holds out, evaluated apart."""
+    or divergence still writes the results so far, marked unfinished."""
     start_round, elapsed = 0, 0.0
     if claimed.action == "resume":
         saved = load_checkpoint(claimed.checkpoint, run_args)
@@ -473,8 +437,8 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
-        summary.update(evaluation_summary(history))
-        summary.update(privacy_summary(history, run_args))  # final epsilon of a DP run
+        for plugin in server.plugins.values():  # the features' figures: final epsilon, new clients, DLG
+            summary.update(plugin.results(history))
         gpu = peak_gpu_mb(device)
         if gpu is not None:
             summary["peak_gpu_mb"] = gpu
@@ -497,11 +461,11 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
         if stop.requested is not None:
             raise RunInterrupted(stop.requested, next_round)
 
+    server.runtime.artifacts = claimed.result.with_suffix("")  # side files (DLG's pictures) beside the results
     try:
         with StopOnSignal() as stop:
             server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
-                         round_end=round_end,
-                         callbacks=[*evaluation_callbacks(server, new_clients, claimed.result), *live_callbacks(run_args, run_index)])
+                         round_end=round_end, callbacks=live_callbacks(run_args, run_index))
     except RunInterrupted as exc:
         resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
         if is_finished(claimed.result):  # an --overwrite stopped early: the finished results stay as they are
@@ -596,7 +560,7 @@ def stage_model(server, result: Path) -> dict[Path, Path]:
     return staged
 
 
-def print_summary(run_index: int, summary: dict, path: Path) -> None:
+def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None:
     lines = [
         f"Run {run_index}: best accuracy {summary['best_acc']:.4f}, final {summary['final_acc']:.4f}, "
         f"mean of last 10% {summary['mean_acc_last_10pct']:.4f}, mean of last {summary['avg_last']} "
@@ -606,10 +570,6 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
         + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
         + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
     ]
-    if "new_client_acc" in summary:
-        lines.append(f"  new clients: accuracy {summary['new_client_acc']:.4f}, auc {summary['new_client_auc']:.4f}")
-    if "dlg_psnr_mean" in summary:
-        lines.append(f"  DLG attack: mean PSNR {summary['dlg_psnr_mean']:.2f} dB, SSIM {summary['dlg_ssim_mean']:.3f}")
     if "target_acc" in summary:
         if summary["rounds_to_target"] is None:
             lines.append(f"  target accuracy {summary['target_acc']} not reached")
@@ -621,7 +581,8 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
             )
     if "staleness_histogram" in summary:
         lines.append(f"  staleness histogram (uploads aggregated 0, 1, ... rounds late): {summary['staleness_histogram']}")
-    lines += privacy_lines(summary)
+    for plugin in plugins:  # each feature's figures (privacy, new clients, DLG)
+        lines += plugin.lines(summary)
     lines.append(f"  results: {path}")
     print("\n".join(lines))
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 from argparse import Namespace
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -225,6 +226,16 @@ class Runtime:
     history: "RunHistory | None" = None
     #: the entries of the model that clients upload and the server aggregates (None: all)
     shared: torch.Tensor | None = None
+    #: reads the server's current global model (set by the server that owns the run)
+    read_global: "Callable[[], torch.Tensor] | None" = None
+    #: where the run's side files go, as a path without suffix (``<results>/<data>_<algo>_<goal>_<run>``;
+    #: None: the run writes none, as in the benchmark): DLG's pictures
+    artifacts: "Path | None" = None
+
+    @property
+    def global_params(self) -> torch.Tensor:
+        """The server's current global model."""
+        return self.read_global()
 
     @property
     def num_classes(self) -> int:

@@ -387,17 +387,6 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-sfn", "--save_folder_name", type=str, default="items", help="accepted for PFLlib compatibility and ignored; the final global model goes "
                   "next to the results, as <results_dir>/<data>_<algo>_<goal>_<run>.safetensors (--save_model)")
     add_flag(g, "-ab", "--auto_break", type=bool, default=False, help="stop when the best accuracy is -tc evaluations old")
-    add_flag(g, "-dlg", "--dlg_eval", type=bool, default=False,
-             help="DLG/iDLG privacy attack on the uploads: records rs_dlg_psnr/ssim and saves "
-                  "results/<run>_dlg_round<t>.png (flcore/attacks/dlg.py)")
-    add_flag(g, "-dlgg", "--dlg_gap", type=int, default=100, low=1, help="attack the rounds t with t %% dlgg == 0 (round 0 included)")
-    add_flag(g, "-bnpc", "--batch_num_per_client", type=int, default=2, low=1,
-             help="minibatches of each attacked client that DLG reconstructs (the first it trained on that round)")
-    add_flag(g, "-nnc", "--num_new_clients", type=int, default=0, low=0,
-             help="hold the last nnc clients of the dataset out of training; after training they fine-tune the "
-                  "global model (-ften) and are evaluated apart (rs_new_client_acc)")
-    add_flag(g, "-ften", "--fine_tuning_epoch_new", type=int, default=0, low=0,
-             help="epochs each new client (-nnc) fine-tunes the global model on its train data (0: evaluated as is)")
     add_flag(g, "-fd", "--feature_dim", type=int, default=512, low=1, help="feature/embedding dimension of text models")
     add_flag(g, "-vs", "--vocab_size", type=int, default=None, low=1,
              help=f"vocabulary size of text models; default: the dataset's config.json vocab_size, "
@@ -407,132 +396,8 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "--public_data", type=str, default=None, help="a public dataset the server holds (KT-pFL): a fraction "
              "of the training pool, removed from the clients (e.g. 0.02), or a generated dataset folder (utils/public_data.py)")
 
-    p = parser.add_argument_group("practical (system heterogeneity, PFLlib)")
-    add_flag(p, "-cdr", "--client_drop_rate", type=float, default=0.0, low=0, below=1,
-             help="fraction of uploads dropped each round (drop-outs fail while uploading, on the virtual clock)")
-    add_flag(p, "-tsr", "--train_slow_rate", type=float, default=0.0, low=0, high=1,
-             help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
-    add_flag(p, "-ssr", "--send_slow_rate", type=float, default=0.0, low=0, high=1,
-             help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
-                  "virtual clock (flcore/plugins/clock.py)")
-    add_flag(p, "-ts", "--time_select", type=bool, default=False,
-             help="select only clients whose predicted round time on the virtual clock is at most -tth")
-    add_flag(p, "-tth", "--time_threthold", type=float, default=10000, above=0,
-             help="virtual seconds: drop uploads of clients whose mean round time exceeds it (PFLlib's rule); "
-                  "with -ts also the selection limit. The default alone drops nothing")
-    # the virtual clock (flcore/plugins/clock.py documents the model and the trace format)
-    add_flag(p, "--client_trace", type=str, default=None,
-             help="CSV of client,samples_per_s,bytes_per_s[,available|period,duty,offset] giving every client's "
-                  "speeds and availability (default: speeds drawn from the seed)")
-    add_flag(p, "--clock_compute_speed", type=float, default=100.0, above=0,
-             help="median compute speed (samples/s) of the drawn, log-normal speeds")
-    add_flag(p, "--clock_compute_spread", type=float, default=0.5, low=0,
-             help="sigma of log(compute speed): 0 gives every client the median")
-    add_flag(p, "--clock_link_speed", type=float, default=1.25e6, above=0,
-             help="median download speed (bytes/s; 1.25e6 = 10 Mbit/s) of the drawn, log-normal speeds")
-    add_flag(p, "--clock_link_spread", type=float, default=0.5, low=0, help="sigma of log(link speed)")
-    add_flag(p, "--clock_uplink_ratio", type=float, default=1.0, above=0,
-             help="drawn upload speed = download speed x this ratio")
-    add_flag(p, "--clock_train_slow_factor", type=float, default=10.0, low=1,
-             help="a -tsr slow trainer computes this many times slower")
-    add_flag(p, "--clock_send_slow_factor", type=float, default=10.0, low=1,
-             help="a -ssr slow sender's links are this many times slower")
-    add_flag(p, "--clock_avail_period", type=float, default=0.0, low=0,
-             help="virtual seconds of a duty cycle: each client is available --clock_avail_duty of every period "
-                  "from a phase drawn from the seed (0: always available; a trace's availability replaces it)")
-    add_flag(p, "--clock_avail_duty", type=float, default=1.0, above=0, high=1,
-             help="fraction of each --clock_avail_period a client is available")
-
-    d = parser.add_argument_group("differential privacy (PFLlib's -dp/-dps, plus ours; system/flcore/privacy)")
-    add_flag(d, "-dp", "--privacy", type=bool, default=False,
-             help="sample-level DP-SGD on every client: per-sample clipping to --dp_clip, Gaussian noise -dps, "
-                  "epsilon at --dp_delta recorded each round (rs_dp_epsilon; needs opacus)")
-    add_flag(d, "-dps", "--dp_sigma", type=float, default=0.0, low=0, help="DP-SGD noise multiplier sigma (noise std sigma*C)")
-    add_flag(d, "--dp_clip", type=float, default=1.0, above=0, help="DP-SGD per-sample gradient clipping norm C (PFLlib's 1.0)")
-    add_flag(d, "--dp_delta", type=float, default=1e-5, above=0, below=1, help="delta at which epsilon is reported (PFLlib's 1e-5)")
-    add_flag(d, "--dp_accountant", type=str, default="rdp", choices=["rdp", "prv"],
-             help="opacus accountant: rdp (Renyi DP of the sampled Gaussian mechanism) or prv (numerical composition)")
-    add_flag(d, "--dp_sampling", type=str, default="poisson", choices=["poisson", "shuffle"],
-             help="DP-SGD batches: poisson (each sample in each step with probability B/n: what the accountant "
-                  "assumes) or shuffle (PFLlib's batches; epsilon is then an approximation)")
-    add_flag(d, "--dp_update_clip", type=float, default=0.0, low=0,
-             help="user-level DP-FedAvg (McMahan et al. 2018): clip each client's model update to this L2 norm S "
-                  "(0 = off); epsilon recorded as rs_dp_user_epsilon")
-    add_flag(d, "--dp_server_sigma", type=float, default=0.0, low=0,
-             help="DP-FedAvg noise multiplier z: N(0, (z*S)^2) added to the weighted sum of clipped updates")
-    add_flag(d, "--dp_weight_cap", type=float, default=0.0, low=0,
-             help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
-
-    # attacks, robust aggregation, stragglers: round plug-ins (flcore/plugins/attacks.py, robust.py, stragglers.py)
-    a = parser.add_argument_group("attacks, robust aggregation, stragglers (system/flcore/plugins/)")
-    add_flag(a, "--attack", type=str, default=None,
-             help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
-                  "backdoor, dba, model_replacement (data poisoning)")
-    add_flag(a, "--attack_fraction", type=float, default=0.0, low=0, below=1,
-             help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
-    add_flag(a, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
-    add_flag(a, "--attack_scope", type=str, default="clients", choices=["clients", "cohort", "drawn"],
-             help="clients: round(f x nc) of all clients attack (fixed, or per round with --attack_resample); "
-                  "cohort: round(f x n) of each round's n training clients, drawn every round; drawn: round(f x m) "
-                  "of the m clients drawn, before --straggler_busy skip lets busy ones sit out (official Sageflow)")
-    add_flag(a, "--attack_scale", type=float, default=10.0, low=0, help="sign_flip: an attacker uploads -s x its update")
-    add_flag(a, "--attack_flip", type=str, default="update", choices=["update", "weights"],
-             help="sign_flip: flip the update (w - global; default) or the whole weights w, as the official Sageflow code does")
-    add_flag(a, "--attack_noise_std", type=float, default=1.0, low=0, help="gaussian: the std of the uploaded noise update")
-    add_flag(a, "--attack_z", type=float, default=0.0, low=0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
-    add_flag(a, "--attack_epsilon", type=float, default=0.5, low=0, help="ipm: attackers upload -epsilon x the benign mean")
-    add_flag(a, "--attack_direction", type=str, default="std", choices=["std", "unit", "sign"],
-             help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
-    add_flag(a, "--attack_label_map", type=str, default="",
-             help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
-    add_flag(a, "--backdoor_target", type=int, default=2, low=0,
-             help="backdoor, dba, model_replacement: the class triggered images are labelled")
-    add_flag(a, "--backdoor_fraction", type=float, default=0.3125, above=0, high=1,
-             help="backdoor: share of each attacker minibatch stamped and relabelled (Sageflow: 20 of 64)")
-    add_flag(a, "--backdoor_scale", type=float, default=10.0, low=0, help="backdoor, dba: attackers scale their update by it ...")
-    add_flag(a, "--backdoor_from_round", type=int, default=10, low=0,
-             help="... from this round on (Sageflow: x10 from 10); model_replacement: its first scaled round")
-    add_flag(a, "--replacement_scale", type=float, default=0.0, low=0,
-             help="model_replacement: the attackers upload G + scale x (X - G) (0: the round's samples over the "
-                  "attackers', the paper's n/eta)")
-    add_flag(a, "--backdoor_value", type=float, default=1.0,
-             help="backdoor: the trigger pixels' input value (1.0: white in PFLlib's [-1, 1] normalisation)")
-    add_flag(a, "--robust", type=str, default=None,
-             help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
-                  "trimmed_mean, rfa, bulyan, centered_clip, fltrust (needs --public_data) (e.g. clip,multi_krum "
-                  "or clip+multi_krum)")
-    add_flag(a, "--robust_f", type=int, default=-1, low=-1,
-             help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
-    add_flag(a, "--robust_clip", type=float, default=0.0, low=0,
-             help="clip / centered_clip radius tau (0: the median update norm of the round)")
-    add_flag(a, "--robust_keep", type=int, default=0, low=0, help="multi_krum: updates averaged (0: n - f)")
-    add_flag(a, "--robust_iters", type=int, default=10, low=1,
-             help="rfa: most Weiszfeld iterations; centered_clip: clipping iterations")
-    add_flag(a, "--straggler_delay", type=int, default=0, low=0,
-             help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
-                  "flcore/plugins/stragglers.py)")
-    add_flag(a, "--straggler_clock", type=bool, default=False,
-             help="stragglers: an upload is late by its client's virtual-clock time (device profiles, "
-                  "--client_trace) instead of --straggler_delay's rounds")
-    add_flag(a, "--straggler_wait", type=float, default=0.0, low=0, high=1,
-             help="share of a round's uploads the server waits for, the fastest first (1: wait for all; "
-                  "0: rounds: only the on-time ones, clock: the fastest one)")
-    add_flag(a, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
-             help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
-    add_flag(a, "--straggler_busy", type=str, default="train", choices=["train", "skip", "unselectable"],
-             help="a client drawn while its late upload is in flight: trains again (train), sits the round out "
-                  "(skip: the official Sageflow code) or cannot be drawn (unselectable); --straggler_delay only")
-    add_flag(a, "--straggler_delays", type=str, default="uniform", choices=["uniform", "each"],
-             help="delays: each U{0..S} (uniform) or, as the official Sageflow code, S+1 of the round's trainers "
-                  "get 0, 1, ..., S and the others U{0..S} (each)")
-
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")
-    add_flag(o, "--dlg_clients", type=int, default=1, low=0,
-             help="uploads attacked per -dlg round, in cohort order (0 = every upload, as PFLlib)")
-    add_flag(o, "--dlg_iters", type=int, default=100, low=1, help="L-BFGS steps of each DLG reconstruction (PFLlib: 100)")
-    add_flag(o, "--new_clients_every_eval", type=bool, default=False,
-             help="also evaluate the new clients (-nnc) at every evaluation round, not only after training (PFLlib)")
     add_flag(o, "--engine", type=str, default="auto",
              help="training engine: auto (batched on a GPU, threaded on a multi-core CPU, else sequential), "
                   "sequential, threaded, batched")

@@ -115,6 +115,7 @@ def _draw_from_pool(dataset: FederatedDataset, fraction: float, seed: int) -> Fe
         merged["test"] = dataset.merged["test"]
     out = FederatedDataset(name=dataset.name, path=dataset.path, config=dict(dataset.config), clients=clients,
                            merged=merged, input_table=dataset.input_table)
+    out.reserved = getattr(dataset, "reserved", None)  # the clients features hold out (-nnc) stay held out
     out.public = PublicData(x[drawn_rows], y[drawn_rows].clone(), f"{fraction:g} of the training pool, drawn from "
                             f"--seed {seed}", dataset.input_table)
     return out

@@ -19,7 +19,7 @@ from torch import nn
 import main
 from conftest import MNIST_RAW
 from fltest import build_server, dataset_from_arrays, make_args, one_thread  # noqa: F401 - fixture
-from flcore.attacks.dlg import DLGAttack, idlg_label, match_order, psnr, reconstruct, ssim, to_unit_range
+from flcore.plugins.dlg import idlg_label, match_order, psnr, reconstruct, ssim, to_unit_range
 from flcore.flat import FlatModel
 from toydata import make_dataset
 from utils.result_utils import read_results
@@ -186,9 +186,11 @@ def test_attack_callback_records_psnr_and_saves_the_picture(tmp_path):
                      local_learning_rate=0.1, dlg_gap=2, dlg_clients=2, dlg_iters=8, eval_auc=False, engine="sequential")
     torch.manual_seed(0)
     server = build_server(args, data, TinyConv())
-    server.train(progress=False, callbacks=[DLGAttack(server, tmp_path / "run")])
+    server.runtime.artifacts = tmp_path / "run"
+    server.train(progress=False)
     torch.manual_seed(0)
-    unattacked = build_server(args, data, TinyConv())
+    unattacked = build_server(make_args("FedAvg", "-ld", "True", "-ldg", "0.5", global_rounds=3, batch_size=1,
+                                        local_learning_rate=0.1, eval_auc=False, engine="sequential"), data, TinyConv())
     unattacked.train(progress=False)
     assert torch.equal(server.global_params, unattacked.global_params)  # the attack only watches
     series = server.history.extra_series
@@ -240,6 +242,6 @@ def test_dp_sgd_defeats_the_attack_on_what_clients_upload():
                          dlg_clients=3, dlg_iters=8, eval_auc=False, engine="sequential")
         torch.manual_seed(0)
         server = build_server(args, data, TinyConv())
-        server.train(progress=False, callbacks=[DLGAttack(server)])
+        server.train(progress=False)
         psnr_by_dp[bool(flags)] = server.history.extra_series["dlg_psnr"][0]
     assert psnr_by_dp[False] > RECOVERED_DB and psnr_by_dp[True] < FAILED_DB, psnr_by_dp

@@ -12,7 +12,7 @@ import torch
 import main
 from fltest import (TinyLinear, build_server, dataset_from_arrays, linear_grad, make_args, one_thread,  # noqa: F401
                     random_dataset)
-from flcore.newclients import NewClientEvaluation, hold_out
+from flcore.plugins.newclients import hold_out
 from utils.data_utils import load_federated_dataset
 from utils.errors import FLError
 from utils.result_utils import read_results
@@ -93,22 +93,24 @@ def test_hold_out_takes_the_last_clients_as_views():
 
 
 def new_client_setup(*flags: str, **settings):
-    """A FedAvg server on 3 of 5 toy clients (tiny linear model) and the callback for the other 2."""
+    """A FedAvg server built on 5 toy clients (tiny linear model) with -nnc 2: it trains on 3 of them,
+    and its new-clients plug-in evaluates the other 2."""
     data = random_dataset(num_clients=5, dim=3, num_classes=3, sizes=[6, 7, 8, 9, 10], seed=2)
-    train, new = hold_out(data, 2)
     args = make_args("FedAvg", "-nnc", "2", *flags, global_rounds=2, eval_auc=False, engine="sequential", **settings)
-    server = build_server(args, train)
-    return server, NewClientEvaluation(server, new), new
+    server = build_server(args, data)
+    evaluation = server.plugin("new_clients")
+    assert len(server.clients) == 3 and [c.cid for c in evaluation.data.clients] == [3, 4]
+    return server, evaluation, evaluation.data
 
 
 def test_ften_zero_evaluates_the_global_model_as_is():
     server, evaluation, new = new_client_setup()
-    server.train(progress=False, callbacks=[evaluation])
+    server.train(progress=False)
     server.model.load(server.global_params)
     with torch.no_grad():
         hits = sum(int((server.model.module(c.test_x).argmax(1) == c.test_y).sum()) for c in new.clients)
     assert server.history.extra_series["new_client_acc"] == [pytest.approx(hits / sum(c.num_test for c in new.clients))]
-    assert evaluation.fine_tuned(server, 0, 2) is server.global_params
+    assert evaluation.fine_tuned(0, 2) is server.global_params
 
 
 def test_fine_tuning_is_sgd_from_the_global_model_on_the_client_own_data():
@@ -119,7 +121,7 @@ def test_fine_tuning_is_sgd_from_the_global_model_on_the_client_own_data():
     expected = w
     for _ in range(2):
         expected = expected - 0.3 * linear_grad(expected, client.train_x.double(), client.train_y, 3)
-    torch.testing.assert_close(evaluation.fine_tuned(server, 1, 0).double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(evaluation.fine_tuned(1, 0).double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_new_clients_fine_tune_without_dp_in_a_dp_run():
@@ -135,16 +137,16 @@ def test_new_clients_fine_tune_without_dp_in_a_dp_run():
     expected = w
     for _ in range(2):
         expected = expected - 0.3 * linear_grad(expected, client.train_x.double(), client.train_y, 3)
-    torch.testing.assert_close(evaluation.fine_tuned(server, 1, 0).double(), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(evaluation.fine_tuned(1, 0).double(), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_every_eval_mode_records_each_evaluation_and_leaves_training_unchanged():
     plain, _, _ = new_client_setup("-ften", "1", "-ld", "True")
     plain.train(progress=False)
-    once, at_end = new_client_setup("-ften", "1", "-ld", "True")[:2]
-    once.train(progress=False, callbacks=[at_end])
-    every, each = new_client_setup("-ften", "1", "-ld", "True", "--new_clients_every_eval", "True")[:2]
-    every.train(progress=False, callbacks=[each])
+    once = new_client_setup("-ften", "1", "-ld", "True")[0]
+    once.train(progress=False)
+    every = new_client_setup("-ften", "1", "-ld", "True", "--new_clients_every_eval", "True")[0]
+    every.train(progress=False)
     assert torch.equal(every.global_params, plain.global_params) and torch.equal(once.global_params, plain.global_params)
     assert once.history.extra_series["new_client_rounds"] == [2]
     assert every.history.extra_series["new_client_rounds"] == [0, 1, 2]

@@ -1,7 +1,8 @@
-"""Round plug-ins: features of every round that are not the algorithm's (the virtual clock,
-differential privacy's accounting and DP-FedAvg; next: attacks, defences, asynchrony).
+"""Round plug-ins: the features of a run that are not the algorithm's (the virtual clock,
+differential privacy, attacks, robust aggregation, stragglers, DLG, new clients).
 
-A plug-in subclasses :class:`RoundPlugin`, registers with ``@register_plugin(name)`` in a module of
+A plug-in subclasses :class:`~flcore.extension.RoundPlugin` (the contract: its flags, start-up
+checks, warnings, compatibility and summary lines, ``flcore/extension.py``), registers with ``@register_plugin(name)`` in a module of
 this package (or of ``flcore/privacy``), and says from the flags whether a run uses it
 (``wanted``). ``Server.__init__`` builds every wanted plug-in (:func:`plugins_for`), so ``main.py``,
 ``benchmark.py`` and the tests that build servers all get the same ones, and ``Server.run_round``
@@ -24,6 +25,8 @@ calls them at fixed points, in ``order``::
                                           (at most one per run): DP-FedAvg's noised mean
     after_round(rnd, package, updates, result)
                                           per-round series (ε of the privacy spent so far)
+    observe_round(result)                 the round is complete and timed: DLG attacks its
+                                          uploads, the new clients are evaluated (-nnc)
     record(result)                        when the training loop records a round in the history
                                           (``record_round``; not when a caller runs
                                           ``run_round`` alone): the clock's series
@@ -36,102 +39,59 @@ tensors, arrays) and takes back in ``load_state_dict``: checkpoints save it unde
 from __future__ import annotations
 
 from argparse import Namespace
-from typing import Any, ClassVar
 
-import numpy as np
-import torch
-
-from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.extension import RoundPlugin
+from flcore.protocol import Runtime
 from flcore.registry import PLUGINS, import_submodules
 from utils.errors import FLError
 
-
-class RoundPlugin:
-    """A round plug-in; every hook does nothing by default (module docstring)."""
-
-    #: the registered name (set by ``@register_plugin``)
-    registered_name: ClassVar[str]
-    #: plug-ins run in increasing order at each point (ties: by name)
-    order: ClassVar[int] = 100
-    #: whether this plug-in replaces the algorithm's ``aggregate`` (set per run in ``__init__``)
-    takes_aggregation: bool = False
-    #: every plug-in of the run by name, this one included (set once all are built)
-    peers: dict[str, "RoundPlugin"] = {}
-
-    @classmethod
-    def wanted(cls, args: Namespace) -> bool:
-        """Whether a run with these flags uses this plug-in."""
-        return True
-
-    @classmethod
-    def public_data_user(cls, args: Namespace) -> str | None:
-        """The option that needs ``--public_data`` with these flags (None: none does); ``main.py``
-        refuses a run without it before any data is read."""
-        return None
-
-    def __init__(self, runtime: Runtime, server_cls: type):
-        """``server_cls``: the algorithm's server class (its ``capabilities`` and ``client_cls``)."""
-        self.runtime = runtime
-        self.args = runtime.args
-
-    # ------------------------------------------------------------------ hooks
-    def before_selection(self, rnd: int, selecting: bool) -> None:
-        """A training round begins; ``selecting``: its cohort is drawn (not given by the caller)."""
-
-    def selectable(self, rnd: int) -> np.ndarray | None:
-        """Which clients may be selected (a boolean mask over client positions; None: any)."""
-        return None
-
-    def after_selection(self, rnd: int, cohort: list[int]) -> list[int]:
-        """The clients of ``cohort`` (drawn, or given by the caller) that train in round ``rnd``."""
-        return cohort
-
-    def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
-        """The server has evaluated the global model ``global_params`` of round ``rnd`` (the model
-        before that round's training; the final one after the last round): metrics of the same model."""
-
-    def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
-                       result: RoundResult) -> list[ClientUpdate]:
-        """The uploads the server aggregates, of those that ``arrived`` (``trained``: every upload
-        the engine produced, drop-outs included)."""
-        return arrived
-
-    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> torch.Tensor:
-        """The new global parameters (called only when ``takes_aggregation``)."""
-        raise NotImplementedError
-
-    def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
-        """After aggregation (and the algorithm's ``after_round``) of a training round."""
-
-    def record(self, result: RoundResult) -> None:
-        """A training round's entries in the run's history, written when the training loop records
-        the round (``record_round``)."""
-
-    # ------------------------------------------------------------------ persistence and reports
-    def state_dict(self) -> dict[str, Any]:
-        """What this plug-in keeps across rounds (for checkpoints)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take back what ``state_dict`` returned (a resumed run)."""
-
-    def summary(self) -> dict[str, object]:
-        """Settings logged at the start of a run."""
-        return {}
+__all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_for_features"]
 
 
-def wanted_plugins(args) -> list[type[RoundPlugin]]:
-    """The plug-in classes the run's flags want, in calling order (not built: main.py asks them
-    about the flags before any data is read)."""
+def features() -> list[type[RoundPlugin]]:
+    """Every registered feature class, in the order ``main.py -h`` lists their flags and start-up
+    asks them (``flag_order``, then name)."""
     import_submodules("flcore.plugins")
     import_submodules("flcore.privacy")
     classes = [PLUGINS.get(name) for name in PLUGINS]
-    return sorted((cls for cls in classes if cls.wanted(args)), key=lambda c: (c.order, c.registered_name))
+    return sorted(classes, key=lambda c: (c.flag_order, c.registered_name))
+
+
+def wanted_plugins(args: Namespace) -> list[type[RoundPlugin]]:
+    """The plug-in classes the run's flags want, in calling order (not built: main.py asks them
+    about the flags before any data is read)."""
+    return sorted((cls for cls in features() if cls.wanted(args)), key=lambda c: (c.order, c.registered_name))
+
+
+def incompatibility(args: Namespace, server_cls: type) -> str | None:
+    """Why the algorithm of ``server_cls`` cannot take a feature the flags want (None: it takes all)."""
+    for cls in wanted_plugins(args):
+        reason = cls.compatible(server_cls)
+        if reason:
+            return reason
+    return None
+
+
+def split_for_features(args: Namespace, dataset):
+    """``dataset`` without the clients the wanted features hold out (``-nnc``'s new clients), each
+    feature's part kept on it under the feature's name (``dataset.reserved``). Idempotent: a
+    dataset split once (by ``main.py``, before the public set is drawn) is returned as it is."""
+    if getattr(dataset, "reserved", None) is not None:
+        return dataset
+    reserved = {}
+    for cls in wanted_plugins(args):
+        if cls.takes_clients(args):
+            dataset, reserved[cls.registered_name] = cls.split_dataset(args, dataset)
+    dataset.reserved = reserved
+    return dataset
 
 
 def plugins_for(runtime: Runtime, server_cls: type) -> dict[str, RoundPlugin]:
     """Every plug-in the run's flags want, built and in calling order; at most one may take over
-    aggregation."""
+    aggregation, and each must fit the algorithm (``compatible``)."""
+    reason = incompatibility(runtime.args, server_cls)
+    if reason:
+        raise FLError(reason)
     built = {cls.registered_name: cls(runtime, server_cls) for cls in wanted_plugins(runtime.args)}
     for plugin in built.values():  # the stragglers plug-in retimes the clock's round
         plugin.peers = built

@@ -85,6 +85,8 @@ attackers'; with ``--straggler_delay`` counted in the round they were trained) a
 """
 from __future__ import annotations
 
+from argparse import ArgumentParser
+
 import functools
 import math
 from dataclasses import dataclass
@@ -96,10 +98,11 @@ import torch
 
 from flcore.capabilities import LOCAL_PROCEDURE
 from flcore.clients.localstep import LocalStep
-from flcore.plugins import RoundPlugin
+from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_local_step, register_plugin
 from utils.data_utils import decode_inputs
+from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng, torch_generator
 
@@ -367,6 +370,48 @@ ATTACKS = (*OWN_UPDATE_ATTACKS, *COLLUDING_ATTACKS, *DATA_ATTACKS)
 @register_plugin("attack")
 class AttackPlugin(RoundPlugin):
     """Chooses the attackers, poisons their uploads (model attacks) and records who attacked."""
+
+    flag_group = "attacks (flcore/plugins/attacks.py)"
+    flag_order = 30
+
+    @classmethod
+    def compatible(cls, server_cls: type) -> str | None:
+        return refused_by_changing_widths(server_cls, "--attack")
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "--attack", type=str, default=None,
+                 help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
+                      "backdoor, dba, model_replacement (data poisoning)")
+        add_flag(parser, "--attack_fraction", type=float, default=0.0, low=0, below=1,
+                 help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
+        add_flag(parser, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
+        add_flag(parser, "--attack_scope", type=str, default="clients", choices=["clients", "cohort", "drawn"],
+                 help="clients: round(f x nc) of all clients attack (fixed, or per round with --attack_resample); "
+                      "cohort: round(f x n) of each round's n training clients, drawn every round; drawn: round(f x m) "
+                      "of the m clients drawn, before --straggler_busy skip lets busy ones sit out (official Sageflow)")
+        add_flag(parser, "--attack_scale", type=float, default=10.0, low=0, help="sign_flip: an attacker uploads -s x its update")
+        add_flag(parser, "--attack_flip", type=str, default="update", choices=["update", "weights"],
+                 help="sign_flip: flip the update (w - global; default) or the whole weights w, as the official Sageflow code does")
+        add_flag(parser, "--attack_noise_std", type=float, default=1.0, low=0, help="gaussian: the std of the uploaded noise update")
+        add_flag(parser, "--attack_z", type=float, default=0.0, low=0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
+        add_flag(parser, "--attack_epsilon", type=float, default=0.5, low=0, help="ipm: attackers upload -epsilon x the benign mean")
+        add_flag(parser, "--attack_direction", type=str, default="std", choices=["std", "unit", "sign"],
+                 help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
+        add_flag(parser, "--attack_label_map", type=str, default="",
+                 help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
+        add_flag(parser, "--backdoor_target", type=int, default=2, low=0,
+                 help="backdoor, dba, model_replacement: the class triggered images are labelled")
+        add_flag(parser, "--backdoor_fraction", type=float, default=0.3125, above=0, high=1,
+                 help="backdoor: share of each attacker minibatch stamped and relabelled (Sageflow: 20 of 64)")
+        add_flag(parser, "--backdoor_scale", type=float, default=10.0, low=0, help="backdoor, dba: attackers scale their update by it ...")
+        add_flag(parser, "--backdoor_from_round", type=int, default=10, low=0,
+                 help="... from this round on (Sageflow: x10 from 10); model_replacement: its first scaled round")
+        add_flag(parser, "--replacement_scale", type=float, default=0.0, low=0,
+                 help="model_replacement: the attackers upload G + scale x (X - G) (0: the round's samples over the "
+                      "attackers', the paper's n/eta)")
+        add_flag(parser, "--backdoor_value", type=float, default=1.0,
+                 help="backdoor: the trigger pixels' input value (1.0: white in PFLlib's [-1, 1] normalisation)")
 
     order = 60  # after the clock (10) has kept the uploads that arrive in time
 

@@ -78,6 +78,8 @@ of the round) and ``rs_virtual_round_time`` (the round's duration, waits include
 """
 from __future__ import annotations
 
+from argparse import ArgumentParser
+
 import csv
 import math
 from dataclasses import dataclass
@@ -86,9 +88,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from flcore.plugins import RoundPlugin
+from flcore.extension import RoundPlugin
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
+from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
@@ -281,6 +284,51 @@ def _parse_windows(text: str, fail) -> np.ndarray:
 @register_plugin("clock")
 class VirtualClock(RoundPlugin):
     """Speeds, availability and the timing of rounds (module docstring)."""
+
+    flag_group = "system heterogeneity and the virtual clock (PFLlib's -cdr -tsr -ssr -ts -tth; flcore/plugins/clock.py)"
+    flag_order = 10
+
+    @classmethod
+    def check(cls, args) -> None:
+        trace = cls.flags(args).client_trace
+        if trace is not None and not Path(trace).is_file():
+            raise FLError(f"--client_trace {trace}: no such file")
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-cdr", "--client_drop_rate", type=float, default=0.0, low=0, below=1,
+                 help="fraction of uploads dropped each round (drop-outs fail while uploading, on the virtual clock)")
+        add_flag(parser, "-tsr", "--train_slow_rate", type=float, default=0.0, low=0, high=1,
+                 help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
+        add_flag(parser, "-ssr", "--send_slow_rate", type=float, default=0.0, low=0, high=1,
+                 help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
+                      "virtual clock (flcore/plugins/clock.py)")
+        add_flag(parser, "-ts", "--time_select", type=bool, default=False,
+                 help="select only clients whose predicted round time on the virtual clock is at most -tth")
+        add_flag(parser, "-tth", "--time_threthold", type=float, default=10000, above=0,
+                 help="virtual seconds: drop uploads of clients whose mean round time exceeds it (PFLlib's rule); "
+                      "with -ts also the selection limit. The default alone drops nothing")
+        add_flag(parser, "--client_trace", type=str, default=None,
+                 help="CSV of client,samples_per_s,bytes_per_s[,available|period,duty,offset] giving every client's "
+                      "speeds and availability (default: speeds drawn from the seed)")
+        add_flag(parser, "--clock_compute_speed", type=float, default=100.0, above=0,
+                 help="median compute speed (samples/s) of the drawn, log-normal speeds")
+        add_flag(parser, "--clock_compute_spread", type=float, default=0.5, low=0,
+                 help="sigma of log(compute speed): 0 gives every client the median")
+        add_flag(parser, "--clock_link_speed", type=float, default=1.25e6, above=0,
+                 help="median download speed (bytes/s; 1.25e6 = 10 Mbit/s) of the drawn, log-normal speeds")
+        add_flag(parser, "--clock_link_spread", type=float, default=0.5, low=0, help="sigma of log(link speed)")
+        add_flag(parser, "--clock_uplink_ratio", type=float, default=1.0, above=0,
+                 help="drawn upload speed = download speed x this ratio")
+        add_flag(parser, "--clock_train_slow_factor", type=float, default=10.0, low=1,
+                 help="a -tsr slow trainer computes this many times slower")
+        add_flag(parser, "--clock_send_slow_factor", type=float, default=10.0, low=1,
+                 help="a -ssr slow sender's links are this many times slower")
+        add_flag(parser, "--clock_avail_period", type=float, default=0.0, low=0,
+                 help="virtual seconds of a duty cycle: each client is available --clock_avail_duty of every period "
+                      "from a phase drawn from the seed (0: always available; a trace's availability replaces it)")
+        add_flag(parser, "--clock_avail_duty", type=float, default=1.0, above=0, high=1,
+                 help="fraction of each --clock_avail_period a client is available")
 
     order = 10  # first: its restrictions shape the selection, and -tth which uploads count
 

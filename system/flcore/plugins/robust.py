@@ -57,6 +57,8 @@ and, taking over aggregation, DP-FedAvg (``--dp_update_clip``): one line each.
 """
 from __future__ import annotations
 
+from argparse import ArgumentParser
+
 import logging
 import math
 from dataclasses import dataclass
@@ -65,11 +67,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from flcore.plugins import RoundPlugin
+from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.plugins.attacks import attacker_count, attackers_in
 from flcore.plugins.stragglers import origin_of
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
+from utils.cli import add_flag
 from utils.errors import FLError
 from utils.public_data import PublicData, require_public_data
 from utils.seeding import torch_generator
@@ -259,6 +262,27 @@ def fedavg_mean(updates: list[ClientUpdate], weights: np.ndarray) -> torch.Tenso
 @register_plugin("robust")
 class RobustAggregation(RoundPlugin):
     """The run's pre-aggregation steps and aggregator (module docstring)."""
+
+    flag_group = "robust aggregation (flcore/plugins/robust.py)"
+    flag_order = 40
+
+    @classmethod
+    def compatible(cls, server_cls: type) -> str | None:
+        return refused_by_changing_widths(server_cls, "--robust")
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "--robust", type=str, default=None,
+                 help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
+                      "trimmed_mean, rfa, bulyan, centered_clip, fltrust (needs --public_data) (e.g. clip,multi_krum "
+                      "or clip+multi_krum)")
+        add_flag(parser, "--robust_f", type=int, default=-1, low=-1,
+                 help="attackers a defence assumes per round (-1: round(--attack_fraction x cohort size))")
+        add_flag(parser, "--robust_clip", type=float, default=0.0, low=0,
+                 help="clip / centered_clip radius tau (0: the median update norm of the round)")
+        add_flag(parser, "--robust_keep", type=int, default=0, low=0, help="multi_krum: updates averaged (0: n - f)")
+        add_flag(parser, "--robust_iters", type=int, default=10, low=1,
+                 help="rfa: most Weiszfeld iterations; centered_clip: clipping iterations")
 
     order = 70
 

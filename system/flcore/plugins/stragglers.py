@@ -74,15 +74,18 @@ staleness 0, 1, 2, ... rounds; utils/result_utils.py). Rounds are the server's a
 """
 from __future__ import annotations
 
+from argparse import ArgumentParser
+
 import math
 from typing import Any
 
 import numpy as np
 import torch
 
-from flcore.plugins import RoundPlugin
+from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
+from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
@@ -134,6 +137,33 @@ def origin_of(plugins: dict[str, RoundPlugin], update: ClientUpdate, package: Ro
 @register_plugin("stragglers")
 class Stragglers(RoundPlugin):
     """Holds late uploads back until the round they arrive in (module docstring)."""
+
+    flag_group = "stragglers (flcore/plugins/stragglers.py)"
+    flag_order = 50
+
+    @classmethod
+    def compatible(cls, server_cls: type) -> str | None:
+        return refused_by_changing_widths(server_cls, "the straggler flags")
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "--straggler_delay", type=int, default=0, low=0,
+                 help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
+                      "flcore/plugins/stragglers.py)")
+        add_flag(parser, "--straggler_clock", type=bool, default=False,
+                 help="stragglers: an upload is late by its client's virtual-clock time (device profiles, "
+                      "--client_trace) instead of --straggler_delay's rounds")
+        add_flag(parser, "--straggler_wait", type=float, default=0.0, low=0, high=1,
+                 help="share of a round's uploads the server waits for, the fastest first (1: wait for all; "
+                      "0: rounds: only the on-time ones, clock: the fastest one)")
+        add_flag(parser, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
+                 help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
+        add_flag(parser, "--straggler_busy", type=str, default="train", choices=["train", "skip", "unselectable"],
+                 help="a client drawn while its late upload is in flight: trains again (train), sits the round out "
+                      "(skip: the official Sageflow code) or cannot be drawn (unselectable); --straggler_delay only")
+        add_flag(parser, "--straggler_delays", type=str, default="uniform", choices=["uniform", "each"],
+                 help="delays: each U{0..S} (uniform) or, as the official Sageflow code, S+1 of the round's trainers "
+                      "get 0, 1, ..., S and the others U{0..S} (each)")
 
     order = 65  # after the attack (60) poisoned the round's uploads, before aggregation
 

@@ -17,16 +17,20 @@ Series (saved as ``rs_<name>``, one entry per training round):
 """
 from __future__ import annotations
 
+from argparse import ArgumentParser
+
 import logging
 import math
 from typing import Any
 
 import torch
 
-from flcore.plugins import RoundPlugin
+from flcore.extension import RoundPlugin
 from flcore.privacy import accounting, dpfedavg, dpsgd
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
+from utils.cli import add_flag
+from utils.errors import FLError
 
 log = logging.getLogger("fl")
 
@@ -35,11 +39,57 @@ log = logging.getLogger("fl")
 class PrivacyPlugin(RoundPlugin):
     """DP-SGD's accounting and DP-FedAvg's aggregation for one run."""
 
+    flag_group = "differential privacy (PFLlib's -dp/-dps, plus ours; flcore/privacy)"
+    flag_order = 20
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-dp", "--privacy", type=bool, default=False,
+                 help="sample-level DP-SGD on every client: per-sample clipping to --dp_clip, Gaussian noise -dps, "
+                      "epsilon at --dp_delta recorded each round (rs_dp_epsilon; needs opacus)")
+        add_flag(parser, "-dps", "--dp_sigma", type=float, default=0.0, low=0, help="DP-SGD noise multiplier sigma (noise std sigma*C)")
+        add_flag(parser, "--dp_clip", type=float, default=1.0, above=0, help="DP-SGD per-sample gradient clipping norm C (PFLlib's 1.0)")
+        add_flag(parser, "--dp_delta", type=float, default=1e-5, above=0, below=1, help="delta at which epsilon is reported (PFLlib's 1e-5)")
+        add_flag(parser, "--dp_accountant", type=str, default="rdp", choices=["rdp", "prv"],
+                 help="opacus accountant: rdp (Renyi DP of the sampled Gaussian mechanism) or prv (numerical composition)")
+        add_flag(parser, "--dp_sampling", type=str, default="poisson", choices=["poisson", "shuffle"],
+                 help="DP-SGD batches: poisson (each sample in each step with probability B/n: what the accountant "
+                      "assumes) or shuffle (PFLlib's batches; epsilon is then an approximation)")
+        add_flag(parser, "--dp_update_clip", type=float, default=0.0, low=0,
+                 help="user-level DP-FedAvg (McMahan et al. 2018): clip each client's model update to this L2 norm S "
+                      "(0 = off); epsilon recorded as rs_dp_user_epsilon")
+        add_flag(parser, "--dp_server_sigma", type=float, default=0.0, low=0,
+                 help="DP-FedAvg noise multiplier z: N(0, (z*S)^2) added to the weighted sum of clipped updates")
+        add_flag(parser, "--dp_weight_cap", type=float, default=0.0, low=0,
+                 help="DP-FedAvg weight cap w^: client weight min(n_k/w^, 1) (0 = the largest client's n_k, FedAvg's weights)")
+
     order = 50
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return bool(getattr(args, "privacy", False)) or float(getattr(args, "dp_update_clip", 0.0) or 0.0) > 0
+        flags = cls.flags(args)
+        return flags.privacy or flags.dp_update_clip > 0
+
+    @classmethod
+    def check(cls, args) -> None:
+        """DP noise given without the mechanism it belongs to (the ranges are declared with the flags)."""
+        flags = cls.flags(args)
+        if flags.dp_sigma > 0 and not flags.privacy:
+            raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
+        if flags.dp_server_sigma > 0 and flags.dp_update_clip <= 0:
+            raise FLError("--dp_server_sigma sets DP-FedAvg's noise, which needs --dp_update_clip > 0 (DP-FedAvg) to be on")
+
+    @classmethod
+    def warnings(cls, args, server_cls: type) -> list[str]:
+        """Differential privacy without noise: epsilon is infinite."""
+        flags, lines = cls.flags(args), []
+        if flags.privacy and flags.dp_sigma == 0:
+            lines.append("warning: -dp with -dps 0 (PFLlib's default) clips but adds no noise: epsilon is infinite, "
+                         "no privacy; pass -dps > 0 (e.g. 1.0)")
+        if flags.dp_update_clip > 0 and flags.dp_server_sigma == 0:
+            lines.append("warning: --dp_update_clip without --dp_server_sigma clips the updates but adds no noise: "
+                         "epsilon is infinite, no user-level privacy; pass --dp_server_sigma > 0")
+        return lines
 
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
@@ -47,8 +97,9 @@ class PrivacyPlugin(RoundPlugin):
         self.sgd = dpsgd.dp_sgd_config(args)  # the local-step strategy every client holds
         self.central = dpfedavg.dp_fedavg_config(args, runtime.clients)
         self.takes_aggregation = self.central is not None
-        self.accountant = str(args.dp_accountant)
-        self.delta = float(args.dp_delta)
+        flags = self.flags(args)
+        self.accountant = flags.dp_accountant
+        self.delta = flags.dp_delta
         self._epsilons: dict = {}  # a cache of ε per (q, steps): recomputed after a resume
         #: q_t = |C_t| / N of every round DP-FedAvg aggregated (the user-level accountant's steps)
         self.user_rates: list[float] = []
@@ -88,23 +139,21 @@ class PrivacyPlugin(RoundPlugin):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.user_rates = [float(q) for q in state["user_rates"]]
 
+    def results(self, history) -> dict[str, float]:
+        """The final ε of each DP series of the run and its δ (for the summary and the h5 attributes)."""
+        final = {name: float(values[-1]) for name, values in history.extra_series.items()
+                 if name in ("dp_epsilon", "dp_user_epsilon") and values}
+        if final:
+            final["dp_delta"] = self.delta
+        return final
 
-def privacy_summary(history, args) -> dict[str, float]:
-    """The final ε of each DP series of a run and its δ (for the summary and the h5 attributes)."""
-    final = {name: float(values[-1]) for name, values in history.extra_series.items()
-             if name in ("dp_epsilon", "dp_user_epsilon") and values}
-    if final:
-        final["dp_delta"] = float(args.dp_delta)
-    return final
-
-
-def privacy_lines(summary: dict) -> list[str]:
-    """The summary lines that state the privacy guarantee of a run."""
-    labels = {"dp_epsilon": "sample-level DP-SGD", "dp_user_epsilon": "user-level DP-FedAvg"}
-    lines = []
-    for name, label in labels.items():
-        if name in summary:
-            value = summary[name]
-            shown = "inf (no noise: no guarantee)" if math.isinf(value) else f"{value:.3f}"
-            lines.append(f"  privacy ({label}): epsilon {shown} at delta {summary['dp_delta']:g}")
-    return lines
+    def lines(self, results: dict[str, float]) -> list[str]:
+        """The summary lines that state the privacy guarantee of the run."""
+        labels = {"dp_epsilon": "sample-level DP-SGD", "dp_user_epsilon": "user-level DP-FedAvg"}
+        lines = []
+        for name, label in labels.items():
+            if name in results:
+                value = results[name]
+                shown = "inf (no noise: no guarantee)" if math.isinf(value) else f"{value:.3f}"
+                lines.append(f"  privacy ({label}): epsilon {shown} at delta {results['dp_delta']:g}")
+        return lines

@@ -48,7 +48,8 @@ from flcore.clients.clientbase import Client
 from flcore.clients.localstep import local_step_for
 from flcore.evaluation import Evaluator, resolve_eval_batch
 from flcore.flat import FlatModel
-from flcore.plugins import RoundPlugin, plugins_for
+from flcore.extension import RoundPlugin
+from flcore.plugins import plugins_for, split_for_features
 # RoundResult is the protocol's; importable from here as before
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, with_private_part  # noqa: F401
 from flcore.registry import ENGINES, SELECTORS
@@ -90,6 +91,9 @@ class Server:
     shared: ClassVar[str | Sequence[str]] = "all"
     #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
     capabilities: ClassVar[Capabilities]
+    #: the global model's layout differs from the working model's (FedMA's matched widths): features
+    #: that replay the global model in the working widths or mix uploads refuse it (``compatible``)
+    changes_widths: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -98,7 +102,8 @@ class Server:
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
         self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
-        self.dataset = dataset
+        # the clients features hold out (-nnc's new clients), unless main.py split them off already
+        self.dataset = dataset = split_for_features(args, dataset)
         if type(self).public_data_user(args):  # main.py refused it before any data was read; a server built directly
             self.public_data()  # is checked here
         self.device = device
@@ -118,7 +123,8 @@ class Server:
         self._mark_slow_clients()
         self.history = RunHistory()
         #: what the evaluator, the engine and the plug-ins need of the run (flcore/protocol.py)
-        self.runtime = Runtime(args, dataset, device, self.model, self.clients, state, self.history, self.shared_mask)
+        self.runtime = Runtime(args, dataset, device, self.model, self.clients, state, self.history, self.shared_mask,
+                               read_global=lambda: self.global_params)
         #: round plug-ins by name, in calling order (the virtual clock; privacy with -dp)
         self.plugins: dict[str, RoundPlugin] = plugins_for(self.runtime, type(self))
         self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
@@ -272,6 +278,8 @@ class Server:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # a round's time includes the kernels it launched
         result.seconds = time.perf_counter() - start
+        for plugin in plugins:  # observers of the complete round (DLG, new clients), outside its time
+            plugin.observe_round(result)
         return result
 
     def train(self, progress: bool = True, callbacks: Sequence[Callable] = (), start_round: int = 0,
@@ -292,7 +300,9 @@ class Server:
                 break
             if round_end is not None and not is_last:
                 round_end(self, rnd + 1)
-        for step in steps:  # callbacks with work after the last round (new clients' evaluation)
+        for plugin in self.plugins.values():  # work after the last round (the new clients' evaluation)
+            plugin.finish()
+        for step in steps:
             if hasattr(step, "finish"):
                 step.finish(self)
         bar.close()

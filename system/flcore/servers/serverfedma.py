@@ -63,11 +63,6 @@ from utils.errors import FLError
 from utils.metrics import EvalResult
 from utils.seeding import numpy_rng
 
-#: round plug-ins that work with FedMA's uploads (the others replace the aggregation, replay old
-#: uploads or evaluate the global model in the working model's widths)
-COMPATIBLE_PLUGINS = frozenset({"clock", "privacy"})
-
-
 class MatchedModel:
     """The global model's module, flat layout and evaluator at its current hidden widths."""
 
@@ -95,6 +90,7 @@ class MatchedModel:
 @register_algorithm("FedMA")
 class FedMAServer(Server):
     client_cls = FedMAClient
+    changes_widths = True  # features that mix or replay models in the working widths refuse it (``compatible``)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -117,14 +113,10 @@ class FedMAServer(Server):
         except NotAChain as why:
             raise FLError(f"FedMA matches the units of chain models (MLR, DNN, MLP, AmazonMLP, CNN, CNN-BN, LeNet, "
                           f"HARCNN, VGG9, Digit5CNN); -m {self.args.model} does not fit: {why}") from None
-        others = sorted(set(self.plugins) - COMPATIBLE_PLUGINS)
-        if others or any(p.takes_aggregation for p in self.plugins.values()):
-            raise FLError(f"FedMA aggregates by matching units and its global model changes widths, which "
-                          f"{', '.join(others) or 'DP-FedAvg'} cannot take; drop "
-                          f"{'those flags' if others else '--dp_update_clip'}")
-        if self.args.num_new_clients or self.args.dlg_eval:  # both replay the global model in the working widths
-            raise FLError("FedMA's global model changes widths, which -nnc (new clients' fine-tuning) and -dlg "
-                          "cannot take; drop them")
+        taker = next((name for name, p in self.plugins.items() if p.takes_aggregation), None)
+        if taker is not None:
+            raise FLError(f"FedMA aggregates by matching units, which the {taker} plug-in's own aggregation "
+                          "would replace; drop the option that makes it aggregate")
         self.original_widths = chain.widths
         self.step = 0  # aggregations done: the layer-wise phase is steps 0..H
         self.widths = list(chain.widths)

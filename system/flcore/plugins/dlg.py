@@ -8,8 +8,8 @@ that the gradient they produce on the model matches the observed one. iDLG (Zhao
 the last weight whose sum is negative, as the features feeding it are non-negative), and then
 optimises the inputs only, which converges more reliably.
 
-What is attacked (:class:`DLGAttack`, a ``Server.train`` callback)
-------------------------------------------------------------------
+What is attacked (:class:`DLGAttack`, a round plug-in that observes each round)
+-------------------------------------------------------------------------------
 Every ``-dlgg`` rounds (rounds ``t`` with ``t % dlgg == 0``, as PFLlib: round 0 is attacked, so a
 short run tests it), the server takes the uploads of the round's first ``--dlg_clients`` clients
 (0 = every upload, PFLlib's choice; the default 1 keeps the cost of a run bounded: one attack is
@@ -51,7 +51,8 @@ listed in ``rs_dlg_rounds``, each the mean over the round's attacked samples): i
 the image for smaller inputs; NaN for inputs that are not images). In a batch the reconstructions come in any order,
 so they are matched to the true samples by the assignment of least total squared error before
 measuring. A picture of the true (top) and reconstructed (bottom) inputs of the round goes to
-``results/<run>_dlg_round<t>.png``.
+``<result>_dlg_round<t>.png`` beside the run's result file (``Runtime.artifacts``; none when the
+run writes no files, as in the benchmark).
 """
 from __future__ import annotations
 
@@ -59,19 +60,20 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from argparse import ArgumentParser
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.flat import Segment
+from flcore.protocol import RoundResult, Runtime
+from flcore.registry import register_plugin
+from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import torch_generator
-
-if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
-    from flcore.protocol import RoundResult
 
 log = logging.getLogger("fl")
 
@@ -240,27 +242,52 @@ class AttackedSample:
     label_ok: bool
 
 
-class DLGAttack:
-    """``Server.train`` callback for ``-dlg``: attacks the round's uploads every ``-dlgg`` rounds
-    and records ``dlg_psnr``, ``dlg_ssim`` and ``dlg_label_acc`` (see the module docstring).
+@register_plugin("dlg")
+class DLGAttack(RoundPlugin):
+    """``-dlg``: attacks the round's uploads every ``-dlgg`` rounds and records ``dlg_psnr``,
+    ``dlg_ssim`` and ``dlg_label_acc`` (see the module docstring); pictures go to
+    ``<Runtime.artifacts>_dlg_round<t>.png`` where the run has an artifacts stem."""
 
-    ``picture_stem``: pictures go to ``<picture_stem>_dlg_round<t>.png`` (None: no picture)."""
+    flag_group = "DLG privacy attack on the uploads (PFLlib's -dlg -dlgg -bnpc; flcore/plugins/dlg.py)"
+    flag_order = 60
+    order = 200  # observes the round once every other plug-in has had it
 
-    def __init__(self, server: "Server", picture_stem: Path | str | None = None):
-        args = server.args
-        x = server.dataset.split("train")[0]
-        if not x.is_floating_point() and server.dataset.input_table is None:
-            raise FLError(f"-dlg reconstructs continuous inputs; dataset {args.dataset} holds token ids")
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        add_flag(parser, "-dlg", "--dlg_eval", type=bool, default=False,
+                 help="DLG/iDLG privacy attack on the uploads: records rs_dlg_psnr/ssim and saves "
+                      "results/<run>_dlg_round<t>.png (flcore/plugins/dlg.py)")
+        add_flag(parser, "-dlgg", "--dlg_gap", type=int, default=100, low=1, help="attack the rounds t with t %% dlgg == 0 (round 0 included)")
+        add_flag(parser, "-bnpc", "--batch_num_per_client", type=int, default=2, low=1,
+                 help="minibatches of each attacked client that DLG reconstructs (the first it trained on that round)")
+        add_flag(parser, "--dlg_clients", type=int, default=1, low=0,
+                 help="uploads attacked per -dlg round, in cohort order (0 = every upload, as PFLlib)")
+        add_flag(parser, "--dlg_iters", type=int, default=100, low=1, help="L-BFGS steps of each DLG reconstruction (PFLlib: 100)")
+
+    @classmethod
+    def wanted(cls, args) -> bool:
+        return bool(cls.flags(args).dlg_eval)
+
+    @classmethod
+    def compatible(cls, server_cls: type) -> str | None:
+        return refused_by_changing_widths(server_cls, "-dlg")
+
+    def __init__(self, runtime: Runtime, server_cls: type):
+        super().__init__(runtime, server_cls)
+        dataset = runtime.dataset
+        x = dataset.split("train")[0]
+        if not x.is_floating_point() and dataset.input_table is None:
+            raise FLError(f"-dlg reconstructs continuous inputs; dataset {runtime.args.dataset} holds token ids")
         # the data range that PSNR/SSIM and the picture scale to [0, 1]
-        values = server.dataset.input_table if server.dataset.input_table is not None else x
+        values = dataset.input_table if dataset.input_table is not None else x
         self.low, self.high = (float(values.min()), float(values.max())) if values.numel() else (0.0, 1.0)
-        self.gap = int(args.dlg_gap)
-        self.batches = int(args.batch_num_per_client)
-        self.clients = int(args.dlg_clients)
-        self.iterations = int(args.dlg_iters)
-        self.picture_stem = None if picture_stem is None else Path(picture_stem)
+        flags = self.flags(runtime.args)
+        self.gap = flags.dlg_gap
+        self.batches = flags.batch_num_per_client
+        self.clients = flags.dlg_clients
+        self.iterations = flags.dlg_iters
 
-    def __call__(self, server: "Server", result: "RoundResult") -> None:
+    def observe_round(self, result: RoundResult) -> None:
         if not result.trained or result.round % self.gap:
             return
         attacked = [u for u in result.updates if u.uploads_params and u.num_steps > 0]
@@ -268,14 +295,14 @@ class DLGAttack:
             attacked = attacked[: self.clients]
         samples: list[AttackedSample] = []
         for update in attacked:
-            samples += self.attack_upload(server, result, update)
+            samples += self.attack_upload(result, update)
         if not samples:
             log.info("round %d: DLG found no upload of a trained model to attack", result.round)
             return
         mean_psnr = float(np.mean([s.psnr for s in samples]))
         mean_ssim = float(np.mean([s.ssim for s in samples]))
         label_acc = float(np.mean([s.label_ok for s in samples]))
-        history = server.history
+        history = self.runtime.history
         history.add_series("dlg_rounds", result.round)
         history.add_series("dlg_psnr", mean_psnr)
         history.add_series("dlg_ssim", mean_ssim)
@@ -285,18 +312,33 @@ class DLGAttack:
                  result.round, len(samples), len(attacked), mean_psnr, mean_ssim, 100 * label_acc,
                  f" ({picture})" if picture else "")
 
-    def attack_upload(self, server: "Server", result: "RoundResult", update) -> list[AttackedSample]:
+    def results(self, history) -> dict[str, Any]:
+        """The attack's mean PSNR and SSIM over the attacked rounds."""
+        psnrs = history.extra_series.get("dlg_psnr")
+        if not psnrs:
+            return {}
+        ssim_values = [v for v in history.extra_series["dlg_ssim"] if np.isfinite(v)]  # NaN: inputs that are not images
+        return {"dlg_psnr_mean": float(np.mean(psnrs)),
+                "dlg_ssim_mean": float(np.mean(ssim_values)) if ssim_values else float("nan")}
+
+    def lines(self, results: dict[str, Any]) -> list[str]:
+        if "dlg_psnr_mean" not in results:
+            return []
+        return [f"  DLG attack: mean PSNR {results['dlg_psnr_mean']:.2f} dB, SSIM {results['dlg_ssim_mean']:.3f}"]
+
+    def attack_upload(self, result: RoundResult, update) -> list[AttackedSample]:
         """Reconstruct the first ``-bnpc`` minibatches one client trained on from its upload."""
-        args = server.args
-        client = server.clients[update.index]
-        model = server.model
+        runtime = self.runtime
+        args = runtime.args
+        client = runtime.clients[update.index]
+        model = runtime.model
         start = result.package.global_params
         p = model.num_params
         lr = float(args.local_learning_rate)
         if args.learning_rate_decay:  # the rate of this round: finish_job has counted it already
             lr *= float(args.learning_rate_decay_gamma) ** (client.participations - 1)
         grad = (start[:p] - update.params[:p]).to(model.vector.dtype) / (lr * update.num_steps)
-        mask = None if server.shared_mask is None else server.shared_mask[:p]
+        mask = None if runtime.shared is None else runtime.shared[:p]
         target = grad if mask is None else grad[mask]
         model.load(start)
         model.module.eval()
@@ -311,11 +353,11 @@ class DLGAttack:
         for k, idx in enumerate(plan[: self.batches]):
             true_x = client.data.inputs("train", idx)
             true_y = client.data.train_y[idx]
-            label = idlg_label(grad, model.segments, server.num_classes) if len(idx) == 1 else None
+            label = idlg_label(grad, model.segments, runtime.num_classes) if len(idx) == 1 else None
             known = None if label is None else torch.tensor([label], device=true_y.device)
             generator = torch_generator(args.seed, "dlg", result.round, client.cid, k)
             found = reconstruct(forward, start[:p], target, true_x.shape[1:], len(idx),
-                                server.num_classes, mask=mask, labels=known, iterations=self.iterations,
+                                runtime.num_classes, mask=mask, labels=known, iterations=self.iterations,
                                 generator=generator)
             out += self.measure(true_x, true_y, found)
         model.module.train()
@@ -333,7 +375,8 @@ class DLGAttack:
     def save_picture(self, samples: list[AttackedSample], rnd: int) -> Path | None:
         """True inputs (top row) over their reconstructions (bottom row), with each PSNR."""
         shown = [s for s in samples if s.true.dim() == 3 and s.true.shape[0] in (1, 3)][:MAX_PICTURED]
-        if self.picture_stem is None or not shown:
+        stem = self.runtime.artifacts
+        if stem is None or not shown:
             return None
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -352,7 +395,7 @@ class DLGAttack:
         axes[0][0].set_ylabel("true")
         axes[1][0].set_ylabel("DLG")
         figure.suptitle(f"DLG reconstruction, round {rnd}", fontsize=9)
-        path = self.picture_stem.with_name(f"{self.picture_stem.name}_dlg_round{rnd}.png")
+        path = stem.with_name(f"{stem.name}_dlg_round{rnd}.png")
         path.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(path, dpi=100)
         return path

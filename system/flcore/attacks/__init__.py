@@ -1,1 +1,0 @@
-"""Privacy attacks run against what clients upload (``-dlg``: :mod:`flcore.attacks.dlg`)."""

@@ -1,0 +1,201 @@
+"""The extension contract: what a cross-cutting feature (the virtual clock, differential privacy,
+attacks, robust aggregation, stragglers, DLG, new clients) tells the platform about itself.
+
+This module sits on the protocol's floor (``docs/architecture.md``, "Layers"): it imports the
+protocol types and the flag machinery only. ``main.py``, ``utils/cli.py``, the result files and
+the base classes never name a feature; they ask every registered one (:func:`flcore.plugins.features`):
+
+Before any data is read (class level, from the flags):
+
+    add_args(parser)                  the feature's flags, declared in its own file (every run
+                                      has them: whether the feature is wanted depends on them)
+    wanted(args) -> bool              whether the run uses it
+    check(args)                       flags that contradict each other or lack the feature they
+                                      belong to: raise ``FLError`` (one line; ``main.py`` exits 2).
+                                      Asked of every feature, wanted or not
+    warnings(args, server_cls) -> [line]
+                                      settings under which the feature does something else than
+                                      its name says (DP without noise): logged once
+    compatible(server_cls) -> reason | None
+                                      the algorithm's server class cannot take the feature (FedMA's
+                                      global model changes widths): the run is refused with the reason
+    public_data_user(args) -> name | None
+                                      the option that needs ``--public_data``
+    takes_clients(args) -> bool       the feature holds clients of the dataset out of training
+                                      (``-nnc``), so it checks ``-nc`` itself
+    split_dataset(args, dataset) -> (dataset, reserved)
+                                      the clients it holds out, before the others are built
+
+While the run goes (instance level; a :class:`RoundPlugin` is built from the run's
+:class:`~flcore.protocol.Runtime`): the round hooks (``flcore/plugins/__init__.py``), then
+
+    finish()                          once after the last round (the new clients' evaluation)
+    results(history) -> dict          the run's figures of this feature for the summary and the h5
+                                      attributes (final ε, new clients' accuracy, DLG's PSNR)
+    lines(results) -> [line]          the printed summary's lines of those figures
+    summary() -> dict                 the settings logged at the start of the run
+
+A feature reads its own flags typed, as algorithms do: :meth:`Feature.flags` (built from its
+``add_args``), never ``getattr(args, name, default)``.
+"""
+from __future__ import annotations
+
+from argparse import ArgumentParser, Namespace
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from utils.cli import hyperparameters
+
+if TYPE_CHECKING:  # annotations only
+    from utils.data_utils import FederatedDataset
+    from utils.result_utils import RunHistory
+
+
+class Feature:
+    """The class-level half of the contract (module docstring); every method has a neutral default."""
+
+    #: the registered name (set by the registry's decorator)
+    registered_name: ClassVar[str]
+    #: the heading of this feature's flags in ``main.py -h`` (None: no flags of its own)
+    flag_group: ClassVar[str | None] = None
+    #: features are listed in ``-h`` and asked at start-up in increasing ``flag_order`` (ties: by name)
+    flag_order: ClassVar[int] = 100
+
+    @classmethod
+    def add_args(cls, parser: ArgumentParser) -> None:
+        """Declare this feature's flags (called once per class in the MRO)."""
+
+    @classmethod
+    def flags(cls, args: Namespace) -> Any:
+        """This feature's flags read from ``args`` as typed, frozen attributes (declared defaults
+        for any ``args`` lacks)."""
+        return hyperparameters(args, cls)
+
+    @classmethod
+    def wanted(cls, args: Namespace) -> bool:
+        """Whether a run with these flags uses this feature."""
+        return False
+
+    @classmethod
+    def check(cls, args: Namespace) -> None:
+        """Refuse (``FLError``) flags of this feature that contradict each other or need it on."""
+
+    @classmethod
+    def warnings(cls, args: Namespace, server_cls: type) -> list[str]:
+        """Warning lines for settings under which the feature is not what its name says."""
+        return []
+
+    @classmethod
+    def compatible(cls, server_cls: type) -> str | None:
+        """Why the algorithm of ``server_cls`` cannot take this feature (None: it can)."""
+        return None
+
+    @classmethod
+    def public_data_user(cls, args: Namespace) -> str | None:
+        """The option that needs ``--public_data`` with these flags (None: none does)."""
+        return None
+
+    @classmethod
+    def takes_clients(cls, args: Namespace) -> bool:
+        """Whether the feature holds clients of the dataset out of training (and checks ``-nc``)."""
+        return False
+
+    @classmethod
+    def split_dataset(cls, args: Namespace, dataset: "FederatedDataset") -> tuple["FederatedDataset", Any]:
+        """(the dataset the federation trains on, what this feature keeps apart); called once,
+        before the clients are built, for a wanted feature that ``takes_clients``."""
+        return dataset, None
+
+
+class RoundPlugin(Feature):
+    """A round plug-in; every hook does nothing by default (``flcore/plugins/__init__.py`` lists
+    where ``Server.run_round`` calls them)."""
+
+    #: plug-ins run in increasing order at each point (ties: by name)
+    order: ClassVar[int] = 100
+    #: whether this plug-in replaces the algorithm's ``aggregate`` (set per run in ``__init__``)
+    takes_aggregation: bool = False
+    #: every plug-in of the run by name, this one included (set once all are built)
+    peers: dict[str, "RoundPlugin"] = {}
+
+    @classmethod
+    def wanted(cls, args: Namespace) -> bool:
+        """Whether a run with these flags uses this plug-in (a round plug-in is wanted by default)."""
+        return True
+
+    def __init__(self, runtime: Runtime, server_cls: type):
+        """``server_cls``: the algorithm's server class (its ``capabilities`` and ``client_cls``)."""
+        self.runtime = runtime
+        self.args = runtime.args
+
+    # ------------------------------------------------------------------ hooks
+    def before_selection(self, rnd: int, selecting: bool) -> None:
+        """A training round begins; ``selecting``: its cohort is drawn (not given by the caller)."""
+
+    def selectable(self, rnd: int) -> np.ndarray | None:
+        """Which clients may be selected (a boolean mask over client positions; None: any)."""
+        return None
+
+    def after_selection(self, rnd: int, cohort: list[int]) -> list[int]:
+        """The clients of ``cohort`` (drawn, or given by the caller) that train in round ``rnd``."""
+        return cohort
+
+    def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
+        """The server has evaluated the global model ``global_params`` of round ``rnd`` (the model
+        before that round's training; the final one after the last round): metrics of the same model."""
+
+    def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
+                       result: RoundResult) -> list[ClientUpdate]:
+        """The uploads the server aggregates, of those that ``arrived`` (``trained``: every upload
+        the engine produced, drop-outs included)."""
+        return arrived
+
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> torch.Tensor:
+        """The new global parameters (called only when ``takes_aggregation``)."""
+        raise NotImplementedError
+
+    def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
+        """After aggregation (and the algorithm's ``after_round``) of a training round."""
+
+    def observe_round(self, result: RoundResult) -> None:
+        """The round is complete and timed: observers that measure it (DLG's reconstructions, the new
+        clients' evaluation) run here, outside the round's recorded time."""
+
+    def record(self, result: RoundResult) -> None:
+        """A training round's entries in the run's history, written when the training loop records
+        the round (``record_round``)."""
+
+    # ------------------------------------------------------------------ persistence and reports
+    def state_dict(self) -> dict[str, Any]:
+        """What this plug-in keeps across rounds (for checkpoints)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what ``state_dict`` returned (a resumed run)."""
+
+    def finish(self) -> None:
+        """Once after the run's last round (also after an early stop)."""
+
+    def summary(self) -> dict[str, object]:
+        """Settings logged at the start of a run."""
+        return {}
+
+    def results(self, history: RunHistory) -> dict[str, Any]:
+        """This plug-in's figures of the whole run, for the printed summary and the h5 attributes."""
+        return {}
+
+    def lines(self, results: dict[str, Any]) -> list[str]:
+        """The printed summary's lines for the figures ``results`` returned."""
+        return []
+
+
+def refused_by_changing_widths(server_cls: type, option: str) -> str | None:
+    """The reason an algorithm whose global model changes widths (``Server.changes_widths``: FedMA)
+    cannot take ``option``, a feature that replays or mixes models in the working model's widths."""
+    if not getattr(server_cls, "changes_widths", False):
+        return None
+    return (f"{server_cls.registered_name}'s global model changes widths (it aggregates by matching units), "
+            f"which {option} cannot take; drop {option}")
