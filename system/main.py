@@ -12,13 +12,8 @@ import copy
 import importlib.util
 import json
 import logging
-import math
-import os
 import re
-import shlex
-import signal
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -28,18 +23,17 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
 
     from flcore.plugins import features, incompatibility, split_for_features, wanted_plugins
     from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
-    from flcore.trainmodel.checks import dry_run
-    from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, PFLLIB_VOCAB_SIZE, SEED_HIGH, accept_other_flags, check_ranges,
+    from runner.checks import validate_with_data, warn_degenerate
+    from runner.device import configure_backends, resolve_device, setup_logging
+    from runner.model import build_model
+    from runner.results import SAVE_MODEL_NEEDS_SAFETENSORS, model_paths, print_summary, staging_name, train_one
+    from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, SEED_HIGH, accept_other_flags, check_ranges,
                            declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
-    from utils.data_utils import FederatedDataset, load_federated_dataset
+    from utils.data_utils import load_federated_dataset
     from utils.public_data import public_data_needed, with_public_data
-    from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
-    from utils.errors import Diverged, FLError
-    from utils.live import live_callbacks
-    from utils.allocator import keep_freed_memory
-    from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-    from utils.result_utils import read_results, result_path, save_results, summarize, write_atomically
-    from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
+    from utils.errors import FLError
+    from utils.result_utils import read_results, result_path
+    from utils.run_control import Claim, RunInterrupted, claim_all
     from utils.seeding import derive_seed, seed_everything
 except KeyboardInterrupt:
     raise SystemExit(130) from None
@@ -139,11 +133,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 #: utils.seeding keeps 32 bits of a seed: -1 would be 4294967295's run under another name. The
 #: generators (dataset/datagen) take the same range (utils/cli.py declares it with --seed).
 MAX_SEED = SEED_HIGH
-#: the model is written after the last round, so a missing package is refused before the first
-SAVE_MODEL_NEEDS_SAFETENSORS = ("--save_model (on by default) needs the safetensors package: "
-                                "pip install -r requirements.txt, or pass --save_model False")
-
-
 def validate(args: argparse.Namespace) -> None:
     """Reject settings that would silently do something else than asked (before any data is read);
     each flag's own range is declared with it (``add_flag(..., low=...)``) and checked before."""
@@ -181,33 +170,6 @@ def validate_names(args: argparse.Namespace) -> None:
                       "(e.g. -data ../MNIST)")
 
 
-def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> None:
-    """The checks that need the dataset: samples to train on and to evaluate, a cohort of at least
-    one client, and clients that train.
-
-    Clients that take no local step (fewer training samples than -lbs with --drop_last, or none)
-    are named in one warning; a run in which no client would take a step is refused."""
-    clients = len(dataset.clients)
-    if math.floor(clients * args.join_ratio + 1e-9) < 1:  # the cohort size of utils' uniform selection
-        smallest = math.ceil(10_000 / clients) / 10_000
-        raise FLError(f"-jr {args.join_ratio} selects no client of {clients} (floor({clients} x {args.join_ratio}) = 0); "
-                      f"pass -jr {smallest:g} or more")
-    for split in ("train", "test"):
-        if not len(dataset.split(split)[1]):
-            raise FLError(f"no client of dataset {args.dataset} has {split} samples ({dataset.path / split}); "
-                          "regenerate the dataset")
-    sizes = [client.num_train for client in dataset.clients]
-    idle = [c.cid for c, n in zip(dataset.clients, sizes) if n == 0 or (args.drop_last and n < args.batch_size)]
-    if len(idle) == clients:
-        raise FLError(f"-lbs {args.batch_size} is larger than every client's training set (largest: {max(sizes)} "
-                      f"samples) and --drop_last skips the partial batch, so no client would train; "
-                      f"pass -lbs {max(sizes)} or less, or --drop_last False")
-    if idle:
-        named = ", ".join(map(str, idle[:5])) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
-        reason = f"fewer training samples than -lbs {args.batch_size}, with --drop_last" if args.drop_last else "no training samples"
-        log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
-
-
 def validate_public_data(args: argparse.Namespace) -> None:
     """An algorithm or plug-in that needs the server's public data, without ``--public_data``."""
     if getattr(args, "public_data", None) is not None:
@@ -217,91 +179,6 @@ def validate_public_data(args: argparse.Namespace) -> None:
     user = next((u for u in users if u), None)
     if user:
         raise public_data_needed(user)
-
-
-def resolve_device(args: argparse.Namespace) -> torch.device:
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            log.warning("warning: -dev cuda requested but no GPU is available; running on cpu")
-            return torch.device("cpu")
-        index = int(str(args.device_id).split(",")[0])
-        if index >= torch.cuda.device_count():
-            raise FLError(f"-did {args.device_id}: only {torch.cuda.device_count()} GPU(s) visible")
-        return torch.device(f"cuda:{index}")
-    return torch.device("cpu")
-
-
-def configure_backends(args: argparse.Namespace, device: torch.device) -> None:
-    """Process-wide switches the flags ask for, before any data or model is made: where glibc keeps
-    freed memory (``--malloc_keep_freed``, so their temporaries reuse it) and, on ``device``, cuDNN's
-    timed algorithm choice (``--cudnn_benchmark``)."""
-    keep_freed_memory(args.malloc_keep_freed)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
-
-
-def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
-    factory = MODELS.get(args.model)
-    model_args = with_vocab_size(args, dataset)
-    try:
-        module = factory(dataset.input_shape, dataset.num_classes, model_args)
-        check_token_ids(model_args, dataset, module)
-        out = dry_run(module, dataset.sample_inputs(2).to("cpu"))  # before training: a shape it cannot take
-    except (ValueError, RuntimeError, IndexError) as exc:
-        raise FLError(
-            f"model {args.model} does not fit dataset {args.dataset} (inputs {list(dataset.input_shape)}): "
-            f"{str(exc).splitlines()[0]}"
-        ) from exc
-    if out.shape[-1] != dataset.num_classes:
-        raise FLError(f"model {args.model} outputs {out.shape[-1]} classes, dataset has {dataset.num_classes}")
-    return module
-
-
-def with_vocab_size(args: argparse.Namespace, dataset: FederatedDataset) -> argparse.Namespace:
-    """The arguments a model is built with. Without -vs, text models get the vocabulary the generator
-    recorded in config.json (token ids 0..vocab_size-1), and PFLlib's 80 for folders without one
-    (PFLlib's own, converted ones). ``args`` keeps -vs unset, so the settings a result file records
-    (and a resume or a sweep compares) are the ones the user gave."""
-    if args.vocab_size is not None:
-        return args
-    recorded = dataset.config.get("vocab_size", PFLLIB_VOCAB_SIZE)
-    if isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 1:
-        raise FLError(f"dataset {args.dataset}: config.json's vocab_size {recorded!r} is not a positive integer; pass -vs")
-    model_args = copy.copy(args)
-    model_args.vocab_size = recorded
-    return model_args
-
-
-def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module: torch.nn.Module) -> None:
-    """Integer inputs index the model's embedding table: every id must be in [0, table size), or
-    the first batch holding a larger one would stop the run with an indexing error."""
-    tables = [m.num_embeddings for m in module.modules() if isinstance(m, torch.nn.Embedding)]
-    inputs = [x for x in (dataset.split("train")[0], dataset.split("test")[0]) if x.numel() and not x.is_floating_point()]
-    if not tables or not inputs:
-        return
-    low, high = min(int(x.min()) for x in inputs), max(int(x.max()) for x in inputs)
-    if low < 0 or high >= min(tables):
-        raise FLError(
-            f"dataset {args.dataset} has token ids {low}..{high}, model {args.model} embeds {min(tables)} tokens "
-            f"(-vs {args.vocab_size}); pass -vs {high + 1}"
-        )
-
-
-def setup_logging(quiet: bool) -> None:
-    class TqdmHandler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            try:
-                from tqdm.auto import tqdm
-
-                stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
-                tqdm.write(self.format(record), file=stream)
-            except Exception:  # pragma: no cover - never let logging kill a run
-                self.handleError(record)
-
-    logger = logging.getLogger("fl")
-    logger.handlers[:] = [TqdmHandler()]
-    logger.setLevel(logging.WARNING if quiet else logging.INFO)
-    logger.propagate = False
 
 
 def run(args: argparse.Namespace) -> list[Path]:
@@ -386,205 +263,6 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
     if len(best) > 1:
         print(f"Best accuracy over {len(best)} runs: mean {np.mean(best):.4f}, std {np.std(best):.4f}")
     return paths
-
-
-#: each named split of the model (``Server.shared``): (the shared part, the private part), in words
-MODEL_SPLITS = {"body": ("the body", "the head"), "head": ("the head", "the body"),
-                "no_norm": ("all but the normalisation layers", "the normalisation layers"),
-                "no_batchnorm": ("all but the BatchNorm layers", "the BatchNorm layers")}
-
-
-def warn_degenerate(args: argparse.Namespace, server) -> None:
-    """One warning line for each setting under which the method asked for is another one: a split
-    of the model whose private or shared part is empty with this model (FedBN on a model without
-    normalisation layers is FedAvg, FedPer or FedRep on MLR, which has no body, is Local), and
-    differential privacy without noise (epsilon is infinite)."""
-    parts = server.shared_parts()
-    body = getattr(server.model.module, "body", None)
-    if getattr(server, "learns_from_features", False) and body is not None and not any(
-            p.numel() for p in body.parameters()):
-        # the split is not what degenerates (FedGH on MLR is no FedAvg): the representation is
-        log.warning("warning: %s learns from the features of the model's body, and model %s's body has no "
-                    "parameters: its features are the inputs themselves; use a model with a feature extractor "
-                    "(e.g. DNN or CNN)", args.algorithm, args.model)
-    elif isinstance(parts, str) and parts in MODEL_SPLITS:
-        shared, private = MODEL_SPLITS[parts]
-        if server.shared_mask is None:
-            log.warning("warning: %s keeps %s on the clients, and model %s has none: every parameter is shared, "
-                        "so this run is FedAvg", args.algorithm, private, args.model)
-        elif not bool(server.shared_mask.any()):
-            log.warning("warning: %s shares %s, and model %s has none: no parameter is shared, so this run is "
-                        "Local", args.algorithm, shared, args.model)
-
-
-def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Claim,
-              device: torch.device) -> tuple[dict, Path]:
-    """Train one run (from its checkpoint with --resume) and write its results; an interruption
-    or divergence still writes the results so far, marked unfinished."""
-    start_round, elapsed = 0, 0.0
-    if claimed.action == "resume":
-        saved = load_checkpoint(claimed.checkpoint, run_args)
-        start_round = load_server_state(server, saved)
-        elapsed = float(saved.get("elapsed_s", 0.0))
-        log.info("run %d: resuming at round %d from %s", run_index, start_round, claimed.checkpoint)
-    started = time.perf_counter()
-
-    def run_time() -> float:
-        return elapsed + time.perf_counter() - started
-
-    def save(finished: bool, to: Path | None = None, **extra) -> tuple[dict, Path]:
-        history = server.history
-        model_bytes = server.global_params.numel() * server.global_params.element_size()
-        summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
-        summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
-        for plugin in server.plugins.values():  # the features' figures: final epsilon, new clients, DLG
-            summary.update(plugin.results(history))
-        gpu = peak_gpu_mb(device)
-        if gpu is not None:
-            summary["peak_gpu_mb"] = gpu
-        attrs = {
-            "algorithm": run_args.algorithm, "dataset": Path(run_args.dataset).name, "goal": run_args.goal,
-            "run": run_index, "seed": run_args.seed, "model": run_args.model, "device": str(device),
-            "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
-            "finished": finished, "personalized": bool(server.personalized), **extra,  # read by reporting/
-        }
-        return summary, save_results(to or claimed.result, history, attrs, summary)
-
-    every = int(run_args.checkpoint_every)
-
-    def round_end(srv, next_round: int) -> None:
-        """Checkpoint every ``--checkpoint_every`` rounds, and before stopping at a signal."""
-        if stop.requested is not None or (every > 0 and next_round % every == 0):
-            state = server_state(srv, next_round)
-            state["elapsed_s"] = run_time()
-            save_checkpoint(claimed.checkpoint, state)
-        if stop.requested is not None:
-            raise RunInterrupted(stop.requested, next_round)
-
-    server.runtime.artifacts = claimed.result.with_suffix("")  # side files (DLG's pictures) beside the results
-    try:
-        with StopOnSignal() as stop:
-            server.train(progress=run_args.progress and not run_args.quiet, start_round=start_round,
-                         round_end=round_end, callbacks=live_callbacks(run_args, run_index))
-    except RunInterrupted as exc:
-        resume = " ".join(shlex.quote(a) for a in ["python", "main.py", *sys.argv[1:]] if a not in ("--overwrite",))
-        if is_finished(claimed.result):  # an --overwrite stopped early: the finished results stay as they are
-            where = f"the finished results in {claimed.result} are kept until this run completes"
-        else:
-            _, path = save(False, stopped_at_round=exc.next_round, stop_reason=str(exc))
-            where = f"results so far in {path}"
-        print(f"stopped after round {exc.next_round - 1}: {where}, checkpoint {claimed.checkpoint}; "
-              f"continue with: {resume} --resume", file=sys.stderr)
-        raise
-    except Diverged as exc:
-        if is_finished(claimed.result):  # a diverged --overwrite never replaces finished results
-            raise Diverged(f"{exc} (the finished results in {claimed.result} and their model are kept; "
-                           "nothing of this run was written)", exc.round) from None
-        if not server.history.test_acc:
-            raise
-        _, path = save(False, stopped_at_round=exc.round, stop_reason=str(exc))
-        raise Diverged(f"{exc} (results up to round {exc.round} kept in {path}, marked unfinished)", exc.round) from None
-    summary = commit_results(server, run_args, claimed.result, save)
-    claimed.checkpoint.unlink(missing_ok=True)  # the results are complete: nothing left to resume
-    return summary, claimed.result
-
-
-def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> dict:
-    """Write the model(s) and the finished results under temporary names, then rename them into
-    place, models first: an h5 marked finished always has its model beside it, and results that
-    ``--overwrite`` replaces stay untouched until every new file is complete. Returns the summary."""
-    staged: dict[Path, Path] = {}  # final name -> the complete file under a temporary name
-    try:
-        if run_args.save_model:
-            staged.update(stage_model(server, result))
-        for final, write in server.result_files(result).items():  # FLChain's ledger
-            write_atomically(staging_name(final), write)
-            staged[final] = staging_name(final)
-        summary, staged[result] = save(True, to=staging_name(result))
-        blocked = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair
-        try:
-            for stale in set(model_paths(result)) - set(staged):  # a replaced run's: they would not match
-                stale.unlink(missing_ok=True)
-            for final, tmp in staged.items():
-                os.replace(tmp, final)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-    finally:
-        for tmp in staged.values():
-            tmp.unlink(missing_ok=True)
-    return summary
-
-
-def staging_name(path: Path) -> Path:
-    """Where a file waits, complete, until :func:`commit_results` renames it to ``path``."""
-    return path.parent / f".{path.name}.new"
-
-
-def model_paths(result: Path) -> tuple[Path, Path]:
-    """The global model and the personal models of the run whose results are ``result``."""
-    return result.with_suffix(".safetensors"), result.with_suffix(".personal.safetensors")
-
-
-def stage_model(server, result: Path) -> dict[Path, Path]:
-    """The final global model for ``<result>.safetensors`` (a plain state_dict: load it with
-    ``module.load_state_dict(safetensors.torch.load_file(path))``); personalised algorithms also
-    each client's model for ``<result>.personal.safetensors`` under ``client<i>/``. Written under
-    temporary names (:func:`staging_name`); returns {final name: written file}."""
-    try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise FLError(SAVE_MODEL_NEEDS_SAFETENSORS) from None
-
-    def state_of(params: torch.Tensor, prefix: str = "") -> dict[str, torch.Tensor]:
-        model = server.model_of(params)
-        model.load(params)
-        # the module's tensors are views of one vector: safetensors wants separate, contiguous ones
-        return {prefix + k: v.detach().to("cpu", copy=True).contiguous() for k, v in model.module.state_dict().items()}
-
-    path, personal_path = model_paths(result)
-    staged: dict[Path, Path] = {}
-    try:
-        write_atomically(staging_name(path), lambda tmp: save_file(state_of(server.global_params), tmp))
-        staged[path] = staging_name(path)
-        if server.personalized or server.shared_mask is not None:
-            personal: dict[str, torch.Tensor] = {}
-            for client in server.clients:
-                personal.update(state_of(server.eval_params(client.index), f"client{client.index}/"))
-            write_atomically(staging_name(personal_path), lambda tmp: save_file(personal, tmp))
-            staged[personal_path] = staging_name(personal_path)
-    except BaseException:
-        for tmp in staged.values():
-            tmp.unlink(missing_ok=True)
-        raise
-    return staged
-
-
-def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None:
-    lines = [
-        f"Run {run_index}: best accuracy {summary['best_acc']:.4f}, final {summary['final_acc']:.4f}, "
-        f"mean of last 10% {summary['mean_acc_last_10pct']:.4f}, mean of last {summary['avg_last']} "
-        f"{summary['mean_acc_last_n']:.4f}",
-        f"  time {summary['wall_time_s']:.1f} s ({summary['mean_round_time'] or 0:.3f} s/round), "
-        f"peak RSS {summary['peak_rss_mb']:.0f} MB"
-        + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
-        + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
-    ]
-    if "target_acc" in summary:
-        if summary["rounds_to_target"] is None:
-            lines.append(f"  target accuracy {summary['target_acc']} not reached")
-        else:
-            lines.append(
-                f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "
-                f"{summary['uploads_to_target']:.1f} model uploads ({summary['bytes_up_to_target'] / 1e6:.1f} MB)"
-                + (f", {summary['virtual_time_to_target']:.1f} virtual s" if "virtual_time_to_target" in summary else "")
-            )
-    if "staleness_histogram" in summary:
-        lines.append(f"  staleness histogram (uploads aggregated 0, 1, ... rounds late): {summary['staleness_histogram']}")
-    for plugin in plugins:  # each feature's figures (privacy, new clients, DLG)
-        lines += plugin.lines(summary)
-    lines.append(f"  results: {path}")
-    print("\n".join(lines))
 
 
 def main(argv: list[str] | None = None) -> int:

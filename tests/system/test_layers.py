@@ -152,3 +152,18 @@ def test_an_upward_import_is_caught():
     table = layer_table()
     assert layer_of("flcore.protocol", table) < layer_of("flcore.servers.serverbase", table)
     assert layer_of("flcore.trainmodel.text", table) < layer_of("utils.cli", table)
+
+
+def stale_patterns(table: list[tuple[int, list[str]]], modules: list[str]) -> list[str]:
+    """The table's names that match no module (a module that was moved or removed)."""
+    return [p for _, patterns in table for p in patterns
+            if not any(m == p or fnmatch.fnmatchcase(m, p) for m in modules)]
+
+
+def test_every_name_in_the_table_is_a_module():
+    stale = stale_patterns(layer_table(), sorted(project_modules()))
+    assert not stale, f"docs/architecture.md's layer table names modules that do not exist: {stale}"
+
+
+def test_a_stale_name_in_the_table_is_caught():
+    assert stale_patterns([(0, ["utils.errors", "utils.gone"]), (1, ["flcore.*"])], ["utils.errors", "flcore.flat"]) == ["utils.gone"]
