@@ -172,7 +172,7 @@ def validate_names(args: argparse.Namespace) -> None:
 
 def validate_public_data(args: argparse.Namespace) -> None:
     """An algorithm or plug-in that needs the server's public data, without ``--public_data``."""
-    if getattr(args, "public_data", None) is not None:
+    if args.public_data is not None:
         return
     users = [ALGORITHMS.get(args.algorithm).public_data_user(args),
              *(cls.public_data_user(args) for cls in wanted_plugins(args))]

@@ -13,7 +13,7 @@ from torch import nn
 
 import main
 from flcore.protocol import ClientUpdate
-from flcore.servers.matching import bbp_map_cost, match_units, matched_average
+from flcore.common.matching import bbp_map_cost, match_units, matched_average
 from flcore.trainmodel.models import SplitModel
 from flcore.trainmodel.widths import chain_of, gather, input_columns, with_widths
 from fltest import (assert_same_training, build_server, dataset_from_arrays, engine_run, make_args,
@@ -90,7 +90,7 @@ def test_new_units_are_numbered_by_the_units_that_open_them_whatever_the_solver_
     """B's three units are unlike A's, so all open new units. Which opening unit takes which new
     column is a tie (every pairing costs the same); a solver that breaks it the other way (the
     pairing reversed, as one ulp of the cost can) must not renumber the global units."""
-    import flcore.servers.matching as matching
+    import flcore.common.matching as matching
 
     a = np.eye(3) * 6.0
     b = -np.eye(3) * 6.0
@@ -118,7 +118,7 @@ def test_new_units_are_numbered_by_the_units_that_open_them_whatever_the_solver_
 def test_matching_keeps_each_units_sums_as_a_from_scratch_sum_would():
     """The running sums of matched units (a client leaves, is matched again, joins) give the
     assignments of sums rebuilt from every other client at each match, over random layers."""
-    import flcore.servers.matching as matching
+    import flcore.common.matching as matching
 
     def rebuilt(units, sigma2, sigma0_2, gamma, max_width, iterations, rng):
         assigned = [None] * len(units)

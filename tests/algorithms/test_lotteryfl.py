@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import main
-from flcore.clients.sparsemask import decode
+from flcore.common.sparsemask import decode
 from fltest import build_server, image_dataset, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round, trained_server
 from test_pfedeff import first_round_state
 from toydata import make_dataset

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import main
-from flcore.clients.sparsemask import (decode, encode, keep_largest, kept_count, masked_average, pack_bits,
+from flcore.common.sparsemask import (decode, encode, keep_largest, kept_count, masked_average, pack_bits,
                                        unpack_bits)
 from fltest import build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round, trained_server
 from toydata import make_dataset

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
-from flcore.clients.labelmeans import accumulate, start_sums, upload
+from flcore.common.labelmeans import accumulate, start_sums, upload
 from flcore.flat import Net
 from utils.cli import add_flag
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob
-from flcore.clients.labelmeans import body_class_sums, upload
+from flcore.common.labelmeans import body_class_sums, upload
 from flcore.flat import FlatModel
 
 

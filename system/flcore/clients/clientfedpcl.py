@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
-from flcore.clients.labelmeans import body_class_sums, upload
+from flcore.common.labelmeans import body_class_sums, upload
 from flcore.flat import FlatModel, Net
 from utils.cli import add_flag
 

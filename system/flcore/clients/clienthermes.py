@@ -23,7 +23,7 @@ from typing import ClassVar
 import torch
 
 from flcore.clients.clientlotteryfl import LotteryFLClient
-from flcore.clients.sparsemask import kept_count, keep_largest
+from flcore.common.sparsemask import kept_count, keep_largest
 from flcore.flat import Segment
 
 

@@ -29,7 +29,7 @@ from typing import ClassVar
 import torch
 
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
-from flcore.clients.sparsemask import (SparseClient, decode, encode, kept_count, keep_largest, sparse_update,
+from flcore.common.sparsemask import (SparseClient, decode, encode, kept_count, keep_largest, sparse_update,
                                        weight_groups)
 from flcore.flat import FlatModel
 from utils.cli import add_flag

@@ -32,7 +32,7 @@ from argparse import ArgumentParser
 import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
-from flcore.clients.sparsemask import SparseClient, decode, encode, keep_largest, param_groups, sparse_update
+from flcore.common.sparsemask import SparseClient, decode, encode, keep_largest, param_groups, sparse_update
 from utils.cli import add_flag
 
 

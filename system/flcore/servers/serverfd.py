@@ -27,7 +27,7 @@ import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfd import FDClient
-from flcore.clients.labelmeans import LABELS, uploaded
+from flcore.common.labelmeans import LABELS, uploaded
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.cli import add_flag

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from flcore.clients.clientfedcp import FedCPClient, FedCPLayout, FedCPModel
-from flcore.clients.labelmeans import require_body_head, require_linear_head
+from flcore.clients.clientfedcp import FedCPClient
+from flcore.trainmodel.fedcp import FedCPLayout, FedCPModel
+from flcore.common.labelmeans import require_body_head, require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError

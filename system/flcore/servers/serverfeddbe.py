@@ -22,7 +22,7 @@ import torch
 
 from flcore.protocol import RoundPackage
 from flcore.clients.clientfeddbe import FedDBEClient
-from flcore.clients.labelmeans import require_linear_head
+from flcore.common.labelmeans import require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError

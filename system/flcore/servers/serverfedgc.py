@@ -28,7 +28,7 @@ import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedgc import FedGCClient
-from flcore.clients.labelmeans import require_linear_head
+from flcore.common.labelmeans import require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedgh import FedGHClient
-from flcore.clients.labelmeans import LABELS, MEANS, require_body_head
+from flcore.common.labelmeans import LABELS, MEANS, require_body_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.cli import add_flag

@@ -26,7 +26,7 @@ import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedkd import FedKDClient, compress, decompress, energy_threshold
-from flcore.clients.labelmeans import require_body_head
+from flcore.common.labelmeans import require_body_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError

@@ -55,7 +55,7 @@ from flcore.clients.clientfedma import FedMAClient
 from flcore.evaluation import Evaluator
 from flcore.flat import FlatModel
 from flcore.registry import register_algorithm
-from flcore.servers.matching import match_units, matched_average
+from flcore.common.matching import match_units, matched_average
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.widths import Chain, NotAChain, chain_of, gather, spread_inputs, with_widths
 from utils.cli import add_flag

@@ -36,7 +36,7 @@ from scipy.optimize import minimize
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedpac import FedPACClient
-from flcore.clients.labelmeans import LABELS, average, require_body_head
+from flcore.common.labelmeans import LABELS, average, require_body_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.errors import FLError

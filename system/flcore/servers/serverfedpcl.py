@@ -25,7 +25,7 @@ from torch import nn
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedpcl import FedPCLClient
-from flcore.clients.labelmeans import LABELS, average, require_body_head, uploaded
+from flcore.common.labelmeans import LABELS, average, require_body_head, uploaded
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.errors import FLError

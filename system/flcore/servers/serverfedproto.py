@@ -39,7 +39,7 @@ import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedproto import FedProtoClient
-from flcore.clients.labelmeans import LABELS, average, require_body_head
+from flcore.common.labelmeans import LABELS, average, require_body_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.cli import add_flag

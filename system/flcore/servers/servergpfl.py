@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from flcore.clients.clientgpfl import GPFLClient, GPFLLayout, GPFLModel
-from flcore.clients.labelmeans import require_body_head, require_linear_head
+from flcore.clients.clientgpfl import GPFLClient
+from flcore.trainmodel.gpfl import GPFLLayout, GPFLModel
+from flcore.common.labelmeans import require_body_head, require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 

@@ -13,7 +13,7 @@ import torch
 
 from flcore.protocol import RoundPackage
 from flcore.clients.clientlotteryfl import LotteryFLClient
-from flcore.clients.sparsemask import encode
+from flcore.common.sparsemask import encode
 from flcore.registry import register_algorithm
 from flcore.servers.serversparse import SparseExchangeServer
 from utils.errors import FLError

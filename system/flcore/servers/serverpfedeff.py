@@ -22,7 +22,7 @@ import torch
 
 from flcore.protocol import RoundPackage
 from flcore.clients.clientpfedeff import PFedEffClient
-from flcore.clients.sparsemask import encode, kept_count, keep_largest, param_groups
+from flcore.common.sparsemask import encode, kept_count, keep_largest, param_groups
 from flcore.registry import register_algorithm
 from flcore.servers.serversparse import SparseExchangeServer
 

@@ -2,7 +2,7 @@
 algorithm itself.
 
 * The dense global model is never sent: each client's payload is a sparse message
-  (``flcore/clients/sparsemask.py``), and the package's ``global_params`` is empty, so
+  (``flcore/common/sparsemask.py``), and the package's ``global_params`` is empty, so
   ``rs_bytes_down`` counts exactly the values and index bytes sent; uploads carry only their
   message, so ``rs_bytes_up`` does too.
 * ``aggregate``: each entry is the sample-weighted mean over the uploads that sent it; the others
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
-from flcore.clients.sparsemask import decode, masked_average
+from flcore.common.sparsemask import decode, masked_average
 from flcore.servers.serverbase import Server
 from utils.errors import FLError
 
