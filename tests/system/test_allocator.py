@@ -84,10 +84,12 @@ def test_off_never_touches_the_allocator():
 
 
 def test_main_applies_the_flag_before_loading_data(tmp_path):
-    """main.py hands the flag's value to keep_freed_memory once per run, before the dataset is read
-    (the run stops at the missing dataset right after)."""
+    """main.py hands the flag's value to keep_freed_memory once per run (through runner/device.py's
+    configure_backends), before the dataset is read (the run stops at the missing dataset right after)."""
+    import runner.device
+
     calls = []
-    with mock.patch.object(main, "keep_freed_memory", side_effect=calls.append):
+    with mock.patch.object(runner.device, "keep_freed_memory", side_effect=calls.append):
         code = main.main(["-data", str(tmp_path / "none"), "--malloc_keep_freed", "off", "--progress", "False",
                           "--results_dir", str(tmp_path)])
     assert code == 2 and calls == ["off"]
