@@ -2,7 +2,8 @@
 
 ``python ledger.py verify results/<run>.ledger`` re-checks a ledger that ``-algo FLChain`` wrote
 beside its results; it prints one line and exits 0 when every check passes, 1 when one fails
-(the first failure is named, with its line), 2 when the file cannot be read.
+(the first failure is named, with its line), 2 when a file cannot be read (the ledger, or the model:
+missing, a folder, or not an intact safetensors file).
 
 File format (text, one block a line)::
 
@@ -50,6 +51,11 @@ GENESIS_PREV = "0" * 64
 
 class LedgerError(Exception):
     """A ledger that fails a check; the message is the one line the verifier prints."""
+
+
+class UnreadableModel(Exception):
+    """A model file that cannot be checked (missing, a folder, corrupt or truncated): an input
+    error, not a failed check; the message is the one line the verifier prints."""
 
 
 def sha256_hex(data: bytes) -> str:
@@ -158,9 +164,14 @@ def flat_model_sha256(model_path: Path, layout: list[list]) -> str:
     """sha256 of the flat float32 vector rebuilt from a saved state dict (safetensors) in the
     genesis block's tensor order."""
     import numpy as np
+    from safetensors import SafetensorError
     from safetensors.numpy import load_file
 
-    tensors = load_file(str(model_path))
+    try:
+        tensors = load_file(str(model_path))
+    except SafetensorError as exc:
+        raise UnreadableModel(f"{model_path} is not an intact safetensors model (corrupt or truncated: "
+                              f"{exc}); restore the run's model or pass it with --model") from None
     parts = []
     for name, numel in layout:
         if name not in tensors:
@@ -172,16 +183,30 @@ def flat_model_sha256(model_path: Path, layout: list[list]) -> str:
     return sha256_hex(np.concatenate(parts).tobytes() if parts else b"")
 
 
+def model_to_check(ledger: Path, model: Path | None) -> Path | None:
+    """The model file to check: ``model`` (the user's ``--model``, which must be a file), else the
+    ledger's ``<run>.safetensors`` when there is one (None: no model check)."""
+    if model is None:
+        beside = ledger.with_suffix(".safetensors")
+        return beside if beside.is_file() else None
+    if model.is_dir():
+        raise UnreadableModel(f"--model {model} is a folder; pass the run's model file (<run>.safetensors)")
+    if not model.exists():
+        raise UnreadableModel(f"--model {model} does not exist; pass the run's model file (<run>.safetensors, "
+                              f"which main.py's --save_model writes beside the ledger)")
+    return model
+
+
 def verify(path: Path, model: Path | None = None) -> str:
     """Every check of the module docstring; returns the one line printed on success."""
+    model = model_to_check(path, model)
     blocks = read_blocks(path.read_bytes())
     try:
         check_consensus(blocks)
     except (KeyError, TypeError, AttributeError) as exc:  # a sealed block that lacks a field
         raise LedgerError(f"a block lacks or garbles the field {exc}") from None
-    model = model if model is not None else path.with_suffix(".safetensors")
     checked = ""
-    if model.is_file():
+    if model is not None:
         final = blocks[-1]["model_sha256"]
         if flat_model_sha256(model, blocks[0]["layout"]) != final:
             raise LedgerError(f"the last committed model hash does not match the model in {model}")
@@ -204,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     except LedgerError as exc:
         print(f"ledger FAILED: {args.ledger}: {exc}", file=sys.stderr)
         return 1
+    except UnreadableModel as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"error: cannot read {exc.filename or args.ledger}: {exc.strerror or exc}", file=sys.stderr)
         return 2

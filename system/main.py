@@ -168,6 +168,24 @@ def validate_names(args: argparse.Namespace) -> None:
         raise FLError(f"-data {args.dataset!r}: the result file names start with the dataset folder's name, and "
                       f"{name!r} is not a plain one; pass the folder by a path that ends in its name "
                       "(e.g. -data ../MNIST)")
+    # the longest file name a run writes: the temporary file of its staged personal models,
+    # "..<data>_<algo>_<goal>_<run>.personal.safetensors.new.<8 random characters>.tmp"
+    result = result_path(args.dataset, args.algorithm, args.goal, args.times - 1, args.results_dir)
+    longest = len(os.fsencode(f"..{result.stem}.personal.safetensors.new.XXXXXXXX.tmp"))
+    folder = result.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        limit = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255  # POSIX's usual NAME_MAX
+    room = limit - (longest - len(args.goal))
+    if room < 1:
+        raise FLError(f"-data {args.dataset!r}: the folder's name is too long to name result files ({limit} bytes "
+                      f"at most in {folder}); pass the dataset by a folder (or a symbolic link) of a shorter name")
+    if longest > limit:
+        raise FLError(f"-go is {len(args.goal)} characters, too long for the file names of a run ({limit} bytes "
+                      f"at most in {folder}, with -data, -algo and the run number); pass a -go of at most {room}")
 
 
 def validate_public_data(args: argparse.Namespace) -> None:

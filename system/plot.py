@@ -31,7 +31,11 @@ of it (``-go-...``)::
         --grid attack=sign_flip,ipm,backdoor robust=median,multi_krum,clip+multi_krum -t 3
     python plot.py -data MNIST -algo FedAvg -go grid --grid attack,robust
 
-writes ``MNIST_grid_FedAvg_grid_acc.png`` and ``..._grid_asr.png`` and prints both tables.
+writes ``MNIST_grid_FedAvg_grid_acc.png`` and ``..._grid_asr.png`` and prints both tables. The two
+flags may be spelled as sweep.py takes them (``--grid lr,robust``, ``-lr``, ``local_learning_rate``).
+
+A repeat whose file is unreadable (corrupt or truncated) is left out with a note, as summarize.py
+and report.py do; an algorithm none of whose files can be read is an error.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ from reporting.series import METRICS, X_MODES, metric_groups
 from reporting.settings import split_by_setting
 from reporting.stats import summarize_runs, unknown_personalization
 from reporting.tables import format_summary_table
+from utils.cli import generic_parser, pfllib_algorithm_actions
 
 PROG = "plot.py"
 
@@ -131,9 +136,33 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, datas
     return written
 
 
+def stored_flag(name: str, algorithm: str, runs: Sequence[RunResult]) -> str:
+    """The setting a ``--grid`` name stands for, as the runs store it (``local_learning_rate``):
+    the name itself (dashes or not), else any spelling main.py takes for the flag, as sweep.py
+    accepts them (``lr``, ``-lr``, ``--local-learning-rate``). main.py's generic flags and PFLlib's
+    algorithm flags are looked up without the federated layers; only another spelling (an
+    algorithm's own short flag) asks main.py's parser for ``algorithm``, which imports them."""
+    plain = name.lstrip("-").replace("-", "_")
+    if any(plain in run.config for run in runs):
+        return plain
+    spellings = [name] if name.startswith("-") else [f"-{name}", f"--{name}"]
+    actions = {spelling: action.dest for action in (*generic_parser()._actions, *pfllib_algorithm_actions())
+               for spelling in action.option_strings}
+    for spelling in spellings:
+        if spelling in actions:
+            return actions[spelling]
+    try:
+        import main
+        from sweep import find_action
+    except ImportError:  # a machine with the reporting tools only (no torch)
+        return plain
+    action = find_action(main.build_parser(["-algo", algorithm]), name)
+    return plain if action is None else action.dest
+
+
 def plot_grid(args: argparse.Namespace, note: Note) -> list[Path]:
     """The --grid heatmaps of every requested algorithm; prints their tables, returns the paths."""
-    row_flag, col_flag = parse_grid_flags(args.grid)
+    row_name, col_name = parse_grid_flags(args.grid)
     results_dir = Path(args.results_dir)
     dataset = dataset_name(args.dataset)
     found = find_all_runs(results_dir, [dataset], args.algorithms, note=note).get(dataset, {})
@@ -145,6 +174,10 @@ def plot_grid(args: argparse.Namespace, note: Note) -> list[Path]:
         if not runs:
             raise PlotError(f"no results for {algo} on {dataset} with goal {args.goal} or {args.goal}-...: "
                             f"searched {search_pattern(results_dir, dataset, algo, args.goal + '*')}")
+        row_flag, col_flag = (stored_flag(name, algo, runs) for name in (row_name, col_name))
+        if row_flag == col_flag:
+            raise PlotError(f"--grid {args.grid!r}: {row_name} and {col_name} are one flag ({row_flag}); "
+                            f"give two different flags as ROWS,COLUMNS")
         cells = cells_of(runs, row_flag, col_flag)
         for metric in GRID_METRICS:
             grid = build_grid(cells, row_flag, col_flag, metric)

@@ -24,7 +24,9 @@ reported with the last line of its error output (the whole output goes to
 At the end, the summary table that ``plot.py`` and ``summarize.py`` print
 (:func:`reporting.stats.summarize_runs`: best, final and tail-mean accuracy, seconds per round,
 memory, ... as mean ± population std over the repeats) is printed for every setting, then for
-the best setting of each algorithm (``--rank_by best`` or ``final`` mean accuracy).
+the best setting of each algorithm (``--rank_by best`` or ``final`` mean accuracy); when the
+sweep varies ``--attack``, the best setting of each algorithm under each attack (an attack ×
+defence grid ranks the defences within each attack, never across attacks).
 Exit status: 0, 1 when a run failed or conflicted, 2 on a bad command line, 130 when interrupted.
 """
 from __future__ import annotations
@@ -437,40 +439,52 @@ def run_jobs(jobs: list[Job], parallel: int, log_dir: Path) -> list[str]:
 # Summary
 # --------------------------------------------------------------------------------------------
 
-def summaries(jobs: list[Job]) -> dict[str, list[AlgorithmSummary]]:
+@dataclass
+class SettingSummary:
+    """One setting's summary row, with what its best setting is chosen among: its algorithm and
+    the attack it runs under (settings under different attacks are not ranked against each other:
+    an attack × defence grid's best defence is chosen per attack)."""
+
+    row: AlgorithmSummary
+    algorithm: str
+    attack: str | None
+
+
+def summaries(jobs: list[Job]) -> dict[str, list[SettingSummary]]:
     """Per dataset, the summary of every setting that has results, labelled "algorithm setting"."""
     by_setting: dict[tuple[str, str, str], list[Job]] = {}
     for job in jobs:
         key = (Path(job.settings["dataset"]).name, job.algorithm, job.label)
         by_setting.setdefault(key, []).append(job)
-    tables: dict[str, list[AlgorithmSummary]] = {}
+    tables: dict[str, list[SettingSummary]] = {}
     for (dataset, algorithm, label), group in by_setting.items():
         runs = [load_run(job.path) for job in group if job.path.exists() and is_finished(job.path) and not job.state.startswith("conflict")]
         if runs:
-            summary = summarize_runs(runs)
-            tables.setdefault(dataset, []).append(
-                dataclasses.replace(summary, algorithm=f"{algorithm} {label}".strip()))
+            row = dataclasses.replace(summarize_runs(runs), algorithm=f"{algorithm} {label}".strip())
+            tables.setdefault(dataset, []).append(SettingSummary(row, algorithm, group[0].settings.get("attack")))
     return tables
 
 
-def best_per_algorithm(rows: list[AlgorithmSummary], rank_by: str) -> list[AlgorithmSummary]:
-    """The row with the highest mean ``best`` (or ``final``) accuracy of each algorithm."""
-    best: dict[str, AlgorithmSummary] = {}
-    for row in rows:
-        algorithm = row.algorithm.split(" ", 1)[0]
-        score = getattr(row, f"{rank_by}_mean")
-        if algorithm not in best or score > getattr(best[algorithm], f"{rank_by}_mean"):
-            best[algorithm] = row
+def best_settings(settings: list[SettingSummary], rank_by: str) -> list[AlgorithmSummary]:
+    """The row with the highest mean ``best`` (or ``final``) accuracy of each algorithm under each
+    attack (one per algorithm when the attack is not swept)."""
+    best: dict[tuple[str, str | None], AlgorithmSummary] = {}
+    for setting in settings:
+        key = (setting.algorithm, setting.attack)
+        score = getattr(setting.row, f"{rank_by}_mean")
+        if key not in best or score > getattr(best[key], f"{rank_by}_mean"):
+            best[key] = setting.row
     return list(best.values())
 
 
 def print_summary(jobs: list[Job], goal: str, rank_by: str) -> None:
-    for dataset, rows in summaries(jobs).items():
+    for dataset, settings in summaries(jobs).items():
         print()
-        print(format_summary_table(rows, dataset, goal + "-*"))
+        print(format_summary_table([s.row for s in settings], dataset, goal + "-*"))
         print()
-        print(f"Best setting per algorithm (highest mean {rank_by} accuracy):")
-        print(format_summary_table(best_per_algorithm(rows, rank_by), dataset, goal + "-*"))
+        per = " and attack" if len({s.attack for s in settings}) > 1 else ""
+        print(f"Best setting per algorithm{per} (highest mean {rank_by} accuracy):")
+        print(format_summary_table(best_settings(settings, rank_by), dataset, goal + "-*"))
 
 
 def main_cli(argv: Sequence[str] | None = None) -> int:

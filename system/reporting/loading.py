@@ -230,10 +230,12 @@ def load_algorithm_runs(results_dir: Path | str, dataset: str, algorithm: str, g
                         note: Note | None = None) -> list[RunResult]:
     """Every run of one algorithm, in run order (empty when no file matches). A file whose
     attributes name another dataset, algorithm or goal than its file name is left out with a
-    note: the attributes are trusted over the name.
+    note: the attributes are trusted over the name. An unreadable file (a corrupt or truncated
+    repeat) is left out with a note too, as :func:`find_all_runs` does, so one broken repeat does
+    not hide the others.
 
     Raises:
-        ResultFileError: A matching file is unreadable.
+        ResultFileError: A matching file is unreadable and there is no ``note`` to tell it to.
     """
     wanted = {"dataset": dataset, "algorithm": algorithm, "goal": goal}
     runs: list[RunResult] = []
@@ -242,7 +244,13 @@ def load_algorithm_runs(results_dir: Path | str, dataset: str, algorithm: str, g
             if note is not None:
                 note(f"{path}: not a file; left out of {algorithm}")
             continue
-        run = load_run(path)
+        try:
+            run = load_run(path)
+        except ResultFileError as exc:
+            if note is None:
+                raise
+            note(f"{exc}; left out of {algorithm}")
+            continue
         clash = [f"{key}={run.attrs[key]!r}" for key in ID_ATTRS
                  if key in run.attrs and str(run.attrs[key]) != wanted[key]]
         if clash:

@@ -101,3 +101,64 @@ def test_virtual_time_to_the_target(tmp_path: Path) -> None:
     assert row.stats["virtual_to_target"].mean == 3.0  # reached at round 1: the clock after round 0
     never = summarize_runs(load_algorithm_runs(tmp_path, "MNIST", "FedAsync", "test"), target_acc=0.95)
     assert never.stats["virtual_to_target"].count == 0
+
+
+# ------------------------------------------- the flags as sweep.py spells them, ranks per attack
+@pytest.fixture
+def lr_sweep(tmp_path: Path) -> Path:
+    """A learning rate × defence sweep under one attack: final accuracy 0.1 + 10·lr (+0.2 for median)."""
+    folder = tmp_path / "lr"
+    folder.mkdir()
+    for lr in (0.01, 0.05):
+        for robust, bonus in ((None, 0.0), ("median", 0.2)):
+            goal = f"grid-lr={lr}" + (f"-robust={robust}" if robust else "")
+            config = {"dataset": "MNIST", "algorithm": "FedAvg", "goal": goal, "seed": 0, "attack": "sign_flip",
+                      "robust": robust, "local_learning_rate": lr}
+            write_ours(folder, "MNIST", "FedAvg", goal, 0, [0.1, 0.1 + 10 * lr + bonus],
+                       attrs={"config": json.dumps(config)})
+    return folder
+
+
+@pytest.mark.parametrize("spelling", ["lr", "-lr", "local_learning_rate", "--local-learning-rate"])
+def test_the_grid_takes_the_spellings_sweep_takes(lr_sweep: Path, tmp_path: Path, capsys, spelling: str) -> None:
+    rc = plot.main(["-data", "MNIST", "-algo", "FedAvg", "-go", "grid", f"--grid={spelling},robust",
+                    "--results_dir", str(lr_sweep), "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert cells_in(out.split("\n\n")[0]) == {"0.01": ["20.00", "40.00"], "0.05": ["60.00", "80.00"]}
+    assert out.splitlines()[1].startswith("local_learning_rate \\ robust")
+
+
+def test_two_spellings_of_one_flag_are_not_a_grid(lr_sweep: Path, capsys) -> None:
+    assert plot.main(["-data", "MNIST", "-algo", "FedAvg", "-go", "grid", "--grid", "lr,local_learning_rate",
+                      "--results_dir", str(lr_sweep)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "are one flag (local_learning_rate)" in err
+
+
+def test_the_sweeps_best_setting_is_chosen_within_each_attack(tmp_path: Path, capsys) -> None:
+    """sign_flip's best defence scores below gaussian's worst: ranking across attacks would keep
+    one gaussian row; within each attack there is one row per attack, each its attack's best."""
+    import sweep
+    from toydata import make_dataset
+
+    data = make_dataset(tmp_path / "data", num_clients=4, input_shape=(4,))
+    results = tmp_path / "results"
+    own, jobs = sweep.plan(["-data", str(data), "-m", "MLR", "--attack_fraction", "0.25", "--results_dir",
+                            str(results), "-go", "g", "--grid", "attack=sign_flip,gaussian",
+                            "robust=median,trimmed_mean"])
+    finals = {("sign_flip", "median"): 0.4, ("sign_flip", "trimmed_mean"): 0.3,
+              ("gaussian", "median"): 0.7, ("gaussian", "trimmed_mean"): 0.9}
+    results.mkdir()
+    for job in jobs:
+        key = (job.settings["attack"], job.settings["robust"])
+        config = {k: v for k, v in job.settings.items() if k in ("dataset", "algorithm", "goal", "attack", "robust")}
+        write_ours(results, "Toy", "FedAvg", job.settings["goal"], job.run, [0.1, finals[key]],
+                   attrs={"config": json.dumps(config)})
+    sweep.print_summary(jobs, own.goal, "final")
+    out = capsys.readouterr().out
+    head, best = out.split("Best setting per algorithm and attack (highest mean final accuracy):\n")
+    rows = [line for line in best.splitlines() if line.startswith("FedAvg")]
+    assert len(rows) == 2, best
+    assert "attack=sign_flip robust=median" in rows[0] + rows[1] and "attack=gaussian robust=trimmed_mean" in best
+    assert "trimmed_mean" not in [r for r in rows if "sign_flip" in r][0]

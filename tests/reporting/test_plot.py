@@ -246,12 +246,32 @@ def test_cli_missing_results_dir(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert code == 2 and err.count("\n") == 1 and "does not exist" in err
 
 
-def test_cli_corrupt_file(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_corrupt_repeat_is_left_out_with_a_note(results: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """As summarize.py and report.py: one note naming the file, the other repeats plotted."""
+    good = (results / "MNIST_FedAvg_test_2.h5").read_bytes()
     (results / "MNIST_FedAvg_test_3.h5").write_bytes(b"\x00" * 100)
-    code = plot.main(["-data", "MNIST", "-algo", "FedAvg", "--results-dir", str(results)])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1
-    assert "MNIST_FedAvg_test_3.h5" in err and "Traceback" not in err
+    (results / "MNIST_FedAvg_test_4.h5").write_bytes(good[: len(good) // 2])  # truncated
+    code = plot.main(["-data", "MNIST", "-algo", "FedAvg", "--results-dir", str(results), "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "Traceback" not in err
+    for run in (3, 4):
+        (line,) = [n for n in err.splitlines() if f"MNIST_FedAvg_test_{run}.h5" in n]
+        assert line.startswith(f"note: {results / f'MNIST_FedAvg_test_{run}.h5'}: not a readable HDF5 result file")
+        assert line.endswith("; left out of FedAvg")
+    assert (tmp_path / "MNIST_test_acc.png").is_file()
+    (row,) = [line.split() for line in out.splitlines() if line.startswith("FedAvg ")]
+    assert row[1] == "3"  # runs 0-2
+
+
+def test_cli_an_algorithm_without_a_readable_file_is_an_error(tmp_path: Path, capsys) -> None:
+    (tmp_path / "MNIST_FedAvg_test_0.h5").write_bytes(b"\x00" * 100)
+    code = plot.main(["-data", "MNIST", "-algo", "FedAvg", "--results-dir", str(tmp_path)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(err) == 2
+    assert "MNIST_FedAvg_test_0.h5: not a readable HDF5 result file" in err[0]
+    assert err[1].startswith("plot.py: error: no results for algorithm FedAvg on MNIST")
 
 
 def test_cli_x_time_needs_round_time(results: Path, capsys: pytest.CaptureFixture[str]) -> None:
