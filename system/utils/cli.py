@@ -372,6 +372,7 @@ def generic_parser() -> argparse.ArgumentParser:
                   "(v ← β·v + g; w ← w − lr·v); the buffer starts at zero in every local training, as the official "
                   "Sageflow code's new torch.optim.SGD per client and round (lr 0.01, β 0.9); 0 = plain SGD "
                   "(flcore/clients/clientbase.py)")
+    add_flag(g, "--weight_decay", type=float, default=0.0, low=0, help="L2 weight decay λ of the clients' local SGD, as torch.optim.SGD's (g ← g + λ·w before momentum); 0 = none (flcore/clients/localstep.py)")
     add_flag(g, "-gr", "--global_rounds", type=int, default=2000, low=1, help="communication rounds")
     add_flag(g, "-tc", "--top_cnt", type=int, default=100, low=1, help="auto-break patience in evaluations")
     add_flag(g, "-ls", "--local_epochs", type=int, default=1, low=1, help="local epochs E per round")

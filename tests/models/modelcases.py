@@ -23,7 +23,7 @@ AGNEWS = Case("AGNews (sequences shortened to 16 tokens)", (16,), 4, tokens=True
 #: canonical model name -> its dataset
 CASES: dict[str, Case] = {
     "MLR": MNIST, "DNN": MNIST, "DNN-PFLlib": MNIST, "MLP": MNIST, "CNN": MNIST, "CNN-BN": MNIST, "LeNet": MNIST,
-    "SageflowCNN": MNIST,
+    "SageflowCNN": MNIST, "SimpleCNN": MNIST,
     **{name: CIFAR10 for name in ("ResNet10", "ResNet18", "ResNet34", "GoogleNet", "MobileNet")},
     **{f"{name}-GN": CIFAR10 for name in ("ResNet10", "ResNet18", "ResNet34", "GoogleNet", "MobileNet")},
     "AlexNet": Case("TinyImagenet", (3, 64, 64), 200),

@@ -149,3 +149,10 @@ def test_text_models_scale_with_the_vocabulary():
     bigger = Namespace(vocab_size=1080, feature_dim=32, max_len=200)
     for name in ("fastText", "LSTM", "BiLSTM", "TextCNN", "Transformer"):
         assert count(name, (200,), 4, bigger) - count(name, (200,), 4, TEXT) == 1000 * 32
+
+
+def test_simple_cnn_is_niid_benchs():
+    # conv 1->6 5x5: 150 + 6; conv 6->16 5x5: 2,400 + 16; FC 16*4*4 -> 120: 30,720 + 120;
+    # FC 120 -> 84: 10,080 + 84; classifier 84 -> 10: 840 + 10 (3x32x32: FC 16*5*5 -> 120 = 48,000 + 120)
+    assert count("SimpleCNN", (1, 28, 28), 10) == 156 + 2_416 + 30_840 + 10_164 + 850 == 44_426
+    assert count("SimpleCNN", (3, 32, 32), 10) == 456 + 2_416 + 48_120 + 10_164 + 850 == 62_006

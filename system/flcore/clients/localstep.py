@@ -4,6 +4,7 @@ not the algorithm's (DP-SGD's clipped, noised per-sample gradients and Poisson b
 their own module, and the base client has no branch for them.
 
 * :class:`LocalStep`: plain minibatch SGD (a fresh permutation per epoch; one backward pass).
+* :class:`WeightDecayStep`: plain SGD with L2 weight decay (``--weight_decay λ``).
 * Other strategies register with ``@register_local_step(name)`` and say from the flags whether a
   run uses them (``wanted(args)``); :func:`local_step_for` picks the one a run's flags ask for
   (at most one may be wanted). DP-SGD (``flcore/privacy/dpsgd.py``) is one.
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from flcore.registry import LOCAL_STEPS, import_submodules
+from flcore.registry import LOCAL_STEPS, import_submodules, register_local_step
 from utils.errors import FLError
 
 if TYPE_CHECKING:
@@ -59,6 +60,41 @@ class LocalStep:
 
     def job_finished(self, client: "Client", job: "LocalJob") -> None:
         """After a client's round of local training (counts what this strategy accounts for)."""
+
+
+@register_local_step("weight_decay")
+class WeightDecayStep(LocalStep):
+    """Plain SGD whose gradient carries L2 weight decay λ·w over every trainable parameter, as
+    ``torch.optim.SGD(weight_decay=λ)``: the term is added to the loss gradient before the
+    algorithm's own term (``adjust_grad``) and before ``--local_momentum``'s buffer (NIID-Bench and
+    its Flower baseline train with λ = 1e-5). It is not ``plain``: the batched engine trains such
+    clients sequentially rather than dropping the term. Clients with their own optimiser (those
+    ``--local_momentum`` does not reach) are refused."""
+
+    name: ClassVar[str] = "weight_decay"
+    plain: ClassVar[bool] = False
+
+    def __init__(self, weight_decay: float):
+        self.weight_decay = weight_decay
+
+    @classmethod
+    def wanted(cls, args: Namespace) -> bool:
+        return bool(getattr(args, "weight_decay", 0.0))
+
+    @classmethod
+    def from_args(cls, args: Namespace) -> "LocalStep":
+        return cls(float(args.weight_decay))
+
+    def prepare(self, client: "Client") -> None:
+        if not type(client).uses_local_momentum():
+            raise FLError(f"--weight_decay: {type(client).__name__} trains with its own optimiser, not the base "
+                          "client's SGD; run it without --weight_decay")
+
+    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: "RoundPackage",
+                 step: int) -> torch.Tensor:
+        loss = client.compute_gradient(model, idx, ctx)
+        model.grad.add_(model.params, alpha=self.weight_decay)
+        return loss
 
 
 #: the strategy of every run without another one (it holds no state: one object serves all)

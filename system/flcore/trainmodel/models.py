@@ -112,6 +112,24 @@ def sageflow_cnn(input_shape: Sequence[int], num_classes: int, args: Namespace |
     return SplitModel(body, nn.Linear(1024, num_classes))
 
 
+@register_model("SimpleCNN")
+def simple_cnn(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
+    """NIID-Bench's simple CNN (Li, Diao, Chen, He, ICDE 2022; ``SimpleCNN``/``SimpleCNNMNIST`` in its
+    code, ``CNN``/``CNNMnist`` in Flower's ``baselines/niid_bench``): two 5x5 convolutions (6, 16), no
+    padding, each with ReLU and 2x2 max-pooling, then FC 120 and FC 84 with ReLU (the body), and a
+    linear classifier. 44,426 parameters on 1x28x28 and 62,006 on 3x32x32 (10 classes)."""
+    if len(input_shape) != 3:
+        raise ValueError(f"SimpleCNN needs image input [C, H, W], got {list(input_shape)}")
+    conv = nn.Sequential(
+        nn.Conv2d(input_shape[0], 6, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, kernel_size=5), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    dim = _feature_dim(conv, input_shape)
+    body = nn.Sequential(*conv, nn.Linear(dim, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
+    return SplitModel(body, nn.Linear(84, num_classes))
+
+
 @register_model("LeNet")
 def lenet(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
     """PFLlib's LeNet: conv 5x5 (20) + pool, conv 5x5 (50) + dropout + pool, a 256-unit

@@ -1,0 +1,690 @@
+"""Reference suites: a published setting in one TOML file, run in one command, rendered as a page.
+
+Run from the repository root (or anywhere)::
+
+    python system/suite.py run suites/niid_bench.toml [--profile cpu|full] [--shard i/n] [--jobs J]
+    python system/suite.py render suites/niid_bench.toml     # -> docs/results/niid_bench.md (+ a figure)
+    python system/suite.py check suites/ci.toml              # stored curves, within the suite's tolerance
+
+A suite names its settings (a dataset generator call each), the algorithms with their flags, the
+seeds and the published figures to compare with::
+
+    [suite]                  title, about, source (where the setting and the numbers come from),
+                             seeds (repeats: seeds seed, seed+1, ...), metric (best, last or last10:
+                             the figure the reference is compared with), target (an accuracy for
+                             the to-target columns; optional), notes (lines for the page; optional)
+    [flags]                  main.py flags of every run (spelled as in main.py --config files)
+    [profiles.full]          flags that override [flags] for --profile full (the published setting)
+    [profiles.cpu]           ... for --profile cpu, and any other profile
+    [settings.ID]            label, generator (dataset/generate_<generator>.py), generate (its
+                             arguments), flags (optional)
+    [algorithms.ID]          algo (the -algo name; default ID), flags (optional)
+    [reference.SETTING]      ALGORITHM_ID = published accuracy in percent
+    [check]                  curves (a JSON file beside the suite), tolerance (accuracy, absolute)
+
+Each (setting, algorithm, seed) is one ``main.py`` process, planned by ``sweep.py``'s machinery: a
+run whose result file exists with the same settings is never run again (an interrupted suite
+continues where it stopped; a stored result made with other settings is reported as a conflict),
+an interrupted run resumes from its checkpoint, and ``--shard i/n`` takes every n-th run from the
+i-th, so n processes or machines share a suite (results are files: copy them into one folder).
+Data go to ``dataset/<suite>-<setting>`` (the generator's own download, or ``--raw-dir NAME=DIR``),
+results to ``results/<suite>/`` (``--results_dir``), with the machines that ran them.
+Exit status: 0; 1 when a run failed or conflicted, or ``check`` found a changed number; 2 on a bad
+suite file or command line; 130 when interrupted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+SYSTEM = Path(__file__).resolve().parent
+ROOT = SYSTEM.parent
+if str(SYSTEM) not in sys.path:
+    sys.path.insert(0, str(SYSTEM))
+
+import numpy as np  # noqa: E402
+
+import main  # noqa: E402
+import sweep  # noqa: E402
+from reporting.cli import one_line_errors  # noqa: E402
+from reporting.loading import RunResult, load_run  # noqa: E402
+from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
+from utils.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
+from utils.errors import FLError  # noqa: E402
+
+PROG = "suite.py"
+DATASET_DIR = ROOT / "dataset"  # the generators; the default home of the suites' data
+NAME = re.compile(r"[A-Za-z0-9.+-]+")  # ids that become parts of file names (no "_": it separates them)
+#: the keys each table may hold: name -> (required, type)
+SUITE_KEYS = {"title": (True, str), "about": (True, str), "source": (True, str), "seeds": (True, int),
+              "metric": (True, str), "target": (False, float), "notes": (False, list)}
+SETTING_KEYS = {"label": (True, str), "generator": (True, str), "generate": (True, list), "flags": (False, dict)}
+ALGORITHM_KEYS = {"algo": (False, str), "flags": (False, dict)}
+CHECK_KEYS = {"curves": (True, str), "tolerance": (True, float)}
+TOP_KEYS = {"suite", "flags", "profiles", "settings", "algorithms", "reference", "check"}
+#: the figure the reference column is compared with -> the summary's figure
+METRICS = {"best": "best", "last": "final", "last10": "last_n"}
+#: flags a suite sets itself
+SUITE_SET = {"dataset": "the setting's data", "algorithm": "[algorithms.ID] algo", "results_dir": "--results_dir",
+             "goal": "the profile", "times": "[suite] seeds", "prev": "[suite] seeds", "resume": "the suite",
+             "overwrite": "the suite"}
+
+
+@dataclass
+class Setting:
+    id: str
+    label: str
+    generator: str
+    generate: list[str]
+    flags: dict[str, Any]
+
+
+@dataclass
+class Entry:
+    """One algorithm of the suite (an id, so that one -algo may appear with two sets of flags)."""
+
+    id: str
+    algo: str
+    flags: dict[str, Any]
+
+
+@dataclass
+class Suite:
+    path: Path
+    name: str
+    title: str
+    about: str
+    source: str
+    seeds: int
+    metric: str
+    target: float | None
+    notes: list[str]
+    flags: dict[str, Any]
+    profiles: dict[str, dict[str, Any]]
+    settings: list[Setting]
+    algorithms: list[Entry]
+    reference: dict[str, dict[str, float]]
+    check: dict[str, Any] | None = None
+    data_root: Path = DATASET_DIR
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("_", "-")
+
+    def data_dir(self, setting: Setting) -> Path:
+        return self.data_root / f"{self.slug}-{setting.id}"
+
+    def goal(self, profile: str, entry: Entry) -> str:
+        return profile if entry.id == entry.algo else f"{profile}-{entry.id}"
+
+
+# --------------------------------------------------------------------------------------------
+# Reading and validating a suite file
+# --------------------------------------------------------------------------------------------
+
+def _table(data: dict, keys: dict[str, tuple[bool, type]], where: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise FLError(f"{where} must be a table")
+    unknown = sorted(set(data) - set(keys))
+    if unknown:
+        raise FLError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(keys)}")
+    for key, (required, kind) in keys.items():
+        if key not in data:
+            if required:
+                raise FLError(f"{where}: missing {key}")
+            continue
+        value = data[key]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) if kind is float else isinstance(value, kind)
+        if kind is int and isinstance(value, bool):
+            ok = False
+        if not ok:
+            raise FLError(f"{where}: {key} must be {kind.__name__}, got {value!r}")
+    return data
+
+
+def _name(value: str, where: str) -> str:
+    if not NAME.fullmatch(value):
+        raise FLError(f"{where}: {value!r} must be letters, digits, '.', '+' or '-' (it is part of file names)")
+    return value
+
+
+def load_suite(path: str | Path) -> Suite:
+    """The suite at ``path``, validated: every problem is one line (an FLError)."""
+    path = Path(path)
+    data = read_toml(path)
+    unknown = sorted(set(data) - TOP_KEYS)
+    if unknown:
+        raise FLError(f"{path}: unknown table(s) {', '.join(unknown)}; allowed: {', '.join(sorted(TOP_KEYS))}")
+    for key in ("suite", "flags", "profiles", "settings", "algorithms"):
+        if key not in data:
+            raise FLError(f"{path}: missing [{key}]")
+    head = _table(data["suite"], SUITE_KEYS, f"{path} [suite]")
+    if head["seeds"] < 1:
+        raise FLError(f"{path} [suite]: seeds must be >= 1, got {head['seeds']}")
+    if head["metric"] not in METRICS:
+        raise FLError(f"{path} [suite]: metric must be one of {', '.join(METRICS)}, got {head['metric']!r}")
+    profiles = data["profiles"]
+    if not isinstance(profiles, dict) or "full" not in profiles:
+        raise FLError(f"{path}: missing [profiles.full] (the published setting; it may be empty)")
+    for name, table in profiles.items():
+        _name(name, f"{path} [profiles]")
+        if not isinstance(table, dict):
+            raise FLError(f"{path} [profiles.{name}] must be a table of flags")
+    settings = []
+    for sid, table in _ids(data["settings"], f"{path} [settings]"):
+        table = _table(table, SETTING_KEYS, f"{path} [settings.{sid}]")
+        script = DATASET_DIR / f"generate_{table['generator']}.py"
+        if not script.is_file():
+            raise FLError(f"{path} [settings.{sid}]: generator {table['generator']!r}: no {script.relative_to(ROOT)}")
+        settings.append(Setting(sid, table["label"], table["generator"], [str(a) for a in table["generate"]],
+                                table.get("flags", {})))
+    entries = []
+    for aid, table in _ids(data["algorithms"], f"{path} [algorithms]"):
+        table = _table(table, ALGORITHM_KEYS, f"{path} [algorithms.{aid}]")
+        entries.append(Entry(aid, table.get("algo", aid), table.get("flags", {})))
+    reference = data.get("reference", {})
+    if not isinstance(reference, dict):
+        raise FLError(f"{path}: reference must be a table ([reference.SETTING])")
+    setting_ids, entry_ids = {s.id for s in settings}, {e.id for e in entries}
+    for sid, row in reference.items():
+        if sid not in setting_ids:
+            raise FLError(f"{path} [reference.{sid}]: no setting {sid!r}; settings: {', '.join(sorted(setting_ids))}")
+        for aid, value in (row.items() if isinstance(row, dict) else [("", row)]):
+            if aid not in entry_ids:
+                raise FLError(f"{path} [reference.{sid}]: no algorithm {aid!r}; algorithms: {', '.join(sorted(entry_ids))}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise FLError(f"{path} [reference.{sid}]: {aid} must be a number (percent), got {value!r}")
+    check = _table(data["check"], CHECK_KEYS, f"{path} [check]") if "check" in data else None
+    suite = Suite(path, path.stem, head["title"], head["about"], head["source"], head["seeds"], head["metric"],
+                  float(head["target"]) if "target" in head else None, [str(n) for n in head.get("notes", [])],
+                  data["flags"], profiles, settings, entries, reference, check)
+    if not NAME.fullmatch(suite.slug):
+        raise FLError(f"{path}: the file name must be letters, digits, '_', '.', '+' or '-'")
+    return suite
+
+
+def _ids(table: Any, where: str) -> list[tuple[str, dict]]:
+    if not isinstance(table, dict) or not table:
+        raise FLError(f"{where}: needs at least one entry ([{where.split('[')[-1].rstrip(']')}.ID])")
+    return [(_name(key, where), value) for key, value in table.items()]
+
+
+# --------------------------------------------------------------------------------------------
+# Planning: the runs of a profile, through sweep.py's jobs
+# --------------------------------------------------------------------------------------------
+
+def profile_flags(suite: Suite, profile: str) -> dict[str, Any]:
+    if profile not in suite.profiles:
+        raise FLError(f"{suite.path}: no profile {profile!r}; profiles: {', '.join(suite.profiles)}")
+    return {**suite.flags, **suite.profiles[profile]}
+
+
+def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str) -> list[tuple[str, argparse.Action, str | None]]:
+    """A flag table as sweep's (flag, action, value) triples: one value a flag."""
+    applied = []
+    for key, value in table.items():
+        if isinstance(value, list):
+            raise FLError(f"{where}: {key} has a list; a suite's flag takes one value")
+        action = find_flag(parser, key)
+        if action is not None and action.dest in SUITE_SET:
+            raise FLError(f"{where}: {key} is set by {SUITE_SET[action.dest]}, not a flag table")
+        tokens = flag_tokens({key: value}, parser, where)
+        if tokens:
+            applied.append((tokens[0], find_flag(parser, key), tokens[1] if len(tokens) > 1 else None))
+    return applied
+
+
+@dataclass
+class Planned:
+    """One run of a suite: its setting, its algorithm and sweep.py's job (argv, file, state)."""
+
+    setting: Setting
+    entry: Entry
+    job: sweep.Job
+
+    @property
+    def key(self) -> str:
+        return f"{self.setting.id}/{self.entry.id}/{self.job.run}"
+
+
+def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[Planned]:
+    """Every run of the profile, in a fixed order (settings, then algorithms, then seeds), each
+    marked todo, done, failed or in conflict (sweep.py's states). Nothing runs; no data is read."""
+    common = profile_flags(suite, profile)
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    head = ["--progress", "False", "--num_threads", str(threads), "-q", "True"]
+    out: list[Planned] = []
+    for setting in suite.settings:
+        for entry in suite.algorithms:
+            parser = main.build_parser(["-algo", entry.algo])
+            where = f"{suite.path} {setting.id}/{entry.id}"
+            applied = [*_applied(common, parser, f"{suite.path} [flags]/[profiles.{profile}]"),
+                       *_applied(setting.flags, parser, f"{suite.path} [settings.{setting.id}] flags"),
+                       *_applied(entry.flags, parser, f"{suite.path} [algorithms.{entry.id}] flags")]
+            fixed = [("-data", find_flag(parser, "data"), str(suite.data_dir(setting))),
+                     ("--results_dir", find_flag(parser, "results_dir"), str(results_dir))]
+            own = argparse.Namespace(goal=suite.goal(profile, entry), times=suite.seeds)
+            try:
+                made = sweep.jobs_of_setting(own, entry.algo, [*applied, *fixed], [], head)
+            except FLError as exc:
+                raise FLError(f"{where}: {exc}") from None
+            out += [Planned(setting, entry, job) for job in made]
+    return out
+
+
+def shard(jobs: list[Planned], spec: str | None) -> list[Planned]:
+    """The runs of shard ``i/n`` (1 <= i <= n): every n-th run from the i-th."""
+    if spec is None:
+        return jobs
+    match = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
+        raise FLError(f"--shard {spec!r}: write i/n with 1 <= i <= n, e.g. --shard 1/2")
+    i, n = int(match.group(1)), int(match.group(2))
+    return jobs[i - 1::n]
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+def generator_command(suite: Suite, setting: Setting, raw_dirs: dict[str, str]) -> list[str]:
+    command = [sys.executable, str(DATASET_DIR / f"generate_{setting.generator}.py"), *setting.generate,
+               "--out-dir", str(suite.data_dir(setting))]
+    if setting.generator in raw_dirs:
+        command += ["--raw-dir", raw_dirs[setting.generator]]
+    return command
+
+
+def generate(suite: Suite, setting: Setting, raw_dirs: dict[str, str]) -> None:
+    """Write the setting's data (the generator leaves a folder that holds this configuration alone)."""
+    command = generator_command(suite, setting, raw_dirs)
+    done = subprocess.run(command, cwd=DATASET_DIR, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise FLError(f"{setting.id}: generate_{setting.generator}.py failed: {lines[-1] if lines else 'no output'}"
+                      + ("" if setting.generator in raw_dirs else f" (offline: --raw-dir {setting.generator}=DIR)"))
+
+
+def machine() -> dict[str, Any]:
+    """The machine and library versions a run is made with (recorded beside the results)."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    record = {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform(), "python": platform.python_version(),
+              "torch": torch.__version__, "numpy": np.__version__}
+    if torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name(0)
+    return record
+
+
+def record_machine(results_dir: Path) -> None:
+    """Add this machine to ``machines.json`` in the results folder (one entry per host)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    path = results_dir / "machines.json"
+    machines = json.loads(path.read_text()) if path.is_file() else {}
+    machines[platform.node() or "host"] = machine()
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def run_suite(suite: Suite, profile: str, results_dir: Path, shard_spec: str | None, jobs: int,
+              raw_dirs: dict[str, str]) -> int:
+    planned = [p.job for p in shard(plan(suite, profile, results_dir, jobs), shard_spec)]
+    counts = {state: sum(j.state.split(":")[0] == state for j in planned) for state in ("todo", "done", "conflict")}
+    failed = [j for j in planned if j.state == sweep.FAILED]
+    print(f"{suite.name} ({profile}{', shard ' + shard_spec if shard_spec else ''}): {len(planned)} runs, "
+          f"{counts['done']} done earlier, {counts['todo']} to run, {len(failed)} failed earlier, "
+          f"{counts['conflict']} in conflict", flush=True)
+    problems = [f"{j.name}: {j.state}" for j in planned if j.state not in ("todo", "done")]
+    todo = [j for j in planned if j.state == "todo"]
+    if todo:
+        needed = {Path(j.settings["dataset"]).name for j in todo}
+        for setting in suite.settings:
+            if suite.data_dir(setting).name in needed:
+                generate(suite, setting, raw_dirs)
+        record_machine(results_dir)
+        problems += sweep.run_jobs(planned, jobs, results_dir / "sweep-logs")
+    for line in problems:
+        print(line, file=sys.stderr)
+    return 1 if problems else 0
+
+
+# --------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class Cell:
+    """The finished runs of one (setting, algorithm) of a profile, and their summary."""
+
+    runs: list[RunResult]
+    summary: AlgorithmSummary | None = None
+    mb_up: float | None = None
+    mb_down: float | None = None
+    command: str = ""
+
+
+def collect(suite: Suite, profile: str, results_dir: Path) -> dict[tuple[str, str], Cell]:
+    """(setting id, algorithm id) -> its finished runs of ``profile`` (none: absent)."""
+    cells: dict[tuple[str, str], Cell] = {}
+    for run in plan(suite, profile, results_dir):
+        if run.job.state != "done":
+            continue
+        cell = cells.setdefault((run.setting.id, run.entry.id), Cell([]))
+        cell.runs.append(load_run(run.job.path))
+        cell.command = "python system/main.py " + " ".join(_shown(run.job.argv))
+    for cell in cells.values():
+        cell.summary = summarize_runs(cell.runs, avg_last=10, target_acc=suite.target)
+        cell.mb_up = _mean_total(cell.runs, "rs_bytes_up")
+        cell.mb_down = _mean_total(cell.runs, "rs_bytes_down")
+    return cells
+
+
+def _shown(argv: list[str]) -> list[str]:
+    """A job's main.py argv as a user types it: repository-relative paths, the seed's own flags left out."""
+    shown, skip = [], False
+    for token in argv:
+        if skip:
+            skip = False
+            continue
+        if token in ("--resume", "-pv", "-t", "--num_threads", "--progress", "-q"):
+            skip = token != "--resume"
+            continue
+        shown.append(os.path.relpath(token, ROOT) if token.startswith(str(ROOT)) else token)
+    return shown
+
+
+def _mean_total(runs: list[RunResult], key: str) -> float | None:
+    totals = [float(np.sum(s)) / max(1, len(s)) for r in runs if (s := r.get(key)) is not None and s.size]
+    return float(np.mean(totals)) / 1e6 if totals else None
+
+
+def _pm(stat, percent: bool = True, digits: int = 2) -> str:
+    if stat is None or not np.isfinite(stat.mean):
+        return "–"
+    scale = 100.0 if percent else 1.0
+    return f"{scale * stat.mean:.{digits}f} ± {scale * stat.std:.{digits}f}"
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _to_target(summary: AlgorithmSummary, key: str, digits: int) -> str:
+    stat = summary.stats.get(key)
+    if stat is None:
+        return "–"
+    if not np.isfinite(stat.mean):
+        return "not reached"
+    text = f"{stat.mean:.{digits}f}"
+    return text if stat.count == summary.n_runs else f"{text} ({stat.count}/{summary.n_runs})"
+
+
+def scored(cell: Cell) -> str:
+    """Which model is scored over which clients, from the files themselves."""
+    config = cell.runs[0].config
+    model = "each client's own model" if cell.summary and cell.summary.personalized else "the global model"
+    gap = config.get("eval_gap", 1)
+    return f"{model}, on all {config.get('num_clients', '?')} clients' test data, every {gap} round(s)"
+
+
+def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell]) -> list[str]:
+    flags = suite.profiles[profile]
+    changed = ", ".join(f"`{k} = {v}`" for k, v in flags.items()) or "none"
+    tag = "" if profile == "full" else f" ({profile})"
+    lines = [f"## Profile `{profile}`", "",
+             f"Overrides of `[flags]`: {changed}." + ("" if profile == "full" else
+             f" Every number in this section is of the `{profile}` profile, not the published setting."), ""]
+    metric = METRICS[suite.metric]
+    target = f" to {100 * suite.target:.0f}%" if suite.target is not None else ""
+    for setting in suite.settings:
+        rows = [(entry, cells.get((setting.id, entry.id))) for entry in suite.algorithms]
+        if not any(cell for _, cell in rows):
+            continue
+        lines += [f"### {setting.label}{tag}", "",
+                  f"| algorithm | seeds | best{tag} | last{tag} | mean of last 10{tag} | reference | difference "
+                  f"| rounds{target} | virtual s{target} | s/round | MB up / down a round | scored |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for entry, cell in rows:
+            reference = suite.reference.get(setting.id, {}).get(entry.id)
+            ref_text = "–" if reference is None else f"{reference:.2f}"
+            if cell is None:
+                lines.append(f"| {entry.id} | 0 | not run | | | {ref_text} | | | | | | |")
+                continue
+            s = cell.summary
+            ours = s.stats.get(metric)
+            diff = "–" if reference is None or ours is None else f"{100 * ours.mean - reference:+.2f}"
+            lines.append(
+                f"| {entry.id} | {s.n_runs} | {_pm(s.stats.get('best'))} | {_pm(s.stats.get('final'))} "
+                f"| {_pm(s.stats.get('last_n'))} | {ref_text} | {diff} "
+                f"| {_to_target(s, 'rounds_to_target', 1) if suite.target is not None else '–'} "
+                f"| {_to_target(s, 'virtual_to_target', 1) if suite.target is not None else '–'} "
+                f"| {_num(s.stats['s_per_round'].mean if 's_per_round' in s.stats else None)} "
+                f"| {_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)} | {scored(cell)} |")
+        lines.append("")
+    commands = [f"    {cells[key].command}" for key in cells]
+    if commands:
+        lines += ["<details><summary>the main.py command of every row (seed r: add <code>-pv r -t r+1</code>)"
+                  "</summary>", "", *commands, "", "</details>", ""]
+    return lines
+
+
+def machines_lines(results_dir: Path) -> list[str]:
+    path = results_dir / "machines.json"
+    if not path.is_file():
+        return ["No machine record (`machines.json`) beside the results."]
+    machines = json.loads(path.read_text())
+    return [f"- `{host}`: {m.get('cpu')} ({m.get('cores')} cores{', ' + m['gpu'] if m.get('gpu') else ''}), "
+            f"{m.get('os')}; Python {m.get('python')}, torch {m.get('torch')}, numpy {m.get('numpy')}"
+            for host, m in sorted(machines.items())]
+
+
+def render(suite: Suite, results_dir: Path, out_dir: Path) -> Path:
+    """Write ``<out_dir>/<suite>.md`` (and a figure per profile with results); returns the page."""
+    rel = os.path.relpath(suite.path.resolve(), ROOT)
+    runs = [f"python system/suite.py run {rel}" + ("" if p == "full" else f" --profile {p}") for p in suite.profiles]
+    lines = [f"# {suite.title}", "", suite.about, "", f"Source of the setting and the reference column: {suite.source}", "",
+             "## Commands", "", "```", *runs, f"python system/suite.py render {rel}", "```", "",
+             "The data (one generator call per setting):", "", "```",
+             *[" ".join(["python", f"dataset/generate_{s.generator}.py", *s.generate, "--out-dir",
+                         os.path.relpath(suite.data_dir(s), ROOT)]) for s in suite.settings], "```", "",
+             f"Seeds: {suite.seeds} (seed, seed + 1, ...); each figure is the mean ± population std over them. "
+             "*best*: the highest test accuracy of a run over all its evaluations; *last*: the accuracy after the last "
+             "round; *mean of last 10*: the mean of the last 10 evaluations of trained models. "
+             f"The reference column is compared with *{suite.metric}*. *virtual s*: the virtual clock's reading when "
+             "the target is first reached; *MB up / down a round*: all clients' traffic per training round.", ""]
+    if suite.notes:
+        lines += [*[f"- {note}" for note in suite.notes], ""]
+    lines += ["## Machines", "", *machines_lines(results_dir), ""]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rendered = False
+    for profile in suite.profiles:
+        cells = collect(suite, profile, results_dir)
+        if not cells:
+            continue
+        rendered = True
+        lines += render_profile(suite, profile, cells)
+        figure = draw(suite, profile, cells, out_dir / f"{suite.name}-{profile}.png")
+        lines += [f"![test accuracy over rounds, profile {profile}]({figure.name})", ""]
+    if not rendered:
+        raise FLError(f"{suite.path}: no finished run in {results_dir}; run it first: python system/suite.py run {rel}")
+    page = out_dir / f"{suite.name}.md"
+    page.write_text("\n".join(lines).rstrip() + "\n")
+    return page
+
+
+def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: Path) -> Path:
+    """Mean test accuracy over rounds, one panel per setting, one line per algorithm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [s for s in suite.settings if any((s.id, e.id) in cells for e in suite.algorithms)]
+    cols = min(3, len(shown))
+    rows = -(-len(shown) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    for ax, setting in zip(axes.flat, shown):
+        for entry in suite.algorithms:
+            cell = cells.get((setting.id, entry.id))
+            if cell is None:
+                continue
+            length = min(r.n_evals for r in cell.runs)
+            acc = np.mean([r.series["rs_test_acc"][:length] for r in cell.runs], axis=0)
+            ax.plot(cell.runs[0].eval_rounds[:length], 100 * acc, label=entry.id, linewidth=1.2)
+        ax.set_title(setting.label, fontsize=9)
+        ax.set_xlabel("round", fontsize=8)
+        ax.set_ylabel("test accuracy (%)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(shown):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"{suite.title} (profile {profile})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Checking stored curves
+# --------------------------------------------------------------------------------------------
+
+def curves(suite: Suite, results_dir: Path) -> dict[str, list[float]]:
+    """``setting/algorithm/seed`` -> test accuracy at every evaluation, of profile full."""
+    out = {}
+    for run in plan(suite, "full", results_dir):
+        if run.job.state != "done":
+            raise FLError(f"{run.key}: no finished run in {results_dir} ({run.job.state}); "
+                          f"run python system/suite.py run {suite.path} first")
+        out[run.key] = [round(float(a), 6) for a in load_run(run.job.path).series["rs_test_acc"]]
+    return out
+
+
+def check(suite: Suite, results_dir: Path, update: bool = False) -> int:
+    """Compare the runs' curves with the stored ones (``[check] curves``) within ``tolerance``;
+    ``update`` writes the current curves there instead."""
+    if suite.check is None:
+        raise FLError(f"{suite.path}: no [check] table (curves, tolerance)")
+    stored_path = suite.path.parent / suite.check["curves"]
+    now = curves(suite, results_dir)
+    if update:
+        rows = ",\n".join(f"  {json.dumps(key)}: {json.dumps(values)}" for key, values in now.items())
+        stored_path.write_text(f'{{"curves": {{\n{rows}\n}}}}\n')
+        print(f"{PROG}: wrote {len(now)} curves to {stored_path}")
+        return 0
+    if not stored_path.is_file():
+        raise FLError(f"{stored_path}: no stored curves; write them with python system/suite.py check {suite.path} --update")
+    stored = json.loads(stored_path.read_text())["curves"]
+    tolerance = float(suite.check["tolerance"])
+    moved = []
+    for key in sorted(set(now) | set(stored)):
+        if key not in stored or key not in now:
+            moved.append(f"{key}: {'new, not stored' if key not in stored else 'stored, not run'}")
+            continue
+        a, b = now[key], stored[key]
+        if len(a) != len(b):
+            moved.append(f"{key}: {len(a)} evaluations, stored {len(b)}")
+            continue
+        for i, (x, y) in enumerate(zip(a, b)):
+            if abs(x - y) > tolerance:
+                moved.append(f"{key}: accuracy at evaluation {i} is {x:.4f}, stored {y:.4f} (tolerance {tolerance})")
+                break
+    if moved:
+        for line in moved:
+            print(f"{PROG}: changed: {line}", file=sys.stderr)
+        print(f"{PROG}: {len(moved)} curve(s) moved beyond the tolerance; if the change is intended, store the new "
+              f"curves in the same commit: python system/suite.py check {suite.path} --update", file=sys.stderr)
+        return 1
+    print(f"{PROG}: {len(now)} curves within {tolerance} of {stored_path.name}")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n", 1)[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("run", "run the suite's runs that are not done"), ("render", "write docs/results/<suite>.md"),
+                       ("check", "compare the runs' curves with the stored ones")):
+        sub = commands.add_parser(name, help=text, allow_abbrev=False)
+        sub.add_argument("suite", help="the suite file, e.g. suites/niid_bench.toml")
+        sub.add_argument("--results_dir", "--results-dir", default=None,
+                         help="where the suite's results are (default results/<suite>)")
+        sub.add_argument("--data_dir", "--data-dir", default=None,
+                         help="where the suite's data folders are (default dataset/)")
+        if name == "run":
+            sub.add_argument("--profile", default="full", help="the profile to run (default full)")
+            sub.add_argument("--shard", default=None, metavar="i/n", help="run every n-th run from the i-th")
+            sub.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+            sub.add_argument("--raw-dir", "--raw_dir", action="append", default=[], metavar="NAME=DIR",
+                             help="raw files of dataset NAME (its generator's --raw-dir), instead of the download")
+            sub.add_argument("--check", action="store_true", help="then compare with the stored curves (check)")
+        if name == "render":
+            sub.add_argument("--out", default=str(ROOT / "docs" / "results"), help="page folder (default docs/results)")
+        if name == "check":
+            sub.add_argument("--update", action="store_true", help="store the current curves instead")
+    return parser
+
+
+def raw_dirs_of(items: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, folder = item.partition("=")
+        if not sep or not name or not folder:
+            raise FLError(f"--raw-dir {item!r}: write NAME=DIR, e.g. --raw-dir MNIST=/data/mnist")
+        out[name] = folder
+    return out
+
+
+def command(args: argparse.Namespace) -> int:
+    """The exit status of one parsed command (errors raise FLError)."""
+    suite = load_suite(args.suite)
+    results_dir = Path(args.results_dir) if args.results_dir else ROOT / "results" / suite.name
+    if args.data_dir:
+        suite.data_root = Path(args.data_dir).resolve()
+    if args.command == "run":
+        if args.jobs < 1:
+            raise FLError("--jobs must be >= 1")
+        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir))
+        return status or (check(suite, results_dir) if args.check else 0)
+    if args.command == "render":
+        print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out))}")
+        return 0
+    return check(suite, results_dir, args.update)
+
+
+def main_cli(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    status = []
+    try:
+        failed = one_line_errors(PROG, lambda: status.append(command(args)))
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; finished runs are kept, rerun the same command to continue", file=sys.stderr)
+        return 130
+    return failed or status[0]
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, sweep._interrupt)  # `kill` stops the runs as Ctrl-C does
+    sys.exit(main_cli())

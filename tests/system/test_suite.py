@@ -1,0 +1,193 @@
+"""system/suite.py: suite files are validated (one line, exit 2); a tiny suite runs, is interrupted
+and resumed without rerunning finished runs, renders a page whose numbers are the h5 files', is
+sharded; the CI check fails on a changed curve."""
+from __future__ import annotations
+
+import json
+import re
+
+import h5py
+import pytest
+
+import main
+import suite
+import sweep
+
+TINY = """
+[suite]
+title = "tiny"
+about = "two algorithms, two rounds"
+source = "a test"
+seeds = 1
+metric = "best"
+target = 0.2
+
+[flags]
+m = "DNN"
+gr = 2
+lbs = 10
+lr = 0.05
+dev = "cpu"
+save_model = false
+eval_auc = false
+
+[profiles.full]
+
+[profiles.cpu]
+gr = 1
+
+[settings.digits]
+label = "Digits, 3 clients"
+generator = "Digits"
+generate = ["noniid", "-", "dir", "--num-clients", "3", "--alpha", "1.0"]
+
+[algorithms.FedAvg]
+
+[algorithms.FedNova]
+flags = { local_momentum = 0.5 }
+
+[reference.digits]
+FedAvg = 50.0
+
+[check]
+curves = "tiny.curves.json"
+tolerance = 0.02
+"""
+
+
+def write_suite(tmp_path, text=TINY, name="tiny"):
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def cli(tmp_path, *argv):
+    return suite.main_cli([argv[0], argv[1], "--results_dir", str(tmp_path / "res"), "--data_dir", str(tmp_path / "data"),
+                           *argv[2:]])
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("[suite]\n", "[suite]\ncolour = 'red'\n"), "[suite]: unknown key(s) colour"),
+    (('seeds = 1\n', ''), "[suite]: missing seeds"),
+    (('label = "Digits, 3 clients"\n', ''), "[settings.digits]: missing label"),
+    (("[profiles.full]\n", ""), "missing [profiles.full]"),
+    (("FedAvg = 50.0", "FedProx = 50.0"), "[reference.digits]: no algorithm 'FedProx'"),
+    (("[reference.digits]", "[reference.mnist]"), "[reference.mnist]: no setting 'mnist'"),
+    (('generator = "Digits"', 'generator = "Nope"'), "generator 'Nope': no dataset/generate_Nope.py"),
+    (('lr = 0.05', 'learning_rat = 0.05'), "'learning_rat' is not a flag of main.py"),
+    (('m = "DNN"', 'data = "MNIST"'), "data is set by the setting's data"),
+    (('seeds = 1', 'seeds = "one"'), "seeds must be int"),
+    (('metric = "best"', 'metric = "top"'), "metric must be one of best, last, last10"),
+    (("[check]", "[checks]"), "unknown table(s) checks"),
+])
+def test_bad_suite_files_are_one_line_and_exit_2(tmp_path, capsys, edit, message):
+    path = write_suite(tmp_path, TINY.replace(*edit))
+    assert cli(tmp_path, "run", str(path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_bad_shard_and_profile(tmp_path, capsys):
+    path = write_suite(tmp_path)
+    assert cli(tmp_path, "run", str(path), "--shard", "3/2") == 2
+    assert "--shard '3/2': write i/n" in capsys.readouterr().err
+    assert cli(tmp_path, "run", str(path), "--profile", "gpu") == 2
+    assert "no profile 'gpu'; profiles: full, cpu" in capsys.readouterr().err
+
+
+def test_shards_partition_the_runs(tmp_path):
+    loaded = suite.load_suite(write_suite(tmp_path, TINY.replace("seeds = 1", "seeds = 3")))
+    runs = suite.plan(loaded, "full", tmp_path / "res")
+    keys = [r.key for r in runs]
+    assert keys == [f"digits/{a}/{s}" for a in ("FedAvg", "FedNova") for s in range(3)]
+    shards = [[r.key for r in suite.shard(runs, f"{i}/4")] for i in range(1, 5)]
+    assert sorted(k for s in shards for k in s) == sorted(keys) and all(shards)
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """Runs main.py in this process (no interpreter start-up per run); records what ran, and can
+    interrupt one run the first time it starts, as Ctrl-C would."""
+    ran: list[str] = []
+    interrupt: set[str] = set()
+
+    def run(self, job):
+        if job.algorithm in interrupt:
+            interrupt.discard(job.algorithm)
+            raise KeyboardInterrupt
+        ran.append(job.algorithm)
+        return main.main(job.argv), "", 0.0
+
+    monkeypatch.setattr(sweep.Runner, "run", run)
+    return ran, interrupt
+
+
+def page_row(page: str, algorithm: str) -> list[str]:
+    row = next(line for line in page.splitlines() if line.startswith(f"| {algorithm} |"))
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process):
+    ran, interrupt = in_process
+    path = write_suite(tmp_path)
+    interrupt.add("FedNova")
+    assert cli(tmp_path, "run", str(path)) == 130  # FedAvg finished, FedNova interrupted
+    assert ran == ["FedAvg"]
+    files = sorted((tmp_path / "res").glob("*.h5"))
+    assert [f.name for f in files] == ["tiny-digits_FedAvg_full_0.h5"]
+    assert cli(tmp_path, "run", str(path)) == 0  # resumed: only the unfinished run
+    assert ran == ["FedAvg", "FedNova"]
+    assert "2 runs, 1 done earlier, 1 to run" in capsys.readouterr().out
+    assert cli(tmp_path, "run", str(path)) == 0 and ran == ["FedAvg", "FedNova"]  # nothing reruns
+    assert json.loads((tmp_path / "res" / "machines.json").read_text())  # the machine is recorded
+
+    out = tmp_path / "pages"
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    page = (out / "tiny.md").read_text()
+    assert (out / "tiny-full.png").stat().st_size > 0
+    assert "## Profile `cpu`" not in page  # no run of that profile yet
+    for algorithm in ("FedAvg", "FedNova"):
+        with h5py.File(tmp_path / "res" / f"tiny-digits_{algorithm}_full_0.h5", "r") as f:
+            acc = f["rs_test_acc"][:]
+            seconds = f["rs_round_time"][:]
+            up = f["rs_bytes_up"][:]
+        cells = page_row(page, algorithm)
+        assert cells[1] == "1"
+        assert cells[2] == f"{100 * acc.max():.2f} ± 0.00"
+        assert cells[3] == f"{100 * acc[-1]:.2f} ± 0.00"
+        assert cells[4] == f"{100 * acc[1:].mean():.2f} ± 0.00"  # mean of the (fewer than 10) trained evaluations
+        assert cells[9] == f"{seconds.mean():.2f}"
+        assert cells[10].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
+        assert "global model" in cells[11]
+    fedavg = page_row(page, "FedAvg")
+    with h5py.File(tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5", "r") as f:
+        best = 100 * f["rs_test_acc"][:].max()
+    assert fedavg[5] == "50.00" and fedavg[6] == f"{best - 50.0:+.2f}"
+    assert page_row(page, "FedNova")[5] == "–"
+    assert re.search(r"python system/main.py .*-algo FedNova", page)
+
+    # the CI check: stored curves, then a curve changed beyond the tolerance fails and one within passes
+    assert cli(tmp_path, "check", str(path), "--update") == 0
+    stored_path = tmp_path / "tiny.curves.json"
+    stored = json.loads(stored_path.read_text())
+    assert cli(tmp_path, "check", str(path)) == 0
+    capsys.readouterr()
+    for shift, status in ((0.03, 1), (-0.03, 1), (0.015, 0)):
+        mutated = json.loads(json.dumps(stored))
+        mutated["curves"]["digits/FedNova/0"][1] += shift
+        stored_path.write_text(json.dumps(mutated))
+        assert cli(tmp_path, "check", str(path)) == status, shift
+    assert "digits/FedNova/0: accuracy at evaluation 1" in capsys.readouterr().err
+    del mutated["curves"]["digits/FedAvg/0"]
+    stored_path.write_text(json.dumps(mutated))
+    assert cli(tmp_path, "check", str(path)) == 1
+
+
+def test_a_changed_setting_is_a_conflict_not_a_reuse(tmp_path, capsys, in_process):
+    ran, _ = in_process
+    path = write_suite(tmp_path, TINY.replace("[algorithms.FedNova]\nflags = { local_momentum = 0.5 }\n", ""))
+    assert cli(tmp_path, "run", str(path), "--profile", "cpu") == 0 and ran == ["FedAvg"]
+    write_suite(tmp_path, TINY.replace("[algorithms.FedNova]\nflags = { local_momentum = 0.5 }\n", "")
+                .replace("lr = 0.05", "lr = 0.1"))
+    assert cli(tmp_path, "run", str(path), "--profile", "cpu") == 1 and ran == ["FedAvg"]
+    assert "conflict" in capsys.readouterr().err

@@ -1,0 +1,49 @@
+"""``--weight_decay λ``: L2 weight decay in the clients' local SGD as ``torch.optim.SGD``'s
+(g ← g + λ·w, before the algorithm's term and the momentum buffer)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fltest import build_server, engine_run, linear_grad, make_args, random_dataset, run_round
+from fltest import one_thread  # noqa: F401  (fixture)
+from utils.errors import FLError
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.9])
+def test_three_steps_by_hand_match_torch_sgd(beta):
+    data = random_dataset(num_clients=1, dim=2, num_classes=2, sizes=[6], seed=4)
+    lr, decay = 0.5, 0.1
+    server = build_server(make_args("FedAvg", batch_size=6, local_epochs=3, drop_last=False, local_learning_rate=lr,
+                                    local_momentum=beta, weight_decay=decay), data)
+    x, y = data.clients[0].train_x.double(), data.clients[0].train_y
+    w0 = server.global_params.double()
+    # torch.optim.SGD itself, on the same flat linear model
+    w = w0.clone().requires_grad_(True)
+    opt = torch.optim.SGD([w], lr=lr, momentum=beta, weight_decay=decay)
+    for _ in range(3):
+        opt.zero_grad()
+        w.grad = linear_grad(w, x, y, 2)
+        opt.step()
+    run_round(server, 0)
+    torch.testing.assert_close(server.global_params.double(), w.detach(), atol=1e-5, rtol=1e-5)
+    without = build_server(make_args("FedAvg", batch_size=6, local_epochs=3, drop_last=False, local_learning_rate=lr,
+                                     local_momentum=beta), data)
+    run_round(without, 0)
+    assert (without.global_params.double() - w.detach()).abs().max() > 1e-3  # the term changed the result
+
+
+def test_batched_engine_trains_decayed_clients_sequentially_with_the_same_result():
+    ref = engine_run("FedProx", "sequential", weight_decay=0.01)
+    out = engine_run("FedProx", "batched", weight_decay=0.01)
+    assert out.engine.stats["batched_clients"] == 0 and out.engine.stats["sequential_clients"] > 0
+    assert torch.equal(ref.global_params, out.global_params)
+    assert not torch.equal(ref.global_params, engine_run("FedProx", "sequential").global_params)
+
+
+def test_own_optimiser_and_privacy_are_refused_in_one_line():
+    data = random_dataset(num_clients=2, dim=2, num_classes=2)
+    with pytest.raises(FLError, match="--weight_decay: .* own optimiser"):
+        build_server(make_args("pFedMe", weight_decay=0.01), data)
+    with pytest.raises(FLError, match="exclude each other"):
+        build_server(make_args("FedAvg", "-dp", weight_decay=0.01), data)
