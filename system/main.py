@@ -606,6 +606,8 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
         + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
         + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
     ]
+    if "evaluated_clients" in summary:
+        lines.append(f"  evaluated: a seeded sample of {summary['evaluated_clients']} clients at each evaluation (rs_eval_clients)")
     if "new_client_acc" in summary:
         lines.append(f"  new clients: accuracy {summary['new_client_acc']:.4f}, auc {summary['new_client_auc']:.4f}")
     if "dlg_psnr_mean" in summary:
