@@ -767,15 +767,16 @@ def _packed_split(path: Path, split: str, config: dict, config_file: Path) -> tu
 
 
 class PackedClients(Sequence):
-    """The clients of a packed folder, each made when it is asked for: views of the mapped
-    splits, its inputs checked for NaN or infinity the first time (what it will train on)."""
+    """The clients of a packed folder, each made when it is asked for (a small object whose
+    tensors are views of the mapped splits, made when read); a client's inputs of a split are
+    checked for NaN or infinity the first time they are read through :meth:`ClientData.inputs`."""
 
-    def __init__(self, merged: dict, offsets: dict[str, np.ndarray], device, files: dict[str, Path]) -> None:
-        self.merged, self.offsets, self.device, self.files = merged, offsets, device, files
-        self._checked = np.zeros(len(offsets["train"]) - 1, dtype=bool)
+    def __init__(self, merged: dict, offsets: dict[str, np.ndarray], files: dict[str, Path]) -> None:
+        self.merged, self.offsets, self.files = merged, offsets, files
+        self._checked = {split: np.zeros(len(offsets[split]) - 1, dtype=bool) for split in offsets}
 
     def __len__(self) -> int:
-        return len(self._checked)
+        return len(self.offsets["train"]) - 1
 
     def __getitem__(self, index):
         if isinstance(index, slice):
@@ -783,19 +784,56 @@ class PackedClients(Sequence):
         index = int(index)
         if not -len(self) <= index < len(self):
             raise IndexError(f"client {index} of {len(self)}")
-        index %= len(self)
-        views = {}
-        for split, (x, y, _) in self.merged.items():
-            start, stop = int(self.offsets[split][index]), int(self.offsets[split][index + 1])
-            views[split] = (x[start:stop], y[start:stop])
-            if not self._checked[index] and x.is_floating_point():
-                bad = int(x[start:stop].numel() - torch.isfinite(x[start:stop]).sum())
-                if bad:
-                    raise FLError(f"client {index} has {bad} NaN or infinite {split} input values "
-                                  f"({self.files[split]} rows {start}..{stop - 1}); fix or regenerate the dataset")
-        self._checked[index] = True
-        (tx, ty), (vx, vy) = views["train"], views["test"]
-        return ClientData(cid=index, train_x=tx, train_y=ty, test_x=vx, test_y=vy)
+        return PackedClientData(index % len(self), self)
+
+    def rows(self, cid: int, split: str) -> tuple[int, int]:
+        """(start, stop) of client ``cid``'s rows of ``split``."""
+        return int(self.offsets[split][cid]), int(self.offsets[split][cid + 1])
+
+    def view(self, cid: int, split: str, which: int) -> torch.Tensor:
+        """Client ``cid``'s inputs (``which`` 0) or labels (1) of ``split``: a view."""
+        start, stop = self.rows(cid, split)
+        return self.merged[split][which][start:stop]
+
+    def check(self, cid: int, split: str) -> None:
+        """Refuse client ``cid``'s inputs of ``split`` if they hold NaN or infinity (once)."""
+        if self._checked[split][cid]:
+            return
+        x = self.view(cid, split, 0)
+        if x.is_floating_point():
+            bad = int(x.numel() - torch.isfinite(x).sum())
+            if bad:
+                start, stop = self.rows(cid, split)
+                raise FLError(f"client {cid} has {bad} NaN or infinite {split} input values ({self.files[split]} "
+                              f"rows {start}..{stop - 1}); fix or regenerate the dataset")
+        self._checked[split][cid] = True
+
+
+class PackedClientData(ClientData):
+    """One client of a packed folder: its tensors are views of the mapped splits, made when read
+    (the object itself holds two references, so a population of them is cheap)."""
+
+    def __init__(self, cid: int, clients: PackedClients) -> None:  # noqa: D107 - no dataclass fields stored
+        self.__dict__.update(cid=cid, table=None, _clients=clients)
+
+    train_x = property(lambda self: self._clients.view(self.cid, "train", 0))
+    train_y = property(lambda self: self._clients.view(self.cid, "train", 1))
+    test_x = property(lambda self: self._clients.view(self.cid, "test", 0))
+    test_y = property(lambda self: self._clients.view(self.cid, "test", 1))
+
+    def inputs(self, split: str, idx: torch.Tensor | slice | None = None) -> torch.Tensor:
+        self._clients.check(self.cid, split)
+        return super().inputs(split, idx)
+
+    @property
+    def num_train(self) -> int:
+        start, stop = self._clients.rows(self.cid, "train")
+        return stop - start
+
+    @property
+    def num_test(self) -> int:
+        start, stop = self._clients.rows(self.cid, "test")
+        return stop - start
 
 
 def load_packed(path: Path, name: str, config: dict, device: torch.device | str = "cpu") -> FederatedDataset:
@@ -806,8 +844,9 @@ def load_packed(path: Path, name: str, config: dict, device: torch.device | str 
     truncated or padded file is refused), the offsets (int64, one per client and one more, from 0
     rising to the split's row count: overlapping or out-of-range ones are refused), rows of x
     and y equal, rows and input shape equal to config.json's, and the labels in
-    ``[0, num_classes)`` (one pass over ``y``). Checked when a client is first asked for
-    (``dataset.clients[i]``, i.e. when it is first trained): its inputs hold no NaN or infinity;
+    ``[0, num_classes)`` (one pass over ``y``). Checked when a client's data are first used
+    (its inputs read through ``client.data.inputs``, i.e. when it is first trained): they hold no
+    NaN or infinity;
     the evaluation refuses rows with NaN or infinite inputs where it meets them
     (``flcore/evaluation.py``). ``dataset/convert_layout.py --check`` reads everything.
 
@@ -840,5 +879,5 @@ def load_packed(path: Path, name: str, config: dict, device: torch.device | str 
         if not seen:
             raise FLError(f"dataset {name!r} has no samples and {config_file} no \"num_classes\"; {REGENERATE}")
         config["num_classes"] = max(seen) + 1
-    clients = PackedClients(merged, offsets, device, files)
+    clients = PackedClients(merged, offsets, files)
     return FederatedDataset(name=name, path=path, config=config, clients=clients, merged=merged, inputs_checked=False)
