@@ -776,15 +776,19 @@ class PackedClients(Sequence):
         self._checked = {split: np.zeros(len(offsets[split]) - 1, dtype=bool) for split in offsets}
 
     def __len__(self) -> int:
-        return len(self.offsets["train"]) - 1
+        return len(self._checked["train"])
 
     def __getitem__(self, index):
+        count = len(self._checked["train"])
         if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
+            return [PackedClientData(i, self) for i in range(*index.indices(count))]
         index = int(index)
-        if not -len(self) <= index < len(self):
-            raise IndexError(f"client {index} of {len(self)}")
-        return PackedClientData(index % len(self), self)
+        if not -count <= index < count:
+            raise IndexError(f"client {index} of {count}")
+        return PackedClientData(index % count, self)
+
+    def __iter__(self):
+        return (PackedClientData(i, self) for i in range(len(self)))
 
     def rows(self, cid: int, split: str) -> tuple[int, int]:
         """(start, stop) of client ``cid``'s rows of ``split``."""
