@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from .dataset_utils import CONFIG_NAME, FORMAT, STATS_KEY, _save_npz, write_json_atomic
+from .dataset_utils import CONFIG_NAME, FORMAT, STATS_KEY, write_json_atomic
+from .layout import save_npz as _save_npz
 from .errors import DatasetError, ReadError
 from .legacy import load_pfllib_npz
 from .lock import writing

@@ -32,21 +32,21 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from .errors import DatasetError
 from . import feature_skew
+from .layout import FORMATS, LAYOUTS, NPZ_FORMAT, PACKED_ABOVE, PACKED_FILES, WRITERS, resolve_layout
 from .lock import writing
 from .out_dir import output_folder
-from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, label_counts,
-                        make_partition, train_test_split)
-from .picture import count_matrix, save_partition_png, summary_lines
+from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, make_partition, train_test_split)
+from .picture import save_partition_png, summary_lines
 from .sources import Loader, RawDataset
-from .synthetic import generate_synthetic
+from .synthetic import SIZE_LOG_MEAN, SIZE_LOG_STD, SIZE_MIN, synthetic_clients, synthetic_sizes
 
-FORMAT = "npz-xy-v1"
+FORMAT = NPZ_FORMAT
 CONFIG_NAME = "config.json"
 STATS_KEY = "Size of samples for labels in clients"
 PICTURE_NAME = "partition.png"
@@ -82,6 +82,10 @@ def _add_shared_arguments(parser: argparse.ArgumentParser, default_num_clients: 
                              "dataset/<Name> next to the script)")
     parser.add_argument("--force", action="store_true",
                         help="regenerate even if the folder already holds this configuration")
+    parser.add_argument("--layout", choices=LAYOUTS, default="auto",
+                        help=f"npz: PFLlib's train/<i>.npz per client; packed: one memory-mapped "
+                             f"file per split and an index of client offsets (layout.py); auto: "
+                             f"packed above {PACKED_ABOVE} clients (default auto)")
 
 
 def build_parser(name: str, *, default_num_clients: int = 20,
@@ -153,6 +157,14 @@ def _check_shared(args: argparse.Namespace) -> None:
         raise DatasetError(f"--seed must be between 0 and {MAX_SEED}, got {args.seed}")
 
 
+def layout_option(layout: str, num_clients: int | None) -> dict[str, str]:
+    """The ``format`` key of the options, where the layout is known before the data are read (not
+    for ``auto`` over natural clients, whose number comes from the data)."""
+    if layout == "auto" and num_clients is None:
+        return {}
+    return {"format": FORMATS[resolve_layout(layout, num_clients)]}
+
+
 def partition_options(args: argparse.Namespace, name: str,
                       num_classes: int | None) -> dict[str, Any]:
     """Every option that shapes the output; equal options mean an identical dataset.
@@ -189,7 +201,8 @@ def partition_options(args: argparse.Namespace, name: str,
         "alpha": args.alpha, "batch_size": args.batch_size, "train_ratio": args.train_ratio,
         "seed": args.seed, "class_per_client": args.class_per_client,
         "samples_per_client": args.samples_per_client,
-        "shards_per_client": args.shards_per_client, "format": FORMAT,
+        "shards_per_client": args.shards_per_client,
+        **layout_option(args.layout, args.num_clients),
         "dir_fallback": args.dir_fallback, "few_shot": args.few_shot,
         "test_split": args.test_split, "feature_skew": args.feature_skew,
         "skew_strength": strength,
@@ -216,15 +229,10 @@ def is_generated(out_dir: Path, options: dict[str, Any]) -> bool:
     num_clients = config.get("num_clients")
     if not isinstance(num_clients, int):
         return False
+    if config.get("format") == FORMATS["packed"]:
+        return all((out_dir / part / name).is_file() for part in ("train", "test") for name in PACKED_FILES)
     return all((out_dir / part / f"{i}.npz").is_file()
                for part in ("train", "test") for i in range(num_clients))
-
-
-def _save_npz(path: Path, x: np.ndarray, y: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        np.savez_compressed(fh, x=x, y=y)
-    os.replace(tmp, path)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -242,17 +250,28 @@ def _prepare_out_dir(out_dir: Path) -> None:
         folder = out_dir / part
         folder.mkdir(exist_ok=True)
         for old in folder.iterdir():
-            stem = old.name.removesuffix(".tmp").removesuffix(".npz")
-            if old.is_file() and old.name.endswith((".npz", ".npz.tmp")) and stem.isdigit():
+            name = old.name.removesuffix(".tmp")
+            stem = name.removesuffix(".npz")
+            if old.is_file() and (name.endswith(".npz") and stem.isdigit() or name in PACKED_FILES):
                 old.unlink()
 
 
-def print_client_stats(stats: list[list[list[int]]], sizes: Sequence[int]) -> None:
-    """PFLlib's per-client summary lines."""
-    for client, (pairs, size) in enumerate(zip(stats, sizes)):
-        print(f"Client {client}\t Size of data: {size}\t Labels: ", np.array([p[0] for p in pairs]))
-        print("\t\t Samples of labels: ", [tuple(p) for p in pairs])
+#: per-client lines printed for the packed layout (PFLlib prints every client)
+PRINTED_CLIENTS = 10
+#: clients drawn in the partition picture (the first ones; the summary covers them all)
+PICTURE_CLIENTS = 1000
+
+
+def print_client_stats(counts: np.ndarray, limit: int | None = None) -> None:
+    """PFLlib's per-client summary lines (of the first ``limit`` clients, if given)."""
+    shown = counts if limit is None else counts[:limit]
+    for client, row in enumerate(shown):
+        labels = np.flatnonzero(row)
+        print(f"Client {client}\t Size of data: {int(row.sum())}\t Labels: ", labels)
+        print("\t\t Samples of labels: ", [(int(k), int(row[k])) for k in labels])
         print("-" * 50)
+    if len(shown) < len(counts):
+        print(f"... and {len(counts) - len(shown)} more clients")
 
 
 def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
@@ -280,31 +299,37 @@ def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
 
 
 def _named(clients: Sequence[int]) -> str:
+    clients = [int(c) for c in clients[:6]]
     return ", ".join(map(str, clients[:5])) + (f" and {len(clients) - 5} more" if len(clients) > 5 else "")
 
 
 def check_client_sizes(parts: Sequence[np.ndarray], train_parts: Sequence[np.ndarray],
                        test_parts: Sequence[np.ndarray], options: dict[str, Any]) -> None:
+    """:func:`check_split_sizes` of index arrays."""
+    check_split_sizes(np.array([len(p) for p in parts]), np.array([len(t) for t in train_parts]),
+                      np.array([len(t) for t in test_parts]), options)
+
+
+def check_split_sizes(sizes: np.ndarray, train_sizes: np.ndarray, test_sizes: np.ndarray,
+                      options: dict[str, Any]) -> None:
     """Refuse a dataset in which a client holds nothing, or no client can train or be tested;
     warn (one line each) when only some clients lack training or test samples.
 
     A natural partition can hold a writer or a role of one or two samples, which the split
     leaves with nothing to train on: legitimate, and ``main.py`` skips such clients."""
-    num = len(parts)
-    empty = [c for c, p in enumerate(parts) if len(p) == 0]
-    if empty:
+    num = len(sizes)
+    empty = np.flatnonzero(sizes == 0)
+    if len(empty):
         raise DatasetError(f"the {options['partition'] or 'iid'} partition leaves {len(empty)} of "
                            f"{num} clients without samples ({_named(empty)}); lower --num-clients")
     ratio = options["train_ratio"]
-    no_train = [c for c, t in enumerate(train_parts) if len(t) == 0]
-    no_test = [c for c, t in enumerate(test_parts) if len(t) == 0]
-    for missing, split, fix in ((no_train, "training", "raise --train-ratio"),
-                                (no_test, "test", "lower --train-ratio")):
+    for missing, split, fix in ((np.flatnonzero(train_sizes == 0), "training", "raise --train-ratio"),
+                                (np.flatnonzero(test_sizes == 0), "test", "lower --train-ratio")):
         if len(missing) == num:
             raise DatasetError(f"--train-ratio {ratio:g} leaves every client without {split} "
                                f"samples (a client of n samples trains on floor({ratio:g} x n)); "
                                f"{fix} or lower --num-clients")
-        if missing:
+        if len(missing):
             print(f"warning: --train-ratio {ratio:g} leaves {len(missing)} of {num} clients "
                   f"without {split} samples ({_named(missing)}); {fix} or lower --num-clients",
                   file=sys.stderr)
@@ -317,85 +342,135 @@ def write_federated(out_dir: Path, data: RawDataset, parts: Sequence[np.ndarray]
     """Split each client's samples (train/test, few-shot, the cap), check the clients' sizes,
     then write under the folder's writer marker (``lock.py``): a run started meanwhile refuses
     the folder instead of reading half-written files. Nothing in ``out_dir`` changes before the
-    checks pass."""
+    checks pass.
+
+    ``options`` (from :func:`partition_options` or the Synthetic generator) is stored in
+    ``config.json`` next to the derived keys (:func:`write_clients`); ``client_domains`` names
+    each client's domain (feature-shift datasets)."""
     train_parts, test_parts = _split_clients(parts, shared_test, options, data.y, rng)
     check_client_sizes(parts, train_parts, test_parts, options)
+    skew = options.get("feature_skew")
+    skew_values: list[float] = []
+
+    def clients():
+        for client, (train, test) in enumerate(zip(train_parts, test_parts)):
+            x = data.features(np.concatenate([train, test]))
+            if skew is not None:
+                # Train and test of a client are shifted together: one domain per client.
+                x, value = feature_skew.apply(skew, x, options["skew_strength"], client,
+                                              len(train_parts), options["seed"])
+                skew_values.append(value)
+            yield x[:len(train)], data.y[train], x[len(train):], data.y[test]
+
+    def extra() -> dict[str, Any]:
+        config = dict(data.extra_config or {})
+        if client_domains is not None:
+            config["client_domains"] = list(client_domains)
+        if skew is not None:
+            config["feature_skew_values"] = skew_values
+        return config
+
+    domains = (skew_values, feature_skew.PARAMETER_NAMES[skew]) if skew is not None else \
+        (list(client_domains), "domain") if client_domains is not None else None
+    return write_clients(out_dir, options, clients(), num_clients=len(train_parts),
+                         num_classes=data.num_classes, class_names=data.class_names,
+                         input_shape=list(data.x.shape[1:]), extra_config=extra,
+                         domains=domains, extra_files=data.extra_files)
+
+
+def layout_of(options: dict[str, Any], num_clients: int) -> str:
+    """The layout ``options`` ask for (``auto`` by the client count when they name no format)."""
+    named = [layout for layout, fmt in FORMATS.items() if options.get("format") == fmt]
+    return named[0] if named else resolve_layout("auto", num_clients)
+
+
+def write_clients(out_dir: Path, options: dict[str, Any], clients: Iterable[tuple[np.ndarray, ...]], *,
+                  num_clients: int, num_classes: int, class_names: Sequence[Any],
+                  input_shape: list[int],
+                  extra_config: Callable[[], dict[str, Any]] | None = None,
+                  domains: tuple[Sequence[object], str] | None = None,
+                  extra_files: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write ``clients`` (``(train_x, train_y, test_x, test_y)`` each, in client order) as they
+    come, under the folder's writer marker; then ``config.json``, the picture and the summary.
+
+    Only the current client and the ``[clients, classes]`` label counts are held, so the memory
+    does not grow with the samples. config.json holds PFLlib's keys (its per-client statistic and
+    our per-client sample counts only in the npz layout: the packed layout's offsets are them)
+    plus ``options``, ``class_names`` and ``input_shape``; ``extra_config()`` (read after the
+    last client) adds keys computed on the way. ``domains`` is (one value per client, its name)
+    for the picture's strip."""
+    layout = layout_of(options, num_clients)
     with writing(out_dir):
         try:
-            return _write_federated(out_dir, data, train_parts, test_parts, options,
-                                    client_domains=client_domains)
+            written, stats = _write_all(out_dir, WRITERS[layout](out_dir), clients, num_clients, num_classes)
         except OSError as exc:  # a full disk, a folder made read-only meanwhile
             raise DatasetError(f"cannot write {exc.filename or out_dir} ({exc.strerror or exc}); "
                                f"free some space or pass another --out-dir") from None
-
-
-def _write_federated(out_dir: Path, data: RawDataset, train_parts: list[np.ndarray],
-                     test_parts: list[np.ndarray], options: dict[str, Any], *,
-                     client_domains: Sequence[str] | None = None) -> dict[str, Any]:
-    """Apply the feature skew, print statistics and write the folder with its partition picture.
-
-    ``options`` (from :func:`partition_options` or the Synthetic generator) is
-    stored in ``config.json`` next to the derived keys: PFLlib's statistic over
-    train+test, ``class_names``, ``input_shape`` and per-client sample counts.
-    ``client_domains`` names each client's domain (feature-shift datasets).
-    """
-    held = [np.concatenate([tr, te]) for tr, te in zip(train_parts, test_parts)]
-    stats = label_counts(data.y, held)
-    print_client_stats(stats, [len(h) for h in held])
-    train_sizes = [len(t) for t in train_parts]
-    test_sizes = [len(t) for t in test_parts]
-    print("Total number of samples:", sum(train_sizes) + sum(test_sizes))
-    print("The number of train samples:", train_sizes)
-    print("The number of test samples:", test_sizes)
-    print(f"\nSaving to {out_dir}")
-
-    skew = options.get("feature_skew")
-    skew_values: list[float] = []
-    _prepare_out_dir(out_dir)
-    for client, (train, test) in enumerate(zip(train_parts, test_parts)):
-        x = data.features(np.concatenate([train, test]))
-        if skew is not None:
-            # Train and test of a client are shifted together: one domain per client.
-            x, value = feature_skew.apply(skew, x, options["skew_strength"], client,
-                                          len(train_parts), options["seed"])
-            skew_values.append(value)
-        _save_npz(out_dir / "train" / f"{client}.npz", x[:len(train)], data.y[train])
-        _save_npz(out_dir / "test" / f"{client}.npz", x[len(train):], data.y[test])
-    config = {
-        "num_clients": len(train_parts), "num_classes": data.num_classes,
-        "non_iid": options["non_iid"], "balance": options["balance"],
-        "partition": options["partition"], STATS_KEY: stats,
-        "alpha": options["alpha"], "batch_size": options["batch_size"],
-        **options,
-        "class_names": data.class_names, "input_shape": list(data.x.shape[1:]),
-        "train_samples": train_sizes, "test_samples": test_sizes,
-    }
-    domains: Sequence[object] | None = None
-    if client_domains is not None:
-        config["client_domains"] = list(client_domains)
-        domains, domain_label = list(client_domains), "domain"
-    if skew is not None:
-        config["feature_skew_values"] = skew_values
-        domains, domain_label = skew_values, feature_skew.PARAMETER_NAMES[skew]
-    if data.extra_config:
-        config.update(data.extra_config)
-    counts = count_matrix(data.y, held, data.num_classes)
-    title = (f"{options['dataset']}: {len(held)} clients, partition {options['partition']}"
-             + (f", alpha {options['alpha']:g}" if options["partition"] in ("dir", "exdir", "quantity")
-                else "") + (f", {skew} skew" if skew else ""))
-    save_partition_png(out_dir / PICTURE_NAME, counts, [str(c) for c in data.class_names],
-                       title=title, domains=domains,
-                       domain_label=domain_label if domains is not None else "domain")
-    for file_name, text in (data.extra_files or {}).items():
-        tmp = out_dir / (file_name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, out_dir / file_name)
-    write_json_atomic(out_dir / CONFIG_NAME, config)
-    for line in summary_lines(counts, domains):
+        train_sizes, test_sizes, label_matrix = stats["train_sizes"], stats["test_sizes"], stats["labels"]
+        print_client_stats(label_matrix, None if layout == "npz" else PRINTED_CLIENTS)
+        print("Total number of samples:", int(train_sizes.sum() + test_sizes.sum()))
+        if layout == "npz":
+            print("The number of train samples:", train_sizes.tolist())
+            print("The number of test samples:", test_sizes.tolist())
+        else:
+            print(f"The number of train samples: {int(train_sizes.sum())} (packed: "
+                  f"{out_dir / 'train'}), test samples: {int(test_sizes.sum())}")
+        config = {
+            "num_clients": num_clients, "num_classes": num_classes,
+            "non_iid": options["non_iid"], "balance": options["balance"],
+            "partition": options["partition"],
+            **({STATS_KEY: [[[int(k), int(row[k])] for k in np.flatnonzero(row)] for row in label_matrix]}
+               if layout == "npz" else {}),
+            "alpha": options["alpha"], "batch_size": options["batch_size"],
+            **options, "format": FORMATS[layout],
+            "class_names": list(class_names), "input_shape": input_shape,
+            **({"train_samples": train_sizes.tolist(), "test_samples": test_sizes.tolist()}
+               if layout == "npz" else written),
+        }
+        config.update(extra_config() if extra_config is not None else {})
+        shown = label_matrix[:PICTURE_CLIENTS]
+        title = (f"{options['dataset']}: {num_clients} clients"
+                 + (f" (the first {len(shown)} drawn)" if len(shown) < num_clients else "")
+                 + f", partition {options['partition']}"
+                 + (f", alpha {options['alpha']:g}" if options["partition"] in ("dir", "exdir", "quantity")
+                    else "") + (f", {options['feature_skew']} skew" if options.get("feature_skew") else ""))
+        save_partition_png(out_dir / PICTURE_NAME, shown, [str(c) for c in class_names],
+                           title=title, domains=None if domains is None else list(domains[0])[:PICTURE_CLIENTS],
+                           domain_label=domains[1] if domains is not None else "domain")
+        for file_name, text in (extra_files or {}).items():
+            tmp = out_dir / (file_name + ".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, out_dir / file_name)
+        write_json_atomic(out_dir / CONFIG_NAME, config)
+    for line in summary_lines(label_matrix, None if domains is None else domains[0]):
         print(line)
     print(f"Partition picture: {out_dir / PICTURE_NAME}")
     print("Finish generating dataset.")
     return config
+
+
+def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]], num_clients: int,
+               num_classes: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Every client through ``writer``: (the writer's config keys, label counts and sizes)."""
+    print(f"\nSaving to {out_dir} ({writer.layout} layout)")
+    _prepare_out_dir(out_dir)
+    labels = np.zeros((num_clients, num_classes), dtype=np.int64 if num_clients <= PACKED_ABOVE else np.int32)
+    sizes = {split: np.zeros(num_clients, dtype=np.int64) for split in ("train", "test")}
+    written = 0
+    try:
+        for client, (train_x, train_y, test_x, test_y) in enumerate(clients):
+            for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
+                writer.add(client, split, x, y)
+                labels[client] += np.bincount(y, minlength=num_classes)[:num_classes].astype(labels.dtype)
+                sizes[split][client] = len(y)
+            written += 1
+        if written != num_clients:
+            raise DatasetError(f"{written} clients written, {num_clients} expected")
+        keys = writer.finish()
+    except BaseException:
+        writer.discard()
+        raise
+    return keys, {"labels": labels, "train_sizes": sizes["train"], "test_sizes": sizes["test"]}
 
 
 def _one_line(exc: BaseException) -> str:
@@ -536,6 +611,13 @@ def build_synthetic_parser() -> argparse.ArgumentParser:
     parser.add_argument("--num-classes", type=int, default=10, help="classes (default 10)")
     parser.add_argument("--iid", action="store_true",
                         help="FedProx's IID variant: one model and one feature distribution")
+    parser.add_argument("--size-log-mean", type=float, default=SIZE_LOG_MEAN,
+                        help=f"client sizes int(lognormal(m, s)) + min as in FedProx: m "
+                             f"(default {SIZE_LOG_MEAN:g})")
+    parser.add_argument("--size-log-std", type=float, default=SIZE_LOG_STD,
+                        help=f"s of the client sizes (default {SIZE_LOG_STD:g})")
+    parser.add_argument("--size-min", type=int, default=SIZE_MIN,
+                        help=f"min of the client sizes (default {SIZE_MIN})")
     return parser
 
 
@@ -546,15 +628,20 @@ def generate_synthetic_dataset(args: argparse.Namespace, script_dir: Path) -> in
         raise DatasetError("--synthetic-alpha and --synthetic-beta must be non-negative")
     if args.dim < 1 or args.num_classes < 2:
         raise DatasetError("--dim must be at least 1 and --num-classes at least 2")
+    if args.size_min < 1 or not (args.size_log_std >= 0 and np.isfinite(args.size_log_std)
+                                 and np.isfinite(args.size_log_mean) and args.size_log_mean <= 20):
+        raise DatasetError("--size-min must be at least 1, --size-log-std a finite number >= 0 "
+                           "and --size-log-mean a number <= 20")
     name = synthetic_folder_name(args.synthetic_alpha, args.synthetic_beta, args.iid)
     options = {
         "dataset": name, "num_clients": args.num_clients, "num_classes": args.num_classes,
         "non_iid": not args.iid, "balance": False, "partition": "synthetic", "alpha": None,
         "batch_size": args.batch_size, "train_ratio": args.train_ratio, "seed": args.seed,
         "class_per_client": None, "samples_per_client": args.samples_per_client,
-        "shards_per_client": None, "format": FORMAT,
+        "shards_per_client": None, **layout_option(args.layout, args.num_clients),
         "synthetic_alpha": args.synthetic_alpha, "synthetic_beta": args.synthetic_beta,
-        "dim": args.dim, "iid": args.iid,
+        "dim": args.dim, "iid": args.iid, "size_log_mean": args.size_log_mean,
+        "size_log_std": args.size_log_std, "size_min": args.size_min,
     }
     out_dir = output_folder(args.out_dir, Path(script_dir) / name)
     if not args.force and is_generated(out_dir, options):
@@ -562,13 +649,24 @@ def generate_synthetic_dataset(args: argparse.Namespace, script_dir: Path) -> in
               f"skipped (pass --force to regenerate).")
         return 0
     rng = np.random.default_rng(args.seed)
-    xs, ys = generate_synthetic(args.num_clients, args.synthetic_alpha, args.synthetic_beta, rng,
-                                dim=args.dim, num_classes=args.num_classes, iid=args.iid)
-    data = RawDataset(np.concatenate(xs), np.concatenate(ys), args.num_classes,
-                      [str(k) for k in range(args.num_classes)], pixel_max=None)
-    bounds = np.cumsum([0] + [len(y) for y in ys])
-    parts = [np.arange(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    write_federated(out_dir, data, parts, options, rng)
+    sizes = synthetic_sizes(args.num_clients, rng, log_mean=args.size_log_mean,
+                            log_std=args.size_log_std, minimum=args.size_min)
+    # The split's sizes follow from the client sizes, so they are checked before anything is written.
+    train_sizes = np.floor(args.train_ratio * sizes + 1e-9).astype(np.int64)
+    capped = train_sizes if args.samples_per_client is None else np.minimum(train_sizes, args.samples_per_client)
+    check_split_sizes(sizes, capped, sizes - train_sizes, options)
+
+    def clients():  # drawn, split and written one at a time
+        draws = synthetic_clients(sizes, args.synthetic_alpha, args.synthetic_beta, rng,
+                                  dim=args.dim, num_classes=args.num_classes, iid=args.iid)
+        for x, y in draws:
+            train, test = train_test_split(np.arange(len(y)), args.train_ratio, rng)
+            train = cap_samples(train, args.samples_per_client, rng)
+            yield x[train], y[train], x[test], y[test]
+
+    write_clients(out_dir, options, clients(), num_clients=args.num_clients,
+                  num_classes=args.num_classes, class_names=[str(k) for k in range(args.num_classes)],
+                  input_shape=[args.dim])
     return 0
 
 

@@ -21,8 +21,8 @@ from .lock import LOCK_NAME
 #: cache, ``tokenizer.json`` the text datasets' tokenizer (text.py); the writer marker is hidden
 GENERATED_FILES = frozenset({"config.json", "partition.png", "tokenizer.json"})
 GENERATED_FOLDERS = frozenset({"train", "test", "rawdata"})
-#: client files, and their temporary names while written
-_CLIENT_FILE = re.compile(r"\d+\.npz(\.tmp)?")
+#: client files (npz layout) or a split's packed files (layout.py), and their temporary names
+_CLIENT_FILE = re.compile(r"(\d+\.npz|x\.npy|y\.npy|offsets\.npy)(\.tmp)?")
 
 
 def _is_generated_entry(entry: Path) -> bool:

@@ -56,6 +56,13 @@ decides how many forward passes that takes.
 * **Metrics.** Correct counts, train-loss sums and the micro-AUC (:mod:`utils.auc`: every
   client of a pass at once, equal to scikit-learn's) are computed where the logits are and kept
   there until the end of the evaluation, which copies them to the host in one transfer.
+* **A sample of clients.** ``--eval_clients K`` evaluates K clients each evaluation instead of
+  every client (PFLlib's, the default): a sample without replacement drawn from
+  ``(seed, "eval_clients", round)`` (``Server.evaluate`` names the round with :meth:`Evaluator.at_round`;
+  every evaluation of that round, the global model's included, takes the same sample), recorded
+  once per evaluation as the series ``eval_clients`` (``rs_eval_clients`` in the h5, one row of
+  client numbers per evaluation). The metrics are then those of the sampled clients, and an
+  evaluation costs what K clients cost, whatever the population.
 * **Memory.** Models are fetched from ``params_for`` as the clients are walked, so at most
   ``G + 1`` personal vectors are alive at a time (with ``--state_device disk`` the others stay in
   their files); a tensor is recognised as shared by identity (``is``), with weak references to
@@ -81,6 +88,7 @@ from flcore.frozen import FrozenCopy, close_enough, frozen_copy
 from flcore.trainmodel.layout import plain_convolutions
 from utils.data_utils import decode_inputs
 from utils.errors import FLError
+from utils.seeding import numpy_rng
 from utils.mem_utils import OUT_OF_MEMORY, device_room
 from utils.auc import segment_micro_auc
 from utils.metrics import EvalResult, combine
@@ -139,6 +147,8 @@ class _Rows:
     clients: list[int]
     starts: list[int]
     lens: list[int]
+    #: where each client's metrics go in the evaluation's totals (its position among the evaluated)
+    slots: list[int]
     total: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -174,22 +184,46 @@ class Evaluator:
         self._auto_group: int | None = None  # measured on first use (a GPU only)
         self._vmap_ok = True  # False once a forward failed under vmap
         self._frozen_ok = bool(getattr(args, "eval_frozen", False))  # False once a frozen copy failed
-        self._bounds: dict[str, list[tuple[int, int]]] = {}
+        self.sample_size = int(getattr(args, "eval_clients", 0) or 0)
+        self._round: int | None = None  # the round being evaluated (at_round), for the sample
+        self._sample: np.ndarray | None = None
+        self._position: dict[int, int] | None = None  # client -> slot in the totals, for a sample
         self._pool: ThreadPoolExecutor | None = None  # CPU batch workers, made on first use
         self._pool_workers = 0
 
     # ------------------------------------------------------------ public
+    def at_round(self, rnd: int) -> None:
+        """The evaluations that follow are round ``rnd``'s: with ``--eval_clients`` they take its
+        sample, which is recorded in the run's history once."""
+        if rnd == self._round:
+            return
+        self._round, self._sample = rnd, None
+        population = len(self.runtime.clients)
+        if 0 < self.sample_size < population:
+            rng = numpy_rng(int(self.runtime.args.seed), "eval_clients", int(rnd))
+            self._sample = np.sort(rng.choice(population, self.sample_size, replace=False))
+            self.runtime.history.add_series("eval_clients", self._sample.copy())
+
+    def evaluated_clients(self) -> np.ndarray | None:
+        """The clients the current round's evaluations take (None: every client)."""
+        return self._sample
+
     def evaluate(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
-        """Test accuracy/AUC on every client's test split and train loss on every train split."""
+        """Test accuracy/AUC on every client's test split and train loss on every train split (or on
+        the current round's sample of clients, see :meth:`at_round`)."""
         runtime = self.runtime
-        n = len(runtime.clients)
+        sample = self._sample
+        members = range(len(runtime.clients)) if sample is None else sample.tolist()
+        n = len(members)
         splits = ("test", "train") if train_loss and runtime.args.eval_train_loss else ("test",)
         totals = _Totals.empty(n)
+        #: the metrics are indexed by position in ``members``; the passes see client numbers
+        self._position = None if sample is None else {client: k for k, client in enumerate(members)}
         group = self.group_size(n)
         shared: dict[int, tuple[torch.Tensor, list[int]]] = {}  # id -> (tensor, clients)
         pending: dict[int, tuple[torch.Tensor, int]] = {}  # id -> (personal tensor, client), in order
         seen: dict[int, weakref.ref] = {}  # id -> tensors already evaluated for one client
-        for i in range(n):
+        for i in members:
             params = params_for(i)
             key = id(params)
             if key in shared:  # held alive in ``shared``, so the id is this very tensor
@@ -331,6 +365,11 @@ class Evaluator:
         finally:
             if copy is not None:
                 copy.release()  # PyTorch would keep its graphs for the life of the process (flcore/frozen.py)
+        if not runtime.dataset.inputs_checked and x.is_floating_point() and not bool(torch.isfinite(logits).all()):
+            bad = int(x.numel() - torch.isfinite(x).sum())  # inputs not checked at start-up (a packed folder)
+            if bad:
+                raise FLError(f"the evaluated rows of dataset {runtime.dataset.name} hold {bad} NaN or infinite input "
+                              f"values; find them with dataset/convert_layout.py {runtime.dataset.path} --check")
         if copy is not None and not close_enough(logits[:bs], module(decode_inputs(x[:bs], table))):
             self._no_frozen("its logits differed from the eager model's beyond float rounding")
             return self._forward(params, x)
@@ -428,12 +467,11 @@ class Evaluator:
 
     # ------------------------------------------------------------ bookkeeping
     def _rows(self, split: str, clients: list[int]) -> _Rows:
-        if split not in self._bounds:  # (start, stop) row of every client, from the dataset's offsets
-            offsets = self.runtime.dataset.offsets(split)
-            stops = [*offsets[1:], len(self.runtime.dataset.split(split)[1])]
-            self._bounds[split] = list(zip(offsets, stops))
-        bounds = self._bounds[split]
-        return _Rows(clients, [bounds[c][0] for c in clients], [bounds[c][1] - bounds[c][0] for c in clients])
+        bounds = self.runtime.dataset.bounds(split)  # client c: rows bounds[c]:bounds[c + 1]
+        index = np.asarray(clients, dtype=np.int64)
+        starts = bounds[index]
+        slots = clients if self._position is None else [self._position[c] for c in clients]
+        return _Rows(clients, starts.tolist(), (bounds[index + 1] - starts).tolist(), slots)
 
     @staticmethod
     def _row_index(rows: _Rows, device: torch.device) -> torch.Tensor:
@@ -447,17 +485,17 @@ class Evaluator:
     def _accumulate(self, split: str, logits: torch.Tensor, y: torch.Tensor, rows: _Rows, totals: _Totals) -> None:
         """Add the metrics of ``logits`` (rows of ``rows.clients`` in order, labels ``y``)."""
         if split == "train":
-            totals.pending.append(("loss", rows.clients, F.cross_entropy(logits, y, reduction="sum")))
+            totals.pending.append(("loss", rows.slots, F.cross_entropy(logits, y, reduction="sum")))
             totals.train_n += len(y)
             return
         hits = (logits.argmax(1) == y).double()
         lens = torch.tensor(rows.lens, dtype=torch.long, device=y.device)
         block = torch.repeat_interleave(torch.arange(len(rows.clients), device=y.device), lens)
         per_client = torch.zeros(len(rows.clients), dtype=torch.float64, device=y.device).index_add_(0, block, hits)
-        totals.pending.append(("correct", rows.clients, per_client))
-        totals.test_n[rows.clients] += np.asarray(rows.lens, dtype=np.float64)
+        totals.pending.append(("correct", rows.slots, per_client))
+        totals.test_n[rows.slots] += np.asarray(rows.lens, dtype=np.float64)
         if self.runtime.args.eval_auc:  # every client's micro-AUC at once, on the device (utils/auc.py)
-            totals.pending.append(("auc", rows.clients, segment_micro_auc(logits.float().softmax(1), y, lens)))
+            totals.pending.append(("auc", rows.slots, segment_micro_auc(logits.float().softmax(1), y, lens)))
 
     # ------------------------------------------------------------ memory
     def _group_for_memory(self) -> int:

@@ -183,6 +183,8 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
         + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
         + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
     ]
+    if "evaluated_clients" in summary:
+        lines.append(f"  evaluated: a seeded sample of {summary['evaluated_clients']} clients at each evaluation (rs_eval_clients)")
     if "target_acc" in summary:
         if summary["rounds_to_target"] is None:
             lines.append(f"  target accuracy {summary['target_acc']} not reached")

@@ -1,10 +1,18 @@
 """Read a generated federated dataset once into tensors.
 
-Layout (written by ``dataset/generate_<Name>.py``)::
+Layouts (written by ``dataset/generate_<Name>.py``, ``--layout``; ``dataset/datagen/layout.py``)::
 
     dataset/<Name>/config.json
-    dataset/<Name>/train/<i>.npz    plain arrays x, y
+    dataset/<Name>/train/<i>.npz    npz layout (PFLlib's): plain arrays x, y per client
     dataset/<Name>/test/<i>.npz
+
+    dataset/<Name>/train/x.npy, y.npy, offsets.npy     packed layout: every client's rows in
+    dataset/<Name>/test/...                            one file per array, client c's rows
+                                                       offsets[c]:offsets[c+1]
+
+A packed folder is mapped into memory, not read (:func:`load_packed`): the clients' tensors are
+views of the mapped files, so a run reads the pages of the rows it uses, and start-up costs one
+pass over the labels whatever the population; what is checked when is said there.
 
 Files are read with ``allow_pickle=False``. Folders written by PFLlib itself store a pickled
 dict per file; reading them needs the explicit ``legacy_pickle`` opt-in, because unpickling a
@@ -36,6 +44,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -95,11 +104,16 @@ class FederatedDataset:
     name: str
     path: Path
     config: dict
-    clients: list[ClientData] = field(default_factory=list)
+    #: the clients' data: a list, or for the packed layout a :class:`PackedClients` that makes a
+    #: client's views when it is asked for
+    clients: Sequence[ClientData] = field(default_factory=list)
     #: split -> (x, y, owner index) over all clients; the clients' tensors are views into it
     merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     #: float32 value of each uint8 input code when the inputs are stored compactly (else None)
     input_table: torch.Tensor | None = None
+    #: whether every input was checked for NaN and infinity when loaded (a packed folder's are
+    #: checked client by client when used: :func:`load_packed`)
+    inputs_checked: bool = True
 
     @property
     def num_classes(self) -> int:
@@ -124,7 +138,14 @@ class FederatedDataset:
     def fingerprint(self) -> str:
         """A BLAKE2 digest of every client's train and test inputs and labels (dtypes, shapes and
         bytes, client by client): what a resumed run checks against its checkpoint, so that a
-        dataset regenerated under the same name is noticed. Computed once (about 0.1 s for MNIST)."""
+        dataset regenerated under the same name is noticed. Computed once (about 0.1 s for MNIST).
+        A packed folder's is the digest its writer computed of every array as it wrote them
+        (``content_digest`` in config.json), with the files' shapes: reading the population
+        again at every checkpoint would cost what the packed layout avoids."""
+        if "_fingerprint" not in self.__dict__ and isinstance(self.clients, PackedClients):
+            shapes = {split: [tuple(t.shape) for t in self.merged[split][:2]] for split in self.merged}
+            text = f"{self.config.get('content_digest')};{shapes}".encode()
+            self.__dict__["_fingerprint"] = hashlib.blake2b(text, digest_size=16).hexdigest()
         if "_fingerprint" not in self.__dict__:
             digest = hashlib.blake2b(digest_size=16)
             for client in self.clients:
@@ -136,12 +157,23 @@ class FederatedDataset:
             self.__dict__["_fingerprint"] = digest.hexdigest()
         return self.__dict__["_fingerprint"]
 
+    def bounds(self, name: str) -> np.ndarray:
+        """int64 ``[num_clients + 1]``: client ``c`` owns rows ``bounds[c]:bounds[c + 1]`` of
+        ``split(name)`` (the packed layout's offsets as they are stored)."""
+        key = f"_bounds_{name}"
+        if key not in self.__dict__:
+            if isinstance(self.clients, PackedClients):
+                self.__dict__[key] = self.clients.offsets[name]
+            else:
+                sizes = [len(getattr(c, f"{name}_y")) for c in self.clients]
+                self.__dict__[key] = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+        return self.__dict__[key]
+
     def offsets(self, name: str) -> list[int]:
         """The row of ``split(name)`` where each client's samples start."""
         key = f"_offsets_{name}"
         if key not in self.__dict__:
-            sizes = [len(getattr(c, f"{name}_y")) for c in self.clients]
-            self.__dict__[key] = [0, *np.cumsum(sizes)[:-1].tolist()] if sizes else []
+            self.__dict__[key] = self.bounds(name)[:-1].tolist()
         return self.__dict__[key]
 
     def sample_inputs(self, count: int = 2) -> torch.Tensor:
@@ -499,6 +531,18 @@ def load_federated_dataset(
             "only use files you created yourself (dataset/convert_pfllib.py converts them once)",
             stacklevel=2,
         )
+    if config.get("format") == PACKED_FORMAT:
+        if legacy_pickle:
+            raise FLError(f"--legacy-pickle is for PFLlib's pickled npz files; {path} is a packed folder of plain "
+                          "arrays: leave the flag out")
+        if few_shot > 0:
+            raise FLError(f"--few_shot picks rows per client and label, which the packed folder {path} holds "
+                          "as mapped files: generate the dataset with --few-shot, or convert it to the npz "
+                          "layout (dataset/convert_layout.py --to npz)")
+        dataset = load_packed(path, name, config, device)
+        if _config_identity(path) != identity:
+            raise FLError(f"dataset {name} was rewritten while it was being loaded (a generator ran); run again")
+        return dataset
     ids = [i for i in range(total) if (path / "train" / f"{i}.npz").exists()]
     if not ids:
         raise FLError(f"no client files in {path / 'train'}; {generate_hint(name, path)}")
@@ -636,3 +680,208 @@ def _decode_all(all_x: torch.Tensor, merged: dict, table: np.ndarray, written: i
         floats[:written] = decode_inputs(all_x[:written], values)
     done = {split: (decode_inputs(x, values), y, owner) for split, (x, y, owner) in merged.items()}
     return floats, done, None
+
+
+# ---------------------------------------------------------------------------- packed layout
+#: the packed layout's format name and files (``dataset/datagen/layout.py`` writes them)
+PACKED_FORMAT = "packed-npy-v1"
+PACKED_FILES = ("x.npy", "y.npy", "offsets.npy")
+
+
+def _npy_header(file: Path) -> tuple[np.dtype, tuple[int, ...], int]:
+    """(dtype, shape, byte offset of the data) of an ``.npy`` file whose size matches its header.
+
+    numpy's header reader parses the header as a literal (``ast.literal_eval``), never a pickle;
+    an object dtype, which only a pickle could fill, is refused."""
+    try:
+        with open(file, "rb") as handle:
+            version = np.lib.format.read_magic(handle)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(handle)
+            start = handle.tell()
+            size = os.fstat(handle.fileno()).st_size
+    except FileNotFoundError:
+        raise FLError(f"missing packed file {file}; {REGENERATE}") from None
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise FLError(f"{file} is not a readable .npy file ({_one_line(exc)}); {REGENERATE}") from None
+    if dtype.hasobject or fortran:
+        raise FLError(f"{file} holds {'Python objects' if dtype.hasobject else 'a Fortran-ordered array'}, not a "
+                      f"plain C-ordered array; {REGENERATE}")
+    need = start + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < need:
+        raise FLError(f"{file} is truncated: its header says {list(shape)} {dtype} ({need} bytes), the file has "
+                      f"{size}; {REGENERATE}")
+    if size > need:
+        raise FLError(f"{file} holds {size - need} bytes more than its header ({list(shape)} {dtype}) says: the "
+                      f"header lies about its size; {REGENERATE}")
+    return dtype, tuple(int(d) for d in shape), start
+
+
+def _map(file: Path) -> np.ndarray:
+    """The array of ``file`` mapped copy-on-write (writes stay in this process's memory)."""
+    dtype, shape, start = _npy_header(file)
+    if not np.prod(shape, dtype=np.int64):
+        return np.zeros(shape, dtype=dtype)  # mmap cannot map zero bytes
+    return np.memmap(file, dtype=dtype, mode="c", offset=start, shape=shape)
+
+
+def _packed_split(path: Path, split: str, config: dict, config_file: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y, offsets) of one split, their headers checked against each other and config.json."""
+    folder = path / split
+    x, y, offsets = (_map(folder / name) for name in PACKED_FILES)
+    files = {name: folder / name for name in PACKED_FILES}
+    total = config["num_clients"]
+    if offsets.dtype != np.int64 or offsets.shape != (total + 1,):
+        raise FLError(f"{files['offsets.npy']} holds {offsets.dtype} {list(offsets.shape)}, expected int64 "
+                      f"[{total + 1}] ({total} clients, config.json); {REGENERATE}")
+    offsets = np.array(offsets)  # small: one number per client, read once
+    rows = len(y)
+    steps = np.diff(offsets)
+    if offsets[0] != 0 or offsets[-1] != rows or (steps < 0).any() or (offsets > rows).any():
+        bad = int(np.flatnonzero(steps < 0)[0]) if (steps < 0).any() else None
+        what = (f"client {bad}'s rows end before they start (offsets {offsets[bad]} > {offsets[bad + 1]}: "
+                f"overlapping clients)" if bad is not None else
+                f"offsets run from {offsets[0]} to {offsets.max()} over {rows} rows of {files['y.npy'].name}")
+        raise FLError(f"{files['offsets.npy']}: {what}; {REGENERATE}")
+    if y.ndim != 1 or y.dtype != np.int64:
+        raise FLError(f"{files['y.npy']} holds {y.dtype} {list(y.shape)}, expected int64 labels, one per row; {REGENERATE}")
+    if x.ndim == 0 or len(x) != rows:
+        raise FLError(f"{files['x.npy']} has {len(x) if x.ndim else 0} rows, {files['y.npy']} {rows}; {REGENERATE}")
+    if x.dtype not in (np.float32, np.int64):
+        raise FLError(f"{files['x.npy']} holds {x.dtype}, expected float32 (or int64 token ids); {REGENERATE}")
+    recorded = config.get(f"{split}_rows")
+    if recorded != rows:
+        raise FLError(f"{files['y.npy']} holds {rows} rows, {config_file} records {split}_rows {recorded!r}: the files "
+                      f"and config.json are from different runs: {REGENERATE}")
+    shape = config.get("input_shape")
+    if shape is not None and list(x.shape[1:]) != list(shape):
+        raise FLError(f"{files['x.npy']} has inputs of shape {list(x.shape[1:])}, {config_file} says {list(shape)}; "
+                      f"{REGENERATE}")
+    num_classes = config.get("num_classes")
+    if rows:  # one pass over the labels (8 bytes a row): the only check that reads every row
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or (num_classes is not None and high >= num_classes):
+            raise FLError(f"{files['y.npy']} has labels {low}..{high}, outside [0, {num_classes}) of "
+                          f"{config_file.name}; {REGENERATE}")
+    return x, y, offsets
+
+
+class PackedClients(Sequence):
+    """The clients of a packed folder, each made when it is asked for (a small object whose
+    tensors are views of the mapped splits, made when read); a client's inputs of a split are
+    checked for NaN or infinity the first time they are read through :meth:`ClientData.inputs`."""
+
+    def __init__(self, merged: dict, offsets: dict[str, np.ndarray], files: dict[str, Path]) -> None:
+        self.merged, self.offsets, self.files = merged, offsets, files
+        self._checked = {split: np.zeros(len(offsets[split]) - 1, dtype=bool) for split in offsets}
+
+    def __len__(self) -> int:
+        return len(self._checked["train"])
+
+    def __getitem__(self, index):
+        count = len(self._checked["train"])
+        if isinstance(index, slice):
+            return [PackedClientData(i, self) for i in range(*index.indices(count))]
+        index = int(index)
+        if not -count <= index < count:
+            raise IndexError(f"client {index} of {count}")
+        return PackedClientData(index % count, self)
+
+    def __iter__(self):
+        return (PackedClientData(i, self) for i in range(len(self)))
+
+    def rows(self, cid: int, split: str) -> tuple[int, int]:
+        """(start, stop) of client ``cid``'s rows of ``split``."""
+        return int(self.offsets[split][cid]), int(self.offsets[split][cid + 1])
+
+    def view(self, cid: int, split: str, which: int) -> torch.Tensor:
+        """Client ``cid``'s inputs (``which`` 0) or labels (1) of ``split``: a view."""
+        start, stop = self.rows(cid, split)
+        return self.merged[split][which][start:stop]
+
+    def check(self, cid: int, split: str) -> None:
+        """Refuse client ``cid``'s inputs of ``split`` if they hold NaN or infinity (once)."""
+        if self._checked[split][cid]:
+            return
+        x = self.view(cid, split, 0)
+        if x.is_floating_point():
+            bad = int(x.numel() - torch.isfinite(x).sum())
+            if bad:
+                start, stop = self.rows(cid, split)
+                raise FLError(f"client {cid} has {bad} NaN or infinite {split} input values ({self.files[split]} "
+                              f"rows {start}..{stop - 1}); fix or regenerate the dataset")
+        self._checked[split][cid] = True
+
+
+class PackedClientData(ClientData):
+    """One client of a packed folder: its tensors are views of the mapped splits, made when read
+    (the object itself holds two references, so a population of them is cheap)."""
+
+    def __init__(self, cid: int, clients: PackedClients) -> None:  # noqa: D107 - no dataclass fields stored
+        self.__dict__.update(cid=cid, table=None, _clients=clients)
+
+    train_x = property(lambda self: self._clients.view(self.cid, "train", 0))
+    train_y = property(lambda self: self._clients.view(self.cid, "train", 1))
+    test_x = property(lambda self: self._clients.view(self.cid, "test", 0))
+    test_y = property(lambda self: self._clients.view(self.cid, "test", 1))
+
+    def inputs(self, split: str, idx: torch.Tensor | slice | None = None) -> torch.Tensor:
+        self._clients.check(self.cid, split)
+        return super().inputs(split, idx)
+
+    @property
+    def num_train(self) -> int:
+        start, stop = self._clients.rows(self.cid, "train")
+        return stop - start
+
+    @property
+    def num_test(self) -> int:
+        start, stop = self._clients.rows(self.cid, "test")
+        return stop - start
+
+
+def load_packed(path: Path, name: str, config: dict, device: torch.device | str = "cpu") -> FederatedDataset:
+    """A packed folder as a :class:`FederatedDataset` whose tensors are views of the mapped files.
+
+    Checked at start-up, at a cost independent of the number of samples except the last: every
+    file's header (a plain C-ordered array of the expected dtype, as many bytes as it says: a
+    truncated or padded file is refused), the offsets (int64, one per client and one more, from 0
+    rising to the split's row count: overlapping or out-of-range ones are refused), rows of x
+    and y equal, rows and input shape equal to config.json's, and the labels in
+    ``[0, num_classes)`` (one pass over ``y``). Checked when a client's data are first used
+    (its inputs read through ``client.data.inputs``, i.e. when it is first trained): they hold no
+    NaN or infinity;
+    the evaluation refuses rows with NaN or infinite inputs where it meets them
+    (``flcore/evaluation.py``). ``dataset/convert_layout.py --check`` reads everything.
+
+    On a CPU nothing is copied: the tensors share the mapped pages, which the kernel reads
+    when a round touches them. On a GPU every split is copied to the device whole, as the npz
+    layout is."""
+    config_file = path / "config.json"
+    merged, offsets, files = {}, {}, {}
+    shapes = {}
+    for split in ("train", "test"):
+        x, y, offsets[split] = _packed_split(path, split, config, config_file)
+        shapes[split] = (x.dtype, x.shape[1:])
+        files[split] = path / split / "x.npy"
+        xt = torch.from_numpy(x) if x.size else torch.zeros(x.shape, dtype=torch.float32 if x.dtype == np.float32 else torch.int64)
+        yt = torch.from_numpy(y) if y.size else torch.zeros(0, dtype=torch.int64)
+        owner = torch.repeat_interleave(torch.arange(len(offsets[split]) - 1), torch.from_numpy(np.diff(offsets[split])))
+        merged[split] = (xt, yt, owner)
+    if shapes["train"] != shapes["test"] and min(len(merged[s][1]) for s in merged):
+        raise FLError(f"{files['train']} holds {shapes['train'][0]} inputs of shape {list(shapes['train'][1])}, "
+                      f"{files['test']} {shapes['test'][0]} of shape {list(shapes['test'][1])}; {REGENERATE}")
+    device = torch.device(device)
+    if device.type != "cpu":
+        labels = {split: [merged[split][1].numpy()] for split in merged}
+        _check_fits(name, device, labels, tuple(merged["train"][0].shape[1:]), merged["train"][0].dtype)
+        merged = {split: tuple(t.to(device) for t in tensors) for split, tensors in merged.items()}
+    if config.get("input_shape") is None:
+        config["input_shape"] = list(merged["train"][0].shape[1:])
+    if "num_classes" not in config:
+        seen = [int(merged[split][1].max()) for split in merged if len(merged[split][1])]
+        if not seen:
+            raise FLError(f"dataset {name!r} has no samples and {config_file} no \"num_classes\"; {REGENERATE}")
+        config["num_classes"] = max(seen) + 1
+    clients = PackedClients(merged, offsets, files)
+    return FederatedDataset(name=name, path=path, config=config, clients=clients, merged=merged, inputs_checked=False)

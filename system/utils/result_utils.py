@@ -199,6 +199,8 @@ def summarize(history: RunHistory, avg_last: int, target_acc: float | None, mode
         "total_bytes_down": int(sum(history.bytes_down)),
         "mean_round_time": float(np.mean(history.round_time)) if history.round_time else None,
     }
+    if "eval_clients" in history.extra_series:  # --eval_clients: a sample of clients, not all of them
+        summary["evaluated_clients"] = int(len(history.extra_series["eval_clients"][0]))
     if target_acc is not None:
         summary["target_acc"] = float(target_acc)
         reached = reach_target(acc, np.asarray(history.eval_rounds), history.bytes_up, target_acc)

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO
 from datagen_helpers import load_client, read_config
 
-from datagen import dataset_utils, sources
+from datagen import dataset_utils, layout, sources
 from datagen.dataset_utils import MAX_SEED
 from datagen.lock import LOCK_NAME
 
@@ -123,17 +123,17 @@ def test_a_generators_folder_is_regenerated_and_a_stopped_run_resumed(capsys, pr
     interrupted generator leaves (its marker kept, config.json gone)."""
     (previous / "rawdata").mkdir()  # the download cache
     (previous / ".DS_Store").write_bytes(b"\0")  # a file manager's litter, left alone
-    save = dataset_utils._save_npz
+    save = layout.save_npz
 
     def interrupt_at_client_1(path, x, y):
         if path.name == "1.npz":
             raise KeyboardInterrupt
         save(path, x, y)
 
-    monkeypatch.setattr(dataset_utils, "_save_npz", interrupt_at_client_1)
+    monkeypatch.setattr(layout, "save_npz", interrupt_at_client_1)
     assert digits(previous, "iid", "balance", "-", "--num-clients", "3") == 130
     assert (previous / LOCK_NAME).is_file() and not (previous / "config.json").exists()
-    monkeypatch.setattr(dataset_utils, "_save_npz", save)
+    monkeypatch.setattr(layout, "save_npz", save)
     capsys.readouterr()
     assert digits(previous, "iid", "balance", "-", "--num-clients", "3") == 0
     assert read_config(previous)["num_clients"] == 3 and not (previous / LOCK_NAME).exists()
@@ -195,7 +195,7 @@ def test_a_write_failing_midway_is_one_line(capsys, tmp_path, monkeypatch):
     def disk_full(path, x, y):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(dataset_utils, "_save_npz", disk_full)
+    monkeypatch.setattr(layout, "save_npz", disk_full)
     refused(capsys, digits(tmp_path / "Digits", "--num-clients", "2"),
             "(No space left on device); free some space or pass another --out-dir", started=True)
     # what the loader will say of it: incomplete (no config.json, the marker left)

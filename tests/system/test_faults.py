@@ -296,10 +296,10 @@ def test_a_generator_starting_during_the_load_is_noticed(toy, monkeypatch):
 
 
 def test_generators_write_under_the_lock_and_remove_it(tmp_path, monkeypatch):
-    from datagen import dataset_utils, sources
+    from datagen import dataset_utils, layout, sources
 
     seen = []
-    save = dataset_utils._save_npz
+    save = layout.save_npz
 
     def save_and_look(path, x, y):
         with pytest.raises(FLError, match="being written by a generator"):
@@ -307,7 +307,7 @@ def test_generators_write_under_the_lock_and_remove_it(tmp_path, monkeypatch):
         seen.append(path)
         save(path, x, y)
 
-    monkeypatch.setattr(dataset_utils, "_save_npz", save_and_look)
+    monkeypatch.setattr(layout, "save_npz", save_and_look)
     out = tmp_path / "Digits"
     assert dataset_utils.main(["noniid", "-", "dir", "--num-clients", "3", "--out-dir", str(out)], "Digits",
                               sources.load_digits, tmp_path) == 0

@@ -352,6 +352,7 @@ class Server:
 
     def evaluate(self, rnd: int) -> EvalResult:
         """Evaluate and record one point of the curves (PFLlib's ``evaluate``)."""
+        self.evaluator.at_round(rnd)  # --eval_clients: this round's sample (flcore/evaluation.py)
         result = self.evaluate_models(self.eval_params)
         history = self.history
         history.eval_rounds.append(rnd)

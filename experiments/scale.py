@@ -1,0 +1,133 @@
+"""Scale benchmark: what a population costs, from 10^3 to 10^6 synthetic clients.
+
+For each population it generates FedProx's Synthetic data in the packed layout
+(``dataset/generate_Synthetic.py --layout packed``, small clients: ``--size-log-mean 1
+--size-log-std 0.5 --size-min 10``, about 13 samples each) and reports the generator's wall time
+and peak RSS; then, for each cohort and model, runs ``main.py -algo FedAvg`` for ``--rounds``
+rounds with ``--eval_clients`` and reports
+
+* start-up: the process's wall time less the training loop's (``wall_time_s`` in the h5): imports,
+  mapping the data, building the server; and the process's peak RSS;
+* s/round: the mean time of the rounds that did not evaluate (``-eg`` past the last round, so only
+  round 0 and the end are evaluated), and the evaluated round 0 beside it.
+
+Every figure is one process measured with ``/usr/bin/time`` (GNU time, for the peak RSS)::
+
+    python experiments/scale.py --populations 1000 10000 100000 --cohorts 100 1000 --models MLR DNN
+
+A folder generated before with the same options is reused (the generator skips it), and its
+generation is then reported as skipped. Rows go to stdout as a markdown table and to
+``--out``/scale.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+GENERATOR = REPO / "dataset" / "generate_Synthetic.py"
+MAIN = REPO / "system" / "main.py"
+#: small Synthetic clients (about 13 samples; FedProx's own sizes average ~450)
+SIZES = ["--size-log-mean", "1", "--size-log-std", "0.5", "--size-min", "10"]
+
+
+def timed(command: list[str], cwd: Path) -> tuple[float, float, str]:
+    """(wall s, peak RSS MB, stdout) of one process, measured by GNU time; exits on failure."""
+    log = cwd / ".scale-time"
+    start = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(log), *command], cwd=cwd,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        sys.exit(f"error: {' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+    peak_kb = float(log.read_text().split()[-1])
+    log.unlink()
+    return wall, peak_kb / 1024, done.stdout
+
+
+def generate(population: int, out: Path, dim: int) -> dict:
+    """Generate (or reuse) the population's folder; the generator's figures."""
+    folder = out / f"Synthetic_{population}"
+    wall, rss, stdout = timed([sys.executable, str(GENERATOR), "--num-clients", str(population), "--layout", "packed",
+                               "--dim", str(dim), *SIZES, "--out-dir", str(folder)], REPO / "dataset")
+    skipped = "skipped" in stdout
+    config = json.loads((folder / "config.json").read_text())
+    return {"population": population, "folder": str(folder), "samples": config["train_rows"] + config["test_rows"],
+            "gen_s": None if skipped else wall, "gen_rss_mb": None if skipped else rss}
+
+
+def train(folder: str, population: int, cohort: int, model: str, rounds: int, eval_clients: int, out: Path) -> dict:
+    """One ``main.py`` run; start-up, peak RSS and seconds per round."""
+    results = out / "results" / f"{population}_{cohort}_{model}"
+    shutil.rmtree(results, ignore_errors=True)
+    command = [sys.executable, str(MAIN), "-data", folder, "-m", model, "-algo", "FedAvg", "-dev", "cpu",
+               "-jr", repr(min(1.0, cohort / population)), "-gr", str(rounds), "-eg", str(rounds + 1),
+               "--eval_clients", str(eval_clients), "--results_dir", str(results), "--save_model", "False",
+               "--progress", "False", "-q", "True"]
+    wall, rss, _ = timed(command, REPO / "system")
+    (path,) = results.glob("*.h5")
+    with h5py.File(path) as f:
+        round_time = np.asarray(f["rs_round_time"][()], dtype=float)
+        loop = float(f.attrs["wall_time_s"])
+    return {"population": population, "cohort": cohort, "model": model, "startup_s": wall - loop,
+            "run_rss_mb": rss, "round_s": float(round_time[1:].mean()) if len(round_time) > 1 else None,
+            "evaluated_round_s": float(round_time[0]), "eval_clients": eval_clients}
+
+
+def markdown(generated: list[dict], runs: list[dict]) -> str:
+    def num(value, fmt):
+        return "–" if value is None else format(value, fmt)
+
+    lines = ["| population | samples | generation s | generation RSS MB |", "|---:|---:|---:|---:|"]
+    lines += [f"| {g['population']:,} | {g['samples']:,} | {num(g['gen_s'], '.1f')} | {num(g['gen_rss_mb'], '.0f')} |"
+              for g in generated]
+    lines += ["", "| population | cohort | model | start-up s | peak RSS MB | s/round | round 0 with evaluation s |",
+              "|---:|---:|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['population']:,} | {r['cohort']:,} | {r['model']} | {r['startup_s']:.1f} | {r['run_rss_mb']:.0f} | "
+              f"{num(r['round_s'], '.3f')} | {r['evaluated_round_s']:.3f} |" for r in runs]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--populations", type=int, nargs="+", default=[1000, 10000, 100000, 1000000])
+    parser.add_argument("--cohorts", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--models", nargs="+", default=["MLR", "DNN"], choices=["MLR", "DNN"])
+    parser.add_argument("--rounds", type=int, default=3, help="training rounds per run (at least 2)")
+    parser.add_argument("--eval_clients", type=int, default=1000, help="clients sampled per evaluation")
+    parser.add_argument("--dim", type=int, default=60, help="Synthetic's feature dimension")
+    parser.add_argument("--out", type=Path, default=REPO / "experiments" / "out" / "scale")
+    args = parser.parse_args(argv)
+    if args.rounds < 2 or min(args.populations) < 1 or min(args.cohorts) < 1 or args.eval_clients < 0:
+        print("error: --rounds must be at least 2, populations and cohorts at least 1", file=sys.stderr)
+        return 2
+    if not Path("/usr/bin/time").is_file():
+        print("error: the peak RSS is measured with GNU time (/usr/bin/time); install it (apt-get install time)",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    generated, runs = [], []
+    for population in args.populations:
+        generated.append(generate(population, args.out, args.dim))
+        for cohort in args.cohorts:
+            if cohort > population:
+                continue
+            for model in args.models:
+                runs.append(train(generated[-1]["folder"], population, cohort, model, args.rounds,
+                                  args.eval_clients, args.out))
+                print(json.dumps(runs[-1]), flush=True)
+    (args.out / "scale.json").write_text(json.dumps({"generated": generated, "runs": runs}, indent=1) + "\n")
+    print(markdown(generated, runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
