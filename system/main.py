@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import json
 import logging
+import os
 import re
 import sys
 import warnings
