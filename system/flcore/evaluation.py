@@ -63,6 +63,11 @@ decides how many forward passes that takes.
   once per evaluation as the series ``eval_clients`` (``rs_eval_clients`` in the h5, one row of
   client numbers per evaluation). The metrics are then those of the sampled clients, and an
   evaluation costs what K clients cost, whatever the population.
+* **Other uses of a model.** :meth:`Evaluator.map_batches` runs any function of the model on the
+  batches of any rows (Sageflow's entropy on its public data, the backdoor's success rate on
+  stamped test images), and :meth:`Evaluator.test_accuracy` scores any classifier of each
+  client's representation on its test rows (FedProto's nearest global prototype): one batching,
+  eval mode and ``--eval_batch_size`` for every evaluation of a run.
 * **Memory.** Models are fetched from ``params_for`` as the clients are walked, so at most
   ``G + 1`` personal vectors are alive at a time (with ``--state_device disk`` the others stay in
   their files); a tensor is recognised as shared by identity (``is``), with weak references to
@@ -76,7 +81,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -94,7 +99,10 @@ from utils.auc import segment_micro_auc
 from utils.metrics import EvalResult, combine
 
 if TYPE_CHECKING:
+    from flcore.flat import Net
     from flcore.protocol import Runtime
+
+T = TypeVar("T")
 
 log = logging.getLogger("fl")
 
@@ -247,6 +255,42 @@ class Evaluator:
             self._evaluate_shared(params, sorted(clients), splits, totals)
         totals.resolve()
         return combine(totals.correct, totals.test_n, totals.auc, totals.loss_sum, totals.train_n)
+
+    @torch.no_grad()
+    def map_batches(self, params: torch.Tensor, x: torch.Tensor, fn: Callable[[Net, torch.Tensor], T],
+                    table: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+                    batch_size: int = 0) -> list[T]:
+        """``fn(net, inputs)`` on each batch of the rows ``rows`` of ``x`` (every row by default),
+        decoded with ``table`` (``decode_inputs``), ``net`` the model ``params`` in eval mode
+        (``Net.at``: the working model's vector is left as it is); the results in batch order, of
+        ``batch_size`` rows each (0: ``--eval_batch_size``)."""
+        module = self.runtime.model.module
+        was_training = module.training
+        module.eval()
+        net = self.runtime.model.net.at(params)
+        step = batch_size or self.batch_size
+        count = len(x) if rows is None else len(rows)
+        try:
+            return [fn(net, decode_inputs(x[i: i + step] if rows is None else x[rows[i: i + step]], table))
+                    for i in range(0, count, step)]
+        finally:
+            module.train(was_training)
+
+    def test_accuracy(self, params_for: Callable[[int], torch.Tensor],
+                      predict: Callable[[Net, torch.Tensor], torch.Tensor]) -> float:
+        """The share of all clients' test rows whose class ``predict(net, inputs)`` gives (class
+        indices, one per row) under client ``i``'s model ``params_for(i)`` is their label (NaN
+        without test rows)."""
+        dataset = self.runtime.dataset
+        x, y, _ = dataset.split("test")
+        correct = 0
+        for i in range(len(self.runtime.clients)):
+            rows = self._rows("test", [i])
+            start, stop = rows.starts[0], rows.starts[0] + rows.total
+            if rows.total:
+                predicted = self.map_batches(params_for(i), x[start:stop], predict, dataset.input_table)
+                correct += int((torch.cat(predicted) == y[start:stop]).sum())
+        return correct / len(y) if len(y) else float("nan")
 
     def group_size(self, n: int) -> int:
         """Personal models evaluated at once: ``--eval_group``, or auto (see the module docstring)."""

@@ -13,15 +13,21 @@ naming the server it serves) is named through these types or under ``TYPE_CHECKI
 * :class:`RoundResult`: what one round produced (``Server.run_round``).
 * :class:`Runtime`: what a service (evaluator, engine, plug-in) needs of a run: model, dataset,
   device, settings, clients, state store and history, without the server that owns them.
+
+And the formulas that several layers above share, written once here: the cohort size a join
+ratio gives (:func:`cohort_size`), FedAvg's sample weights (:func:`sample_weights`) and a filtering
+defence's precision and recall against the attackers (:func:`filter_precision_recall`).
 """
 from __future__ import annotations
 
+import math
 from argparse import Namespace
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:  # annotations only: these modules sit at or below this layer's users
@@ -155,11 +161,25 @@ class ClientUpdate:
     shared_numel: int | None = None
     #: training samples the client processed this round (its work on the virtual clock)
     samples_processed: int = 0
+    #: the round whose global model the upload started from (None: the round that aggregates it);
+    #: the stragglers plug-in stamps it on the uploads it releases (plugins/stragglers.py)
+    origin_round: int | None = None
+    #: the global model the upload started from (None: the package of the round that aggregates it)
+    origin_params: torch.Tensor | None = None
+    #: whether the client attacked in the round it trained in (ground truth, for metrics only;
+    #: None: no attack in the run), stamped by the attack plug-in (plugins/attacks.py)
+    attacker: bool | None = None
 
     def nbytes(self) -> int:
         count = self.params.numel() if self.shared_numel is None else self.shared_numel
         size = count * self.params.element_size() if self.uploads_params else 0
         return size + tensor_nbytes(self.extras)
+
+    def origin(self, package: RoundPackage) -> tuple[int, torch.Tensor]:
+        """(the round this upload started from, that round's global model), aggregated in the round
+        of ``package``: the package's own unless the upload arrived late."""
+        start = package.round if self.origin_round is None else self.origin_round
+        return start, package.global_params if self.origin_params is None else self.origin_params
 
 
 @dataclass(frozen=True)
@@ -240,3 +260,32 @@ class Runtime:
     @property
     def num_classes(self) -> int:
         return self.dataset.num_classes
+
+
+# ----------------------------------------------------------------------------- shared formulas
+def cohort_size(num_clients: int, join_ratio: float) -> int:
+    """The clients a round selects: :func:`joined_clients`, between 1 and N."""
+    return max(1, min(num_clients, joined_clients(num_clients, join_ratio)))
+
+
+def joined_clients(num_clients: int, join_ratio: float) -> int:
+    """⌊N · jr⌋ (0: ``-jr`` selects nobody); the 1e-9 stops 0.29 · 100 from truncating to 28 (a
+    PFLlib bug)."""
+    return math.floor(num_clients * join_ratio + 1e-9)
+
+
+def sample_weights(num_samples: Sequence[int] | np.ndarray) -> np.ndarray:
+    """FedAvg's weights n_k / Σ n (float64); equal weights when no client has a sample."""
+    counts = np.asarray(num_samples, dtype=np.float64)
+    return counts / counts.sum() if counts.sum() > 0 else np.full(len(counts), 1 / len(counts))
+
+
+def filter_precision_recall(kept: Sequence[ClientUpdate], dropped: Sequence[ClientUpdate]) -> tuple[float, float]:
+    """(precision, recall) of a filter that left out ``dropped`` and kept ``kept``, against the
+    uploads' ground truth (``ClientUpdate.attacker``): the share of attackers' among those left out,
+    and the share of the attackers' uploads left out; NaN where nothing was left out, or no attacker
+    uploaded."""
+    caught = sum(1 for u in dropped if u.attacker)
+    present = caught + sum(1 for u in kept if u.attacker)
+    precision = caught / len(dropped) if dropped else float("nan")
+    return precision, caught / present if present else float("nan")

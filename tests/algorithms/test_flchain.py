@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 
+import numpy as np
 import pytest
 import torch
 
@@ -64,6 +65,16 @@ def test_block_and_consensus_time_on_the_virtual_clock():
     consensus = sum(u.nbytes() for u in updates) / 1000 + 2 * 0.25
     assert chain.virtual_time == pytest.approx(plain.virtual_time + consensus + 2)
     assert chain.history.extra_series["consensus_time"] == [pytest.approx(consensus)]
+
+
+def test_each_rounds_virtual_time_includes_its_consensus_and_block():
+    chain = trained_server(data(), "FLChain", "--flchain_block_time", "2", "--flchain_latency", "0.25", **TINY)
+    series = chain.history.extra_series
+    increments = np.diff([0.0, *series["virtual_time"]])
+    assert len(increments) == 2 and min(series["block_time"]) == 2
+    assert series["virtual_round_time"] == pytest.approx(increments.tolist(), rel=1e-12)
+    consensus_and_block = np.add(series["consensus_time"], series["block_time"])
+    assert np.all(np.asarray(series["virtual_round_time"]) > consensus_and_block)  # training took time too
 
 
 def test_stopping_rule_ends_the_run_when_the_model_stops_moving():

@@ -442,3 +442,29 @@ def test_no_frozen_copy_by_default_because_pytorch_keeps_every_one(monkeypatch):
     server = build_server(make_args("FedAvg"), _frozen_setup(SmallCNN, True).dataset, SmallCNN())
     assert server.args.eval_frozen is False
     _evaluate(server)
+
+
+def test_a_classifier_of_each_clients_model_is_scored_on_its_test_rows_as_the_reference():
+    server = make_server("batchnorm", eval_batch_size=3)
+    vectors = personal_vectors(server)
+    server.model.module.train()
+    working = server.model.vector.clone()
+    accuracy = server.evaluator.test_accuracy(lambda i: vectors[i], lambda net, x: net(x).argmax(1))
+    assert accuracy == pytest.approx(reference(server, vectors)[1], abs=1e-12)
+    assert torch.equal(server.model.vector, working) and server.model.module.training  # nothing left changed
+    shifted = server.evaluator.test_accuracy(lambda i: vectors[i], lambda net, x: (net(x).argmax(1) + 1) % NUM_CLASSES)
+    assert shifted != accuracy
+
+
+def test_any_function_of_a_model_runs_on_batches_of_chosen_rows():
+    server = make_server("linear")
+    x = server.dataset.split("test")[0]
+    rows = torch.tensor([5, 0, 7, 3, 9])
+    sizes = server.evaluator.map_batches(server.global_params, x, lambda net, batch: len(batch), rows=rows,
+                                         batch_size=2)
+    assert sizes == [2, 2, 1]
+    logits = server.evaluator.map_batches(server.global_params, x, lambda net, batch: net(batch), rows=rows)
+    server.model.load(server.global_params)
+    server.model.module.eval()
+    with torch.no_grad():
+        assert torch.allclose(torch.cat(logits), server.model.module(x[rows]), atol=1e-6)

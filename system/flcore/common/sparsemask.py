@@ -18,11 +18,10 @@ import math
 from argparse import ArgumentParser
 from typing import ClassVar, Iterable, Sequence
 
-import numpy as np
 import torch
 
 from flcore.clients.clientbase import Client
-from flcore.protocol import ClientUpdate
+from flcore.protocol import ClientUpdate, sample_weights
 from flcore.flat import Segment
 from utils.cli import add_flag
 
@@ -140,8 +139,7 @@ def masked_average(messages: list[tuple[torch.Tensor, torch.Tensor]], num_sample
     The numerator is accumulated exactly as ``weighted_average`` does (weights n_k / Σ n_k, in
     update order); where every upload sent the entry that is the answer (its coverage is 1 in exact
     arithmetic and is not divided by), so dense uploads give FedAvg's model bit for bit."""
-    counts = np.asarray(num_samples, dtype=np.float64)
-    weights = counts / counts.sum() if counts.sum() > 0 else np.full(len(messages), 1 / len(messages))
+    weights = sample_weights(num_samples)
     total = torch.zeros_like(previous)
     coverage = torch.zeros_like(previous)
     everyone = torch.ones_like(previous, dtype=torch.bool)

@@ -81,7 +81,10 @@ algorithms whose clients train their own way (they override ``train_job`` or the
 
 Results: ``rs_attack_uploads`` (how many of the uploads that reached the server in each round are
 attackers'; with ``--straggler_delay`` counted in the round they were trained) and ``rs_attackers``
-(their client indices, one row per round, NaN-padded).
+(their client indices, one row per round, NaN-padded). Every upload that reaches the server is
+stamped with the ground truth, ``ClientUpdate.attacker`` (True for an attacker's, False otherwise,
+in the round it was trained in; a late upload keeps its stamp): what a filtering defence's
+precision and recall are measured against (Sageflow, ``--robust``), never what a defence may read.
 """
 from __future__ import annotations
 
@@ -98,10 +101,10 @@ import torch
 
 from flcore.capabilities import LOCAL_PROCEDURE
 from flcore.clients.localstep import LocalStep
+from flcore.evaluation import Evaluator
 from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_local_step, register_plugin
-from utils.data_utils import decode_inputs
 from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng, torch_generator
@@ -151,7 +154,7 @@ def attackers_of(args: Any, rnd: int, cohort: list[int] | None = None) -> np.nda
     """The attacker mask of round ``rnd`` over every client position (``args.num_clients`` of them):
     the run's, or with ``--attack_scope cohort|drawn`` drawn from ``cohort``, that round's clients of
     the scope (:func:`scope_cohort` of its package). Of a past round, ask the plug-in
-    (:func:`attackers_in`)."""
+    (:meth:`AttackPlugin.attackers`)."""
     if args.attack_scope in PER_COHORT:
         if cohort is None:
             raise ValueError(f"--attack_scope {args.attack_scope} draws the attackers from the round's clients: pass them")
@@ -170,12 +173,6 @@ def scope_cohort(args: Any, package: RoundPackage) -> list[int]:
 def package_attackers(args: Any, package: RoundPackage) -> np.ndarray:
     """The attacker mask of ``package``'s round (:func:`attackers_of`)."""
     return attackers_of(args, package.round, scope_cohort(args, package))
-
-
-def attackers_in(plugins: dict[str, RoundPlugin], rnd: int) -> np.ndarray:
-    """The attacker mask of training round ``rnd`` (a round that has trained: a late upload's start
-    round too), as the run's attack plug-in drew it."""
-    return plugins["attack"].attackers(rnd)
 
 
 # ----------------------------------------------------------------------------- model poisoning
@@ -226,6 +223,62 @@ def minmax(benign: torch.Tensor, direction: str) -> torch.Tensor:
     roots = (-b + torch.sqrt(torch.clamp(b * b - 4 * a * c, min=0.0))) / (2 * a)
     gamma = max(0.0, float(roots.min()))
     return (mean + gamma * push).to(benign.dtype)
+
+
+#: model attacks by ``--attack`` name: what the attackers of a round upload instead, as updates
+#: relative to the round's global model (one per attacker's upload, in their order), from the
+#: run's flags, the round's package, the attackers' uploads and the others'
+ModelAttack = Callable[[Any, RoundPackage, list[ClientUpdate], list[ClientUpdate]], list[torch.Tensor]]
+MODEL_ATTACKS: dict[str, ModelAttack] = {}
+
+
+def model_attack(name: str) -> Callable[[ModelAttack], ModelAttack]:
+    """Register a model attack as ``--attack name``."""
+
+    def register(attack: ModelAttack) -> ModelAttack:
+        if name in MODEL_ATTACKS:
+            raise RuntimeError(f"model attack {name!r} is registered twice")
+        MODEL_ATTACKS[name] = attack
+        return attack
+
+    return register
+
+
+def benign_updates(package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]) -> torch.Tensor:
+    """The benign updates of the round (rows) that the colluding attacks know; the attackers' own
+    honestly trained ones in a round where every upload is an attacker's."""
+    return torch.stack([u.params - package.global_params for u in (good or bad)])
+
+
+@model_attack("sign_flip")
+def sign_flip_uploads(args: Any, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]):
+    start, scale = package.global_params, float(args.attack_scale)
+    if args.attack_flip == "weights":  # the upload is start + malicious, so malicious = −s·w − start
+        return [sign_flip(u.params, scale) - start for u in bad]
+    return [sign_flip(u.params - start, scale) for u in bad]
+
+
+@model_attack("gaussian")
+def gaussian_uploads(args: Any, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]):
+    start = package.global_params
+    return [torch.randn(start.shape, generator=torch_generator(args.seed, "attack-noise", package.round, u.index),
+                        dtype=start.dtype).to(start.device) * float(args.attack_noise_std) for u in bad]
+
+
+@model_attack("alie")
+def alie_uploads(args: Any, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]):
+    z = float(args.attack_z) or alie_z(len(bad) + len(good), len(bad))
+    return [alie(benign_updates(package, bad, good), z)] * len(bad)
+
+
+@model_attack("ipm")
+def ipm_uploads(args: Any, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]):
+    return [ipm(benign_updates(package, bad, good), float(args.attack_epsilon))] * len(bad)
+
+
+@model_attack("minmax")
+def minmax_uploads(args: Any, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]):
+    return [minmax(benign_updates(package, bad, good), str(args.attack_direction))] * len(bad)
 
 
 # ----------------------------------------------------------------------------- data poisoning
@@ -360,11 +413,7 @@ def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) ->
 
 
 # ----------------------------------------------------------------------------- the plug-in
-#: model attacks that transform each attacker's own update
-OWN_UPDATE_ATTACKS = ("sign_flip", "gaussian")
-#: model attacks every attacker of a round sends alike, computed from the benign updates
-COLLUDING_ATTACKS = ("alie", "ipm", "minmax")
-ATTACKS = (*OWN_UPDATE_ATTACKS, *COLLUDING_ATTACKS, *DATA_ATTACKS)
+ATTACKS = (*MODEL_ATTACKS, *DATA_ATTACKS)
 
 
 @register_plugin("attack")
@@ -442,11 +491,19 @@ class AttackPlugin(RoundPlugin):
             parse_label_map(str(args.attack_label_map or ""), runtime.num_classes)  # a bad map: one line now
         if self.name in TEST_TRIGGERS:
             check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
+        #: the attack success rate's passes over the test images (backdoors)
+        self.evaluator = Evaluator(runtime) if self.name in TEST_TRIGGERS else None
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
         #: ``--attack_scope cohort|drawn``: every trained round's attackers (a late upload's start round
         #: is looked up here when it arrives; checkpointed)
         self.cohort_attackers: dict[int, list[int]] = {}
+
+    @classmethod
+    def attackers_among(cls, args: Any, uploads: int) -> int:
+        """How many of a round's ``uploads`` the flags make attackers' (``--attack_scope cohort``'s
+        count; what a defence assumes by default, ``--robust_f -1``)."""
+        return attacker_count(float(args.attack_fraction), uploads)
 
     def attackers(self, rnd: int) -> np.ndarray:
         """The attacker mask of training round ``rnd`` (with ``--attack_scope cohort|drawn``: a round
@@ -462,9 +519,11 @@ class AttackPlugin(RoundPlugin):
         mask = package_attackers(self.args, package)
         if self.args.attack_scope in PER_COHORT:
             self.cohort_attackers[package.round] = np.flatnonzero(mask).tolist()
-        bad = [u for u in arrived if mask[u.index]]
+        for update in arrived:  # the ground truth, for metrics (module docstring)
+            update.attacker = bool(mask[update.index])
+        bad = [u for u in arrived if u.attacker]
         self.last_attackers = [u.index for u in bad]
-        if bad and self.name not in DATA_ATTACKS:
+        if bad and self.name in MODEL_ATTACKS:
             self.poison(package, bad, [u for u in arrived if not mask[u.index]])
         elif bad and self.name in TEST_TRIGGERS and package.round >= int(self.args.backdoor_from_round):
             scale = float(self.args.backdoor_scale)
@@ -477,64 +536,29 @@ class AttackPlugin(RoundPlugin):
 
     def poison(self, package: RoundPackage, bad: list[ClientUpdate], good: list[ClientUpdate]) -> None:
         """Replace the attackers' uploads in place (update objects keep their order and weights)."""
-        start = package.global_params
-        shared = package.shared
-
-        def delta(update: ClientUpdate) -> torch.Tensor:
-            return update.params - start
-
-        def upload(update: ClientUpdate, malicious: torch.Tensor) -> None:
-            if shared is not None:
+        start, shared = package.global_params, package.shared
+        for update, malicious in zip(bad, MODEL_ATTACKS[self.name](self.args, package, bad, good)):
+            if shared is not None:  # the private part never leaves a client
                 malicious = torch.where(shared, malicious, torch.zeros_like(malicious))
             update.params = start + malicious
-
-        args = self.args
-        if self.name == "sign_flip" and args.attack_flip == "weights":
-            for update in bad:  # upload(w) sends start + malicious, so malicious = −s·w − start
-                upload(update, sign_flip(update.params, float(args.attack_scale)) - start)
-        elif self.name == "sign_flip":
-            for update in bad:
-                upload(update, sign_flip(delta(update), float(args.attack_scale)))
-        elif self.name == "gaussian":
-            for update in bad:
-                noise = torch.randn(start.shape, generator=torch_generator(args.seed, "attack-noise", package.round,
-                                                                           update.index), dtype=start.dtype)
-                upload(update, noise.to(start.device) * float(args.attack_noise_std))
-        else:
-            reference = torch.stack([delta(u) for u in (good or bad)])
-            if self.name == "alie":
-                z = float(args.attack_z) or alie_z(len(bad) + len(good), len(bad))
-                malicious = alie(reference, z)
-            elif self.name == "ipm":
-                malicious = ipm(reference, float(args.attack_epsilon))
-            else:
-                malicious = minmax(reference, str(args.attack_direction))
-            for update in bad:
-                upload(update, malicious)
 
     def after_evaluation(self, rnd: int, global_params: torch.Tensor, result: RoundResult) -> None:
         if self.name in TEST_TRIGGERS:
             self.runtime.history.add_series("backdoor_asr", self.attack_success_rate(global_params))
 
-    @torch.no_grad()
     def attack_success_rate(self, params: torch.Tensor) -> float:
         """The share of the test images of the other classes, trigger stamped (DBA: the global trigger),
         classified as the target."""
-        dataset, model = self.runtime.dataset, self.runtime.model
+        dataset = self.runtime.dataset
         x, y, _ = dataset.split("test")
-        target = int(self.args.backdoor_target)
+        target, value, trigger = int(self.args.backdoor_target), float(self.args.backdoor_value), TEST_TRIGGERS[self.name]
         rows = torch.nonzero(y != target).flatten()
         if not len(rows):
             return float("nan")
-        model.load(params)
-        model.module.eval()
-        hits = 0
-        step = int(self.args.eval_batch_size)
-        for i in range(0, len(rows), step):
-            batch = decode_inputs(x[rows[i: i + step]], dataset.input_table)
-            logits = model.module(stamp_trigger(batch, float(self.args.backdoor_value), TEST_TRIGGERS[self.name]))
-            hits += int((logits.argmax(1) == target).sum())
-        return hits / len(rows)
+        hits = self.evaluator.map_batches(params, x, lambda net, batch:
+                                          int((net(stamp_trigger(batch, value, trigger)).argmax(1) == target).sum()),
+                                          dataset.input_table, rows)
+        return sum(hits) / len(rows)
 
     def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
         history = self.runtime.history

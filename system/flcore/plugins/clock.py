@@ -367,7 +367,7 @@ class VirtualClock(RoundPlugin):
         self.client_rounds = np.zeros(len(clients), dtype=np.int64)
         self._round_began = 0.0
         #: the virtual time the round's training began (after any wait), and each upload's seconds from it
-        self.round_start = 0.0
+        self._round_start = 0.0
         self.upload_seconds: dict[int, float] = {}
 
     def _predicted_seconds(self, runtime: Runtime) -> np.ndarray:
@@ -386,16 +386,31 @@ class VirtualClock(RoundPlugin):
 
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
-        self.round_start = self.now  # after the wait for an available client
+        self._round_start = self.now  # after the wait for an available client
         kept, seconds = self.finish_round(package, trained, arrived)
         self.now += seconds
         result.virtual_seconds = self.now - self._round_began
         return kept
 
+    @property
+    def round_start(self) -> float:
+        """The virtual time the round's training began (after any wait for an available client)."""
+        return self._round_start
+
+    def upload_time(self, index: int) -> float:
+        """Virtual seconds from the round's start until client ``index``'s upload of the round arrives."""
+        return self.upload_seconds[index]
+
     def retime_round(self, seconds: float, result: RoundResult) -> None:
         """Let the round last ``seconds`` from its start instead: a server that stops waiting for
         stragglers, or waits longer for them (plugins/stragglers.py)."""
         self.now = self.round_start + seconds
+        result.virtual_seconds = self.now - self._round_began
+
+    def extend_round(self, seconds: float, result: RoundResult) -> None:
+        """Let the round end ``seconds`` later: work the server does after the uploads arrived
+        (FLChain's consensus and block), in both ``rs_virtual_time`` and ``rs_virtual_round_time``."""
+        self.now += seconds
         result.virtual_seconds = self.now - self._round_began
 
     def record(self, result: RoundResult) -> None:

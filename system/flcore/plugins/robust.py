@@ -49,8 +49,12 @@ with fewer uploads (drop-outs, ``-tth``) uses the largest f its uploads admit, w
 
 Filtering defences (krum, multi_krum, bulyan; fltrust, which leaves out the uploads of trust 0)
 record, when ``--attack`` is on, the precision and recall of the attackers among the uploads they
-leave out (``rs_robust_precision``,
-``rs_robust_recall``; NaN when nothing was left out, or no attacker uploaded).
+leave out (``rs_robust_precision``, ``rs_robust_recall``; NaN when nothing was left out, or no
+attacker uploaded), against the ground truth the attack plug-in stamps on the uploads
+(``ClientUpdate.attacker``; :func:`flcore.protocol.filter_precision_recall`).
+
+Aggregators register by name (:func:`aggregator`, into :data:`AGGREGATORS`), each with what it needs
+of n and whether it filters.
 
 The plug-in refuses algorithms that aggregate their own way (their server overrides ``aggregate``),
 and, taking over aggregation, DP-FedAvg (``--dp_update_clip``): one line each.
@@ -60,7 +64,6 @@ from __future__ import annotations
 from argparse import ArgumentParser
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -68,9 +71,9 @@ import numpy as np
 import torch
 
 from flcore.extension import RoundPlugin, refused_by_changing_widths
-from flcore.plugins.attacks import attacker_count, attackers_in
-from flcore.plugins.stragglers import origin_of
-from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.plugins.attacks import AttackPlugin
+from flcore.protocol import (ClientUpdate, RoundPackage, RoundResult, Runtime, cohort_size, filter_precision_recall,
+                             sample_weights)
 from flcore.registry import register_plugin
 from utils.cli import add_flag
 from utils.errors import FLError
@@ -211,26 +214,98 @@ def root_update(runtime: Runtime, public: PublicData, start: torch.Tensor, rnd: 
 
 
 # ----------------------------------------------------------------------------- the registry of rules
+#: an aggregator's combination of the round's update rows: (the defence, the rows, their sample
+#: weights, f, the round's package) -> (the aggregate update, the rows it kept: None unless it filters)
+Combine = Callable[["RobustAggregation", torch.Tensor, torch.Tensor, int, RoundPackage],
+                   tuple[torch.Tensor, "list[int] | None"]]
+
+
 @dataclass(frozen=True)
 class Rule:
-    """An aggregator: the least number of uploads it needs for f attackers, and whether it filters."""
+    """An aggregator: how it combines, the least number of uploads it needs for f attackers, and
+    whether it filters."""
 
+    combine: Combine
     least_uploads: Callable[[int], int]
     requirement: str
     filters: bool = False
 
 
-AGGREGATORS: dict[str, Rule] = {
-    "mean": Rule(lambda f: 1, ""),
-    "median": Rule(lambda f: 1, ""),
-    "rfa": Rule(lambda f: 1, ""),
-    "centered_clip": Rule(lambda f: 1, ""),
-    "trimmed_mean": Rule(lambda f: 2 * f + 1, "n > 2f"),
-    "krum": Rule(lambda f: 2 * f + 3, "n > 2f + 2", filters=True),
-    "multi_krum": Rule(lambda f: 2 * f + 3, "n > 2f + 2", filters=True),
-    "bulyan": Rule(lambda f: 4 * f + 3, "n >= 4f + 3", filters=True),
-    "fltrust": Rule(lambda f: 1, "", filters=True),
-}
+#: the aggregators by ``--robust`` name, in the order they are listed to the user
+AGGREGATORS: dict[str, Rule] = {}
+
+
+def aggregator(name: str, least_uploads: Callable[[int], int] = lambda f: 1, requirement: str = "",
+               filters: bool = False) -> Callable[[Combine], Combine]:
+    """Register an aggregator as ``--robust name``."""
+
+    def register(combine: Combine) -> Combine:
+        if name in AGGREGATORS:
+            raise RuntimeError(f"robust aggregator {name!r} is registered twice")
+        AGGREGATORS[name] = Rule(combine, least_uploads, requirement, filters)
+        return combine
+
+    return register
+
+
+@aggregator("mean")
+def _mean(defence, points, weights, f, package):
+    return weighted_mean(points, weights), None
+
+
+@aggregator("median")
+def _median(defence, points, weights, f, package):
+    return coordinate_median(points), None
+
+
+@aggregator("rfa")
+def _rfa(defence, points, weights, f, package):
+    return geometric_median(points, weights, int(defence.args.robust_iters)), None
+
+
+@aggregator("centered_clip")
+def _centered_clip(defence, points, weights, f, package):
+    center = torch.zeros_like(points[0]) if defence.center is None else defence.center.to(points.device)
+    tau = float(defence.args.robust_clip) or float((points - center).norm(dim=1).median())
+    defence.center = centered_clip(points, weights, center, tau, int(defence.args.robust_iters))
+    return defence.center, None
+
+
+@aggregator("trimmed_mean", lambda f: 2 * f + 1, "n > 2f")
+def _trimmed_mean(defence, points, weights, f, package):
+    return trimmed_mean(points, f), None
+
+
+def krum_kept(points: torch.Tensor, weights: torch.Tensor, f: int, keep: int) -> tuple[torch.Tensor, list[int]]:
+    """The ``keep`` rows of least Krum score, averaged with their weights (Krum: exactly the chosen row)."""
+    kept = sorted(krum_order(points, f)[: min(keep, points.shape[0])])
+    if len(kept) == 1:
+        return points[kept[0]], kept
+    return weighted_mean(points[kept], weights[kept]), kept
+
+
+@aggregator("krum", lambda f: 2 * f + 3, "n > 2f + 2", filters=True)
+def _krum(defence, points, weights, f, package):
+    return krum_kept(points, weights, f, 1)
+
+
+@aggregator("multi_krum", lambda f: 2 * f + 3, "n > 2f + 2", filters=True)
+def _multi_krum(defence, points, weights, f, package):
+    return krum_kept(points, weights, f, int(defence.args.robust_keep) or points.shape[0] - f)
+
+
+@aggregator("bulyan", lambda f: 4 * f + 3, "n >= 4f + 3", filters=True)
+def _bulyan(defence, points, weights, f, package):
+    return bulyan(points, f)
+
+
+@aggregator("fltrust", filters=True)
+def _fltrust(defence, points, weights, f, package):
+    root = root_update(defence.runtime, defence.root, package.global_params, package.round)
+    delta, trust = fltrust(points, root.to(points.dtype))
+    return delta, torch.nonzero(trust > 0).flatten().tolist()
+
+
 PRE_STEPS = ("clip",)
 
 
@@ -303,8 +378,8 @@ class RobustAggregation(RoundPlugin):
                           f"use it with an algorithm that averages the uploads (FedAvg, FedProx, FedPer, ...)")
         self.takes_aggregation = True
         num_clients = len(runtime.clients)
-        cohort = max(1, min(num_clients, math.floor(num_clients * float(args.join_ratio) + 1e-9)))
-        self.f = int(args.robust_f) if int(args.robust_f) >= 0 else attacker_count(float(args.attack_fraction), cohort)
+        cohort = cohort_size(num_clients, float(args.join_ratio))
+        self.f = int(args.robust_f) if int(args.robust_f) >= 0 else AttackPlugin.attackers_among(args, cohort)
         rule = AGGREGATORS[self.aggregator]
         if cohort < rule.least_uploads(self.f):
             raise FLError(f"--robust {self.aggregator} needs {rule.requirement} uploads for f = {self.f} attackers, "
@@ -322,13 +397,14 @@ class RobustAggregation(RoundPlugin):
         self.center: torch.Tensor | None = None
         #: the uploads the last filtering round kept and left out, as (client, round it trained in)
         self._filtered: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None = None
+        #: (precision, recall) of this round's filter against the uploads' attacker stamps
+        self._filter_scores: tuple[float, float] | None = None
         self._warned = False
 
     # ------------------------------------------------------------------ aggregation
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> torch.Tensor:
-        counts = np.asarray([u.num_samples for u in updates], dtype=np.float64)
-        weights = counts / counts.sum() if counts.sum() > 0 else np.full(len(updates), 1 / len(updates))
-        self._filtered = None
+        weights = sample_weights([u.num_samples for u in updates])
+        self._filtered = self._filter_scores = None
         if not self.pre and self.aggregator == "mean":
             return fedavg_mean(updates, weights)
         start = package.global_params
@@ -337,41 +413,17 @@ class RobustAggregation(RoundPlugin):
         if "clip" in self.pre:
             tau = float(self.args.robust_clip) or float(points.norm(dim=1).median())
             points = clip_norms(points, tau)
-        if self.root is not None:  # FLTrust's reference: the server's own update this round
-            delta, trust = fltrust(points, root_update(self.runtime, self.root, start, package.round).to(points.dtype))
-            kept = torch.nonzero(trust > 0).flatten().tolist()
-        else:
-            delta, kept = self.combine(points, w, self.admissible_f(len(updates), package.round))
-        if kept is not None:  # (client, round it trained in): a late upload attacked, or not, in that round
+        f = self.admissible_f(len(updates), package.round)
+        delta, kept = AGGREGATORS[self.aggregator].combine(self, points, w, f, package)
+        if kept is not None:
             kept_set = set(kept)
-            trained = [(u.index, origin_of(self.peers, u, package)[0]) for u in updates]
-            self._filtered = ([trained[i] for i in kept], [pair for i, pair in enumerate(trained) if i not in kept_set])
+            left_out = [u for i, u in enumerate(updates) if i not in kept_set]
+            kept_updates = [updates[i] for i in kept]
+            self._filtered = ([(u.index, u.origin(package)[0]) for u in kept_updates],
+                              [(u.index, u.origin(package)[0]) for u in left_out])
+            if "attack" in self.peers:  # each upload's stamp is of the round it trained in
+                self._filter_scores = filter_precision_recall(kept_updates, left_out)
         return start + delta.to(start.dtype)
-
-    def combine(self, points: torch.Tensor, weights: torch.Tensor, f: int) -> tuple[torch.Tensor, list[int] | None]:
-        """The aggregate update and, for a filtering rule, the rows it kept."""
-        name, n = self.aggregator, points.shape[0]
-        if name == "mean":
-            return weighted_mean(points, weights), None
-        if name == "median":
-            return coordinate_median(points), None
-        if name == "trimmed_mean":
-            return trimmed_mean(points, f), None
-        if name == "rfa":
-            return geometric_median(points, weights, int(self.args.robust_iters)), None
-        if name == "centered_clip":
-            center = torch.zeros_like(points[0]) if self.center is None else self.center.to(points.device)
-            tau = float(self.args.robust_clip) or float((points - center).norm(dim=1).median())
-            self.center = centered_clip(points, weights, center, tau, int(self.args.robust_iters))
-            return self.center, None
-        if name == "bulyan":
-            return bulyan(points, f)
-        order = krum_order(points, f)
-        keep = 1 if name == "krum" else (int(self.args.robust_keep) or n - f)
-        kept = sorted(order[: min(keep, n)])
-        if len(kept) == 1:  # Krum: exactly the chosen update
-            return points[kept[0]], kept
-        return weighted_mean(points[kept], weights[kept]), kept
 
     def admissible_f(self, n: int, rnd: int) -> int:
         """``f``, or the largest f that ``n`` uploads admit (with a warning, once per run)."""
@@ -390,15 +442,10 @@ class RobustAggregation(RoundPlugin):
 
     # ------------------------------------------------------------------ reports
     def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate], result: RoundResult) -> None:
-        if not AGGREGATORS[self.aggregator].filters or not getattr(self.args, "attack", None):
+        if not AGGREGATORS[self.aggregator].filters or "attack" not in self.peers:
             return
-        precision = recall = float("nan")
-        if self._filtered is not None:
-            kept, dropped = self._filtered
-            caught = sum(1 for i, trained in dropped if attackers_in(self.peers, trained)[i])
-            present = caught + sum(1 for i, trained in kept if attackers_in(self.peers, trained)[i])
-            precision = caught / len(dropped) if dropped else float("nan")
-            recall = caught / present if present else float("nan")
+        precision, recall = self._filter_scores or (float("nan"), float("nan"))
+        self._filter_scores = None  # a round without uploads filters nothing
         self.runtime.history.add_series("robust_precision", precision)
         self.runtime.history.add_series("robust_recall", recall)
 

@@ -27,8 +27,9 @@ So ``q = 1`` is "wait for all" (no upload is ever late), ``0 < q < 1`` "wait for
 happens to the uploads the server did not wait for:
 
 * ``stale`` (the default): aggregated in the round they arrive, with their staleness ``t_now − t``
-  and the global model they started from (what FedAsync and FedBuff weigh them by:
-  :func:`origin_of`); a synchronous algorithm then averages them as if fresh.
+  and the global model they started from, stamped on each upload this plug-in releases
+  (``ClientUpdate.origin_round`` and ``origin_params``: what FedAsync, FedBuff and Sageflow weigh
+  them by); a synchronous algorithm then averages them as if fresh.
 * ``ignore``: dropped (Sageflow's "FedAvg ignoring stragglers").
 
 How delays are drawn, ``--straggler_delays`` (rounds only):
@@ -95,7 +96,7 @@ BUSY = ("train", "skip", "unselectable")
 #: how a round's delays are drawn (module docstring)
 DELAY_DRAWS = ("uniform", "each")
 #: what a delayed upload keeps of itself while in flight (the rest is rebuilt)
-KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processed")
+KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processed", "attacker")
 
 
 def delay_of(seed: int, most: int, rnd: int, client: int) -> int:
@@ -123,15 +124,6 @@ def awaited(lateness: list[float], indices: list[int], share: float, at_least: i
         return None
     order = sorted(zip(lateness, indices))
     return order[count - 1][0]
-
-
-def origin_of(plugins: dict[str, RoundPlugin], update: ClientUpdate, package: RoundPackage) -> tuple[int, torch.Tensor]:
-    """(the round ``update`` started from, the global model of that round): the package's without
-    stragglers."""
-    stragglers = plugins.get("stragglers")
-    if stragglers is None:
-        return package.round, package.global_params
-    return stragglers.origin(update, package)
 
 
 @register_plugin("stragglers")
@@ -211,8 +203,6 @@ class Stragglers(RoundPlugin):
         self.origins: dict[int, torch.Tensor] = {}
         #: client -> the last round it is busy in (its latest upload in flight arrives then; rounds only)
         self.busy_until: dict[int, int] = {}
-        self._released: dict[int, int] = {}  # id(update) -> start round, for this round's uploads
-        self._kept_origins: dict[int, torch.Tensor] = {}  # start round -> its model, for this round's
 
     def is_busy(self, client: int, rnd: int) -> bool:
         """Whether an upload ``client`` trained before round ``rnd`` reaches the server in ``rnd`` or later."""
@@ -248,14 +238,14 @@ class Stragglers(RoundPlugin):
         arrived_by = clock.now if self.by_clock else now  # the end of this round, in the lateness' unit
         due = sorted((p for p in self.pending if p["due"] <= arrived_by), key=lambda p: (p["start"], p["index"]))
         self.pending = [p for p in self.pending if p["due"] > arrived_by]
-        late_uploads = [ClientUpdate(**{name: p[name] for name in KEPT}) for p in due]
-        self._released = {id(u): p["start"] for u, p in zip(late_uploads, due)}
-        self._released.update({id(u): now for u in fresh})
-        self._kept_origins = {p["start"]: self.origins[p["start"]] for p in due}
+        late_uploads = [ClientUpdate(**{name: p[name] for name in KEPT}, origin_round=p["start"],
+                                     origin_params=self.origins[p["start"]]) for p in due]
+        for update in fresh:
+            update.origin_round = now
         in_flight = {p["start"] for p in self.pending}
         self.origins = {start: params for start, params in self.origins.items() if start in in_flight}
         released = late_uploads + fresh
-        self.runtime.history.add_series("staleness", [now - self._released[id(u)] for u in released])
+        self.runtime.history.add_series("staleness", [now - u.origin_round for u in released])
         return released
 
     def split(self, now: int, trainers: list[int], arrived: list[ClientUpdate], clock: Any,
@@ -264,7 +254,7 @@ class Stragglers(RoundPlugin):
         cohort, over which ``--straggler_delays each`` spreads the delays); retimes the clock's round."""
         indices = [u.index for u in arrived]
         if self.by_clock:
-            seconds = [clock.upload_seconds[i] for i in indices]
+            seconds = [clock.upload_time(i) for i in indices]
             deadline = awaited(seconds, indices, self.share, at_least=1)
             if deadline is None:
                 return [], []
@@ -279,12 +269,6 @@ class Stragglers(RoundPlugin):
             clock.retime_round((clock.now - clock.round_start) * (1 + waited), result)
         late = [(u, now + d - waited) for u, d in zip(arrived, delays) if d > waited]
         return [u for u, d in zip(arrived, delays) if d <= waited], late
-
-    def origin(self, update: ClientUpdate, package: RoundPackage) -> tuple[int, torch.Tensor]:
-        start = self._released.get(id(update), package.round)
-        if start == package.round:
-            return start, package.global_params
-        return start, self._kept_origins[start]
 
     def state_dict(self) -> dict[str, Any]:
         return {"pending": [dict(p) for p in self.pending], "origins": dict(self.origins),

@@ -12,12 +12,12 @@ draw is exactly the unrestricted one.
 """
 from __future__ import annotations
 
-import math
 from argparse import ArgumentParser, Namespace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flcore.protocol import cohort_size
 from flcore.registry import register_selector
 from utils.cli import hyperparameters
 from utils.seeding import numpy_rng
@@ -25,11 +25,6 @@ from utils.seeding import numpy_rng
 if TYPE_CHECKING:
     from flcore.protocol import ClientUpdate, RoundPackage
     from flcore.servers.serverbase import Server
-
-
-def cohort_size(num_clients: int, join_ratio: float) -> int:
-    # The epsilon stops 0.29 * 100 from truncating to 28 (PFLlib bug).
-    return max(1, min(num_clients, math.floor(num_clients * join_ratio + 1e-9)))
 
 
 @register_selector("uniform")

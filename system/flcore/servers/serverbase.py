@@ -51,7 +51,7 @@ from flcore.flat import FlatModel
 from flcore.extension import RoundPlugin
 from flcore.plugins import plugins_for, split_for_features
 # RoundResult is the protocol's; importable from here as before
-from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, with_private_part  # noqa: F401
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, sample_weights, with_private_part  # noqa: F401
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
@@ -69,8 +69,7 @@ log = logging.getLogger("fl")
 def weighted_average(updates: list[ClientUpdate], weights: list[float] | np.ndarray | None = None) -> torch.Tensor:
     """Σ_k w_k · params_k accumulated in place, in update order (default w_k ∝ samples)."""
     if weights is None:
-        counts = np.asarray([u.num_samples for u in updates], dtype=np.float64)
-        weights = counts / counts.sum() if counts.sum() > 0 else np.full(len(updates), 1 / len(updates))
+        weights = sample_weights([u.num_samples for u in updates])
     total = torch.zeros_like(updates[0].params)
     for update, weight in zip(updates, weights):
         total.add_(update.params, alpha=float(weight))

@@ -48,10 +48,9 @@ from __future__ import annotations
 
 from argparse import ArgumentParser
 
-import numpy as np
 import torch
 
-from flcore.protocol import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage, sample_weights
 from flcore.clients.clientfedacs import FedACSClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
@@ -171,8 +170,7 @@ class FedACSServer(Server):
         sample-weighted mean over all clients."""
         for update in updates:
             self.state.set("latest", update.index, update.params)
-        counts = np.asarray([c.num_train for c in self.clients], dtype=np.float64)
-        weights = counts / counts.sum() if counts.sum() > 0 else np.full(len(counts), 1 / len(counts))
+        weights = sample_weights([c.num_train for c in self.clients])
         total = torch.zeros_like(self.global_params)
         for index, weight in enumerate(weights):
             total.add_(self.latest(index), alpha=float(weight))

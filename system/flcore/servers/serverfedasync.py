@@ -46,7 +46,6 @@ from argparse import ArgumentParser
 import torch
 
 from flcore.clients.clientfedasync import FedAsyncClient
-from flcore.plugins.stragglers import origin_of
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
@@ -129,7 +128,7 @@ class FedAsync(Server):
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         weighted = []
         for update in updates:  # each upload's staleness counts the mixes before it (--staleness_unit upload)
-            start, _ = origin_of(self.plugins, update, package)
+            start, _ = update.origin(package)
             s = staleness_weight(self.hp.staleness_fn, self.staleness(start, package), self.staleness_a,
                                  self.hp.staleness_b)
             weighted.append((update.params, s * self.alpha_factor()))  # α_t = (α · decay) · s(t − τ)

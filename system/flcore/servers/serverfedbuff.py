@@ -18,7 +18,6 @@ from argparse import ArgumentParser
 
 import torch
 
-from flcore.plugins.stragglers import origin_of
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
@@ -44,7 +43,7 @@ class FedBuff(Server):
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         model = self.global_params
         for update in updates:
-            start, origin = origin_of(self.plugins, update, package)
+            start, origin = update.origin(package)
             self.buffer_sum += (update.params - origin) / math.sqrt(1 + package.round - start)
             self.buffer_count += 1
             if self.buffer_count == self.hp.buffer_size:

@@ -97,7 +97,6 @@ class FedProtoServer(Server):
         log.info("round %4d | nearest-prototype acc %.4f", rnd, accuracy)
         return result
 
-    @torch.no_grad()
     def prototype_accuracy(self) -> float:
         """Share of all clients' test samples whose nearest global prototype (Euclidean distance to
         the representation under the client's model) is that of their class."""
@@ -105,20 +104,5 @@ class FedProtoServer(Server):
             return math.nan
         classes = torch.nonzero(self.global_present).flatten()
         prototypes = self.global_prototypes[classes]
-        module = self.model.module
-        was_training = module.training
-        module.eval()
-        correct = total = 0
-        batch = int(self.args.eval_batch_size)
-        try:
-            for i, client in enumerate(self.clients):
-                net = self.model.net.at(self.eval_params(i))
-                for start in range(0, client.data.num_test, batch):
-                    rows = torch.arange(start, min(start + batch, client.data.num_test), device=client.data.test_y.device)
-                    z = net.features(client.data.inputs("test", rows)).flatten(1)
-                    predicted = classes[torch.cdist(z, prototypes).argmin(dim=1)]
-                    correct += int((predicted == client.data.test_y[rows]).sum())
-                total += client.data.num_test
-        finally:
-            module.train(was_training)
-        return correct / total if total else math.nan
+        return self.evaluator.test_accuracy(
+            self.eval_params, lambda net, x: classes[torch.cdist(net.features(x).flatten(1), prototypes).argmin(dim=1)])

@@ -28,7 +28,8 @@ chain kept by edge nodes.
   in FedAvg, then the consensus: the pool reaches the edge nodes (its bytes over
   ``--flchain_node_bandwidth``) and two messages between nodes (proposal, vote) take
   ``--flchain_latency`` each; then block generation takes ``--flchain_block_time``. Series
-  ``rs_consensus_time`` and ``rs_block_time``; ``rs_virtual_time`` includes both.
+  ``rs_consensus_time`` and ``rs_block_time``; the round ends when its block is committed, so
+  ``rs_virtual_time`` and ``rs_virtual_round_time`` include both (``VirtualClock.extend_round``).
 * **Stopping rule.** The slides stop when ‖w(t) − w(t−1)‖₂ < ε: ``--flchain_epsilon ε`` (0, the
   default, never stops early; -gr bounds the run). ``rs_model_change`` records the norm per round.
 
@@ -46,7 +47,7 @@ import torch
 
 import ledger
 from flcore.clients.clientfedavg import FedAvgClient
-from flcore.protocol import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
@@ -117,6 +118,7 @@ class FLChain(Server):
             "model_sha256": model_sha256(self.global_params),
         })
         self.model_change = float("inf")
+        self.chain_seconds = 0.0  # the consensus and block time of the round under way
 
     def summary(self) -> dict[str, object]:
         return {"nodes": self.hp.flchain_nodes, "quorum": self.quorum, "malicious_nodes": self.malicious_nodes,
@@ -142,24 +144,31 @@ class FLChain(Server):
                      package.round, ", ".join(map(str, outvoted)))
         self.global_params = candidates[committed]
         self.model_change = float(torch.linalg.vector_norm((self.global_params - previous).double()))
-        clock = self.plugin("clock")
-        began = clock.now
         pool_bytes = sum(u.nbytes() for u in pool)
         consensus = pool_bytes / self.hp.flchain_node_bandwidth + 2 * self.hp.flchain_latency
-        clock.now = began + consensus + self.hp.flchain_block_time  # the round ends when its block is committed
+        self.chain_seconds = consensus + self.hp.flchain_block_time  # the round ends when its block is committed
         ledger.append_block(self.ledger_lines, {
             "kind": "round", "channel": CHANNEL, "round": int(package.round),
             "transactions": [{"client": int(self.clients[u.index].data.cid), "samples": int(u.num_samples),
                               "model_sha256": model_sha256(u.params)} for u in pool],
             "proposals": proposals, "model_sha256": committed, "agreeing": agreeing, "outvoted": outvoted,
             "consensus_seconds": consensus, "block_seconds": self.hp.flchain_block_time,
-            "virtual_time": clock.now,
+            "virtual_time": self.virtual_time + self.chain_seconds,
         })
         history = self.history
         history.add_series("consensus_time", consensus)
         history.add_series("block_time", self.hp.flchain_block_time)
         history.add_series("outvoted_nodes", len(outvoted))
         history.add_series("model_change", self.model_change)
+
+    def run_round(self, rnd: int, evaluate: bool = True, train: bool = True,
+                  cohort: list[int] | None = None) -> RoundResult:
+        """The base round, then the consensus and the block on the virtual clock."""
+        self.chain_seconds = 0.0
+        result = super().run_round(rnd, evaluate, train, cohort)
+        if self.chain_seconds:
+            self.plugin("clock").extend_round(self.chain_seconds, result)
+        return result
 
     def train(self, progress: bool = True, callbacks: Sequence[Callable] = (), **kwargs):
         """The base loop with the slides' stopping rule as one more callback."""

@@ -39,8 +39,9 @@ with s = w_{t+1} − w_t, s_f = f − w_t and, over the stale groups (τ < t) wi
 They read the round's tensors and evaluate on the working model, as every evaluation does; no random
 draw and no state is changed, so a run's numbers are those of the run without them. ``rs_sageflow_filtered`` records how many uploads were
 dropped each round and, with ``--attack``, ``rs_sageflow_precision`` / ``rs_sageflow_recall`` the
-precision and recall of the attackers among them (an upload's attacker status is that of the round
-it was trained in; NaN where nothing was dropped or no attacker uploaded).
+precision and recall of the attackers among them (an upload's attacker status is the ground truth
+the attack plug-in stamps on it, that of the round it was trained in; NaN where nothing was dropped
+or no attacker uploaded).
 
 E_th = 1 (the official value) assumes local models that predict confidently: with short local
 training an honest upload's mean entropy on the public data can still be ≥ 1. On MNIST and
@@ -79,13 +80,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from flcore.plugins.attacks import attackers_in
-from flcore.plugins.stragglers import origin_of
-from flcore.protocol import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage, filter_precision_recall
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from utils.cli import add_flag
-from utils.data_utils import decode_inputs
 
 log = logging.getLogger("fl")
 
@@ -167,14 +165,11 @@ class SageflowServer(Server):
     def gamma_at(self, rnd: int) -> float:
         return halved_gamma(self.hp.sageflow_gamma, self.hp.sageflow_gamma_halving, rnd)
 
-    @torch.no_grad()
     def score(self, params: torch.Tensor) -> tuple[float, float]:
         """(E_k, ℓ_k) of the model ``params`` on the public data."""
-        net = self.model.net.at(params)
-        self.model.module.eval()
-        logits = torch.cat([net(decode_inputs(self.public_x[i : i + SCORE_BATCH], self.public_table))
-                            for i in range(0, len(self.public_x), SCORE_BATCH)])
-        return public_scores(logits, self.public_y)
+        logits = self.evaluator.map_batches(params, self.public_x, lambda net, x: net(x), self.public_table,
+                                            batch_size=SCORE_BATCH)
+        return public_scores(torch.cat(logits), self.public_y)
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         now = package.round
@@ -182,18 +177,16 @@ class SageflowServer(Server):
         groups: dict[int, list[tuple[ClientUpdate, float]]] = {}
         origins: dict[int, torch.Tensor] = {}  # start round -> the global model the group started from
         dropped, fresh = [], []  # (fresh: the uploads trained this round, filtered or not, for the diagnostics)
-        trained_in = []  # (client, start round) of every upload, for the filter's precision/recall
         for update in updates:
-            start, origins[start] = origin_of(self.plugins, update, package)
-            trained_in.append((update.index, start))
+            start, origins[start] = update.origin(package)
             if start == now:
                 fresh.append(update)
             entropy, loss = self.score(update.params)
             if entropy < self.hp.sageflow_eth:
                 groups.setdefault(start, []).append((update, loss))
             else:
-                dropped.append((update.index, start))
-        self.record_filter(trained_in, dropped)
+                dropped.append(update)
+        self.record_filter([update for group in groups.values() for update, _ in group], dropped)
         if not groups:  # every upload filtered out: the global model stays
             if not self._said_all_filtered:  # from a random start this can last the whole run: say so once
                 log.warning("warning: Sageflow round %d filtered out every upload (each one's mean prediction entropy "
@@ -254,14 +247,13 @@ class SageflowServer(Server):
         series("sageflow_fresh_only_acc", nan if fresh_only is None
                else self.evaluate_models(lambda _: fresh_only, train_loss=False).test_acc)
 
-    def record_filter(self, trained_in: list[tuple[int, int]], dropped: list[tuple[int, int]]) -> None:
-        """``rs_sageflow_filtered``, and with ``--attack`` the precision/recall of the filter
-        (``trained_in``: (client, start round) of every upload; ``dropped``: of those filtered out)."""
+    def record_filter(self, kept: list[ClientUpdate], dropped: list[ClientUpdate]) -> None:
+        """``rs_sageflow_filtered``, and where the uploads carry the attack's ground truth
+        (``ClientUpdate.attacker``, with ``--attack``) the precision/recall of the filter."""
         history = self.history
         history.add_series("sageflow_filtered", len(dropped))
-        if not getattr(self.args, "attack", None):
+        if all(u.attacker is None for u in (*kept, *dropped)):
             return
-        present = sum(1 for index, start in trained_in if attackers_in(self.plugins, start)[index])
-        caught = sum(1 for index, start in dropped if attackers_in(self.plugins, start)[index])
-        history.add_series("sageflow_precision", caught / len(dropped) if dropped else float("nan"))
-        history.add_series("sageflow_recall", caught / present if present else float("nan"))
+        precision, recall = filter_precision_recall(kept, dropped)
+        history.add_series("sageflow_precision", precision)
+        history.add_series("sageflow_recall", recall)
