@@ -162,8 +162,8 @@ def test_client_drop_rate_drops_uploads():
 def test_slow_trainers_run_fewer_epochs():
     dataset = random_dataset(num_clients=4, sizes=[40] * 4)
     server = build_server(make_args("FedAvg", train_slow_rate=0.5, local_epochs=4, batch_size=10), dataset)
-    slow = [c for c in server.clients if c.slow]
+    slow = [c for c in server.clients if server.plugin("clock").train_slow[c.index]]
     assert len(slow) == 2
     assert all(len(c.batch_plan(0)) <= 2 * 4 for c in slow)
-    fast = [c for c in server.clients if not c.slow]
+    fast = [c for c in server.clients if not server.plugin("clock").train_slow[c.index]]
     assert all(len(c.batch_plan(0)) == 4 * 4 for c in fast)
