@@ -10,6 +10,7 @@ from torch import nn
 
 from fltest import TinyLinear, build_server, dataset_from_arrays, make_args, random_dataset
 from flcore.flat import FlatModel
+from flcore.registry import SELECTORS
 from flcore.selectors.uniform import cohort_size
 from flcore.trainmodel.models import lenet
 
@@ -87,6 +88,20 @@ def test_selection_is_sorted_seeded_and_partial():
     assert cohorts == [b.select_clients(t) for t in range(5)]
     assert all(len(c) == 3 and c == sorted(c) for c in cohorts)
     assert len({tuple(c) for c in cohorts}) > 1
+
+
+@pytest.mark.parametrize("policy", ["uniform", "adafl", "budget_uniform", "budget_adafl"])
+def test_a_selection_policy_needs_only_the_runtime_and_draws_among_the_allowed(policy):
+    """Policies are built from the run's Runtime (not the server) and get the plug-ins' mask per round."""
+    dataset = random_dataset(num_clients=10)
+    server = build_server(make_args("FedAvg", "--select", policy, join_ratio=0.5, budget=4), dataset)
+    own = SELECTORS.get(policy)(server.runtime)
+    assert not hasattr(server.selector, "server") and server.selector.runtime is server.runtime
+    assert own.select(3, None) == server.select_clients(3)
+    allowed = np.zeros(10, dtype=bool)
+    allowed[[1, 4, 6, 7, 8]] = True
+    cohort = own.select(4, allowed)
+    assert cohort and set(cohort) <= {1, 4, 6, 7, 8} and cohort == sorted(cohort)
 
 
 def test_batch_plan_depends_only_on_seed_round_client():

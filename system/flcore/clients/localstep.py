@@ -162,10 +162,10 @@ def compose(steps: list[LocalStep]) -> LocalStep:
     """The strategies ``steps`` as one, in increasing ``order`` (plain SGD for none, a strategy
     itself when alone); a chain that means nothing is refused in one line saying why."""
     links = tuple(sorted(steps, key=lambda step: step.order))
-    for what, meaning in (("plan", "draws the round's minibatches"), ("gradient", "computes the step's gradient")):
+    for what, meaning in (("plan", "draw the round's minibatches"), ("gradient", "compute the step's gradient")):
         doers = [link.name for link in links if what in link.transforms]
         if len(doers) > 1:
-            raise FLError(f"{' and '.join(doers)} each {meaning} their own way, which cannot both hold; choose one")
+            raise FLError(f"{' and '.join(doers)} each {meaning} their own way, and a step has one; choose one of them")
     computer = next((link for link in links if "gradient" in link.transforms), None)
     late = [link.name for link in links if "data" in link.transforms and computer is not None and link.order > computer.order]
     if late:
