@@ -44,7 +44,7 @@ VERSION = 2
 SKIP: dict[str, frozenset[str]] = {
     "server": frozenset({"args", "hp", "dataset", "device", "num_classes", "state", "clients", "selector",
                          "engine", "history", "evaluator", "shared_mask", "runtime", "plugins"}),
-    "selector": frozenset({"server", "args", "hp", "num_clients"}),
+    "selector": frozenset({"runtime", "args", "hp", "num_clients"}),
 }
 
 #: flags that do not change a run's numbers: a resume may set them differently

@@ -6,10 +6,15 @@ the global torch RNG as the sequential engine does.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from flcore.clients.clientbase import RNG_PROMISABLE, Client, _promise_covers
+from flcore.capabilities import RNG_PROMISABLE, promise_covers
+from flcore.clients.clientbase import Client
+from flcore.engines import batched
+from flcore.engines.batched import lean_job, leaves_rng_alone
 from flcore.protocol import ClientUpdate
 from flcore.registry import ALGORITHMS, MODELS, list_algorithms
 from flcore.servers.serverbase import Server
@@ -193,16 +198,16 @@ class _PlainLookingClient(Client):
 
 
 def test_a_client_whose_sequence_may_read_the_rng_is_not_planned_lean():
-    assert Client.rng_free_sequence and not _PlainLookingClient.rng_free_sequence
+    assert Client.capabilities.rng_free_sequence and not _PlainLookingClient.capabilities.rng_free_sequence
     server = _server("batched", _dataset())
     client = server.clients[0]
     package = server.make_package(1, [0])
-    assert client.sequence_leaves_rng_alone()
-    assert client.plan_job(package, lean=True).rng is None
+    assert leaves_rng_alone(client)
+    assert lean_job(client, package).rng is None
     client.batch_plan = lambda rnd, epochs=None, purpose="batches": []  # replaced on the object
-    assert not client.sequence_leaves_rng_alone()
+    assert not leaves_rng_alone(client)
     with pytest.raises(RuntimeError, match="may read the global RNG"):
-        client.plan_job(package, lean=True)
+        lean_job(client, package)
 
 
 class _AnchoredClient(Client):
@@ -230,8 +235,8 @@ class _PromisingPlanClient(_PromisingClient):
 def test_a_client_promising_its_hooks_draw_nothing_is_planned_lean_with_the_same_results():
     """``hooks_draw_no_rng`` lets a class with its own begin_round/end_round be planned lean; its
     updates and the RNG it leaves are those of the same class planned the usual way, to the bit."""
-    assert not _AnchoredClient.rng_free_sequence and _PromisingClient.rng_free_sequence
-    assert not _PromisingPlanClient.rng_free_sequence
+    assert not _AnchoredClient.capabilities.rng_free_sequence and _PromisingClient.capabilities.rng_free_sequence
+    assert not _PromisingPlanClient.capabilities.rng_free_sequence
     dataset = _dataset()
     out = {}
     for client_cls in (_AnchoredClient, _PromisingClient):
@@ -239,7 +244,7 @@ def test_a_client_promising_its_hooks_draw_nothing_is_planned_lean_with_the_same
         args = make_args("FedAvg", engine="batched", batch_size=5, local_learning_rate=0.1)
         torch.manual_seed(0)
         server = server_cls(args, dataset, TinyLinear(6, 3), torch.device("cpu"))
-        assert server.clients[0].sequence_leaves_rng_alone() == (client_cls is _PromisingClient)
+        assert leaves_rng_alone(server.clients[0]) == (client_cls is _PromisingClient)
         torch.manual_seed(5)
         updates, _ = _train(server, [3, 0, 4, 1])
         out[client_cls] = (updates, torch.get_rng_state())
@@ -259,18 +264,19 @@ def test_a_promise_covers_the_hooks_it_was_made_for_only():
     """A subclass that replaces a promised hook is not planned lean until it promises again: the
     inherited promise was made by someone who read the parent's hooks, not this one (FedRep's
     begin_round over FedBABU's)."""
-    assert _PromisingClient.rng_free_sequence and not _RepromisedClient.rng_free_sequence
+    assert _PromisingClient.capabilities.rng_free_sequence and not _RepromisedClient.capabilities.rng_free_sequence
     again = type("Again", (_RepromisedClient,), {"hooks_draw_no_rng": True})
     withdrawn = type("Withdrawn", (_PromisingClient,), {"hooks_draw_no_rng": False})
-    assert again.rng_free_sequence and not withdrawn.rng_free_sequence
+    assert again.capabilities.rng_free_sequence and not withdrawn.capabilities.rng_free_sequence
     fedrep, fedbabu = ALGORITHMS.get("FedRep").client_cls, ALGORITHMS.get("FedBABU").client_cls
-    assert fedbabu.rng_free_sequence and issubclass(fedrep, fedbabu) and not fedrep.rng_free_sequence
+    assert (fedbabu.capabilities.rng_free_sequence and issubclass(fedrep, fedbabu)
+            and not fedrep.capabilities.rng_free_sequence)
 
 
 def _promises(client_cls) -> bool:
     """Whether ``client_cls`` promises ``hooks_draw_no_rng`` itself or for the hooks it has (not
     FedRep, which inherits FedBABU's promise and replaces its begin_round)."""
-    return client_cls.hooks_draw_no_rng and ("hooks_draw_no_rng" in vars(client_cls) or _promise_covers(client_cls))
+    return client_cls.hooks_draw_no_rng and ("hooks_draw_no_rng" in vars(client_cls) or promise_covers(client_cls))
 
 
 #: the algorithms whose client class promises ``hooks_draw_no_rng`` (lean planning in the batched engine)
@@ -298,16 +304,16 @@ def _lean_and_usual(monkeypatch, client_cls, train):
     planned the usual way (seeded per client, RNG states kept); each with the RNG it leaves and
     whether any job was planned lean."""
     planned = []
-    plan_job = Client.plan_job
 
-    def recording(self, package, lean=False):
-        planned.append(lean)
-        return plan_job(self, package, lean=lean)
+    def recording(client, package):
+        planned.append(True)
+        return lean_job(client, package)
 
-    monkeypatch.setattr(Client, "plan_job", recording)
+    monkeypatch.setattr(batched, "lean_job", recording)
     out = []
     for leaning in (True, False):
-        monkeypatch.setattr(client_cls, "rng_free_sequence", leaning)
+        monkeypatch.setattr(client_cls, "capabilities", dataclasses.replace(client_cls.capabilities,
+                                                                            rng_free_sequence=leaning))
         planned.clear()
         server = train()
         out.append((server, torch.get_rng_state(), any(planned)))
@@ -320,7 +326,7 @@ def test_a_promising_class_draws_nothing_in_its_hooks_and_lean_plans_change_no_b
     a whole run (evaluation included), and the batched engine's lean plans give the numbers and the
     RNG state of the same class planned the usual way, to the bit."""
     client_cls = ALGORITHMS.get(algo).client_cls
-    assert client_cls.rng_free_sequence, f"{client_cls.__name__}'s promise does not cover its hooks"
+    assert client_cls.capabilities.rng_free_sequence, f"{client_cls.__name__}'s promise does not cover its hooks"
     calls = _guard_promised_hooks(monkeypatch, client_cls)
     (lean, lean_rng, any_lean), (usual, usual_rng, any_usual) = _lean_and_usual(
         monkeypatch, client_cls, lambda: engine_run(algo, "batched"))
@@ -356,7 +362,7 @@ def test_a_false_promise_is_caught_by_the_guard_and_by_the_lean_comparison(monke
         server.train(progress=False)
         return server
 
-    assert _FalselyPromisingClient.rng_free_sequence
+    assert _FalselyPromisingClient.capabilities.rng_free_sequence
     (lean, lean_rng, any_lean), (usual, usual_rng, _) = _lean_and_usual(monkeypatch, _FalselyPromisingClient, train)
     assert any_lean and lean.engine.stats["batched_clients"] > 0
     assert not torch.equal(lean.global_params, usual.global_params) and not torch.equal(lean_rng, usual_rng)

@@ -282,7 +282,6 @@ def test_the_results_hold_who_attacked(tmp_path):
     (dict(attack="sign_flip", attack_fraction=-0.1), "--attack_fraction must be in \\[0, 1\\)"),
     (dict(attack="sign_flp", attack_fraction=0.2), "--attack sign_flp: unknown attack"),
     (dict(attack="label_flip", attack_fraction=0.2, attack_label_map="3:0"), "classes must be in 0..2"),
-    (dict(attack="label_flip", attack_fraction=0.2, privacy=True), "local-step options exclude each other"),
 ])
 def test_bad_attacks_are_refused_in_one_line(flags, message):
     with pytest.raises(FLError, match=message):

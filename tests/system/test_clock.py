@@ -126,13 +126,13 @@ def test_slow_senders_have_slower_links_both_ways(tmp_path):
     expected = [factor * (down + up) + work for (down, up), work in zip(transfers, compute)]
     assert list(server.plugin("clock").client_seconds) == pytest.approx(expected, rel=1e-12)
     # -ssr marks round(rate · N) clients, drawn from the seed
-    some = clock_server(write(tmp_path, TRACE), send_slow_rate=0.34)
-    assert sum(c.send_slow for c in some.clients) == 1 and not any(c.slow for c in some.clients)
+    some = clock_server(write(tmp_path, TRACE), send_slow_rate=0.34).plugin("clock")
+    assert sum(some.send_slow) == 1 and not any(some.train_slow)
 
 
 def test_a_dropped_out_client_is_waited_for_until_its_upload_should_begin(tmp_path):
     server = clock_server(write(tmp_path, TRACE), join_ratio=1.0)
-    server.drop_uploads = lambda rnd, updates: [u for u in updates if u.index != 1]  # client 1 drops out
+    server.plugin("clock").drop_uploads = lambda rnd, updates: [u for u in updates if u.index != 1]  # client 1 drops out
     result = server.run_round(0, evaluate=False)
     assert [u.index for u in result.updates] == [0, 2]
     assert result.virtual_seconds == pytest.approx(max(4.0, 4.5, 2 + 2))  # client 1: download + compute

@@ -10,6 +10,7 @@ from torch import nn
 
 from fltest import TinyLinear, build_server, dataset_from_arrays, make_args, random_dataset
 from flcore.flat import FlatModel
+from flcore.registry import SELECTORS
 from flcore.selectors.uniform import cohort_size
 from flcore.trainmodel.models import lenet
 
@@ -89,6 +90,20 @@ def test_selection_is_sorted_seeded_and_partial():
     assert len({tuple(c) for c in cohorts}) > 1
 
 
+@pytest.mark.parametrize("policy", ["uniform", "adafl", "budget_uniform", "budget_adafl"])
+def test_a_selection_policy_needs_only_the_runtime_and_draws_among_the_allowed(policy):
+    """Policies are built from the run's Runtime (not the server) and get the plug-ins' mask per round."""
+    dataset = random_dataset(num_clients=10)
+    server = build_server(make_args("FedAvg", "--select", policy, join_ratio=0.5, budget=4), dataset)
+    own = SELECTORS.get(policy)(server.runtime)
+    assert not hasattr(server.selector, "server") and server.selector.runtime is server.runtime
+    assert own.select(3, None) == server.select_clients(3)
+    allowed = np.zeros(10, dtype=bool)
+    allowed[[1, 4, 6, 7, 8]] = True
+    cohort = own.select(4, allowed)
+    assert cohort and set(cohort) <= {1, 4, 6, 7, 8} and cohort == sorted(cohort)
+
+
 def test_batch_plan_depends_only_on_seed_round_client():
     dataset = random_dataset(num_clients=3, sizes=[25, 25, 25])
     args = make_args("FedAvg", batch_size=4)
@@ -162,8 +177,8 @@ def test_client_drop_rate_drops_uploads():
 def test_slow_trainers_run_fewer_epochs():
     dataset = random_dataset(num_clients=4, sizes=[40] * 4)
     server = build_server(make_args("FedAvg", train_slow_rate=0.5, local_epochs=4, batch_size=10), dataset)
-    slow = [c for c in server.clients if c.slow]
+    slow = [c for c in server.clients if server.plugin("clock").train_slow[c.index]]
     assert len(slow) == 2
     assert all(len(c.batch_plan(0)) <= 2 * 4 for c in slow)
-    fast = [c for c in server.clients if not c.slow]
+    fast = [c for c in server.clients if not server.plugin("clock").train_slow[c.index]]
     assert all(len(c.batch_plan(0)) == 4 * 4 for c in fast)

@@ -6,6 +6,7 @@ import torch
 
 from fltest import build_server, make_args, random_dataset
 from flcore.plugins import RoundPlugin, plugins_for
+from flcore.plugins.clock import SlowEpochs
 from flcore.registry import PLUGINS, load_all
 from utils import checkpoint
 from utils.errors import FLError
@@ -146,8 +147,9 @@ def test_the_client_state_contract():
     assert client.participations == 5
     with pytest.raises(FLError, match="no part of its carried state"):
         client.restore_carried_state({"momentum": 1})
-    client.configure(slow=True)
-    assert client.settings() == {"slow": True, "send_slow": False}
+    slow = SlowEpochs(seed=0, local_epochs=4)
+    client.configure(epoch_schedule=slow)
+    assert client.settings() == {"epoch_schedule": slow}
     with pytest.raises(TypeError, match="declares no settable generator"):
         client.configure(generator=None)
     dp = build_server(make_args("FedAvg", "-dp", engine="sequential"), random_dataset(num_clients=3))

@@ -46,6 +46,7 @@ def test_pinned_values_of_earlier_releases(args, value):
 def test_a_clients_batches_and_dropout_stream_are_the_seed_sequence_ones():
     """plan_job's minibatches and global RNG, for client c in round t, against values computed the
     old way (SeedSequence, then a fresh generator)."""
+    from flcore.engines.batched import lean_job
     from fltest import build_server, make_args, random_dataset
 
     server = build_server(make_args("FedAvg", batch_size=4, seed=5),
@@ -58,7 +59,7 @@ def test_a_clients_batches_and_dropout_stream_are_the_seed_sequence_ones():
         expected = [order[i * 4:(i + 1) * 4] for i in range(client.num_train // 4)]
         assert len(job.plan) == len(expected) and all(torch.equal(a, b) for a, b in zip(job.plan, expected))
         assert torch.equal(job.rng[0], torch.Generator().manual_seed(seed_sequence_seed(5, "local", 7, client.cid)).get_state())
-        lean = client.plan_job(package, lean=True)  # the batched engine's: on the host, the RNG left alone
+        lean = lean_job(client, package)  # the batched engine's: on the host, the RNG left alone
         assert lean.rng is None and len(lean.plan) == len(expected)
         assert all(torch.equal(a, b) and a.device.type == "cpu" for a, b in zip(lean.plan, expected))
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from argparse import ArgumentParser, Namespace
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -56,7 +56,7 @@ from flcore.state import ClientStateStore
 from utils.cli import hyperparameters
 from utils.data_utils import ClientData
 from utils.errors import Diverged, FLError
-from utils.seeding import numpy_rng, rng_state, scratch_generator, seed_global_rng, set_rng_state
+from utils.seeding import rng_state, scratch_generator, seed_global_rng, set_rng_state
 
 
 class Client:
@@ -76,26 +76,23 @@ class Client:
     #: and the Ray engine sends exactly these between driver and actors. Algorithms keep what
     #: persists per client in the state store (``self.state``), not in attributes.
     carried: ClassVar[tuple[str, ...]] = ("participations",)
-    #: attributes a server may set on its clients, once, in ``setup`` (``configure``): settings
-    #: rebuilt from the flags and data, so checkpoints skip them; Ray actors receive them when built
-    settable: ClassVar[tuple[str, ...]] = ("slow", "send_slow")
+    #: attributes a server (in ``setup``) or a round plug-in (when it is built) may set on its
+    #: clients, once (``configure``): settings rebuilt from the flags and data, so checkpoints skip
+    #: them; Ray actors receive them when built
+    settable: ClassVar[tuple[str, ...]] = ("epoch_schedule",)
     #: which hooks the class overrides, computed once per class (flcore/capabilities.py)
     capabilities: ClassVar[Capabilities]
 
     #: a promise that this class's own ``begin_round``, ``start_point`` and ``end_round`` draw nothing
     #: from the global torch RNG (they use streams of their own from (seed, round, client), or none),
-    #: so that an engine may plan its jobs lean as it plans FedAvg's (``sequence_leaves_rng_alone``).
-    #: It covers the hooks the declaring class has: a subclass that overrides one of them is not
-    #: covered until it declares the promise again (``_promise_covers``)
+    #: so that the batched engine may plan its jobs lean as it plans FedAvg's. It covers the hooks the
+    #: declaring class has: a subclass that overrides one of them is not covered until it declares the
+    #: promise again (``Capabilities.rng_free_sequence``, flcore/capabilities.py)
     hooks_draw_no_rng: ClassVar[bool] = False
-    #: whether the class keeps the base version of every method of ``RNG_FREE_SEQUENCE``, or
-    #: overrides only hooks it promises draw nothing (``hooks_draw_no_rng``); computed once per class
-    rng_free_sequence: ClassVar[bool]
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.capabilities = Capabilities.of(cls, Client, CLIENT_HOOKS)
-        cls.rng_free_sequence = _keeps_rng_free_sequence(cls)
 
     def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore,
                  task: Task | None = None, local_step: LocalStep = PLAIN_SGD):
@@ -109,8 +106,9 @@ class Client:
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)
         self.participations = 0
-        self.slow = False  # -tsr: fewer epochs, slower compute on the virtual clock
-        self.send_slow = False  # -ssr: slower links on the virtual clock
+        #: the local epochs of each round, ``(round, client id) -> epochs``, where a round plug-in sets
+        #: one (the virtual clock's slow trainers, -tsr); None: ``-ls`` every round
+        self.epoch_schedule: Callable[[int, int], int] | None = None
         #: how a local step is computed (plain SGD, or DP-SGD with -dp: flcore/privacy/dpsgd.py)
         self.local_step = local_step
         local_step.prepare(self)
@@ -188,11 +186,11 @@ class Client:
         return n // bs if self.args.drop_last else -(-n // bs)
 
     def epochs_this_round(self, rnd: int) -> int:
-        """Slow trainers (``-tsr``) run a random 1..max(1, E//2) epochs, drawn per (round, client)."""
-        if not self.slow:
+        """The local epochs of round ``rnd``: ``-ls``, or what the ``epoch_schedule`` a plug-in set says
+        (the virtual clock's slow trainers run fewer)."""
+        if self.epoch_schedule is None:
             return self.local_epochs
-        upper = max(1, self.local_epochs // 2)
-        return int(numpy_rng(self.args.seed, "slow-epochs", rnd, self.cid).integers(1, upper + 1))
+        return self.epoch_schedule(rnd, self.cid)
 
     def batch_plan(self, rnd: int, epochs: int | None = None, purpose: str = "batches") -> list[torch.Tensor]:
         """Index tensors of every local minibatch of round ``rnd``, from (seed, purpose, round, client)
@@ -209,7 +207,7 @@ class Client:
         """Plain SGD's batches (``batch_plan``): a permutation per epoch from (seed, purpose, round,
         client), on ``device`` (default: the client's data's). ``stacked=True``, where every batch
         is full: the batches as the rows of one ``[steps, B]`` tensor, which has the list's length
-        and iterates as it does, without a tensor object per batch (a lean plan, ``plan_job``)."""
+        and iterates as it does, without a tensor object per batch (the batched engine's lean plan)."""
         n, bs = self.num_train, self.batch_size
         generator = scratch_generator(self.args.seed, purpose, rnd, self.cid)  # used up here
         steps = self.steps_per_epoch
@@ -265,18 +263,23 @@ class Client:
     def compute_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict | None = None) -> torch.Tensor:
         """``local_loss`` on the minibatch ``idx``; leaves its gradient in ``model.grad``."""
         self.count_gradient_samples(idx)
+        return self.batch_gradient(model, self.data.inputs("train", idx), self.data.train_y[idx], {} if ctx is None else ctx)
+
+    def batch_gradient(self, model: FlatModel, x: torch.Tensor, y: torch.Tensor, ctx: dict) -> torch.Tensor:
+        """``local_loss`` on the minibatch ``(x, y)`` (this client's rows, or a local-step strategy's
+        transform of them: an attacker's poisoned labels); leaves its gradient in ``model.grad``."""
         model.zero_grad()
-        ctx = {} if ctx is None else ctx
-        loss = self.local_loss(model.net, self.data.inputs("train", idx), self.data.train_y[idx], ctx)
+        loss = self.local_loss(model.net, x, y, ctx)
         loss.backward(inputs=self.gradient_inputs(model, ctx))
         return loss.detach()
 
     def step_gradient(self, model: FlatModel, idx: torch.Tensor, ctx: dict, package: RoundPackage,
                       step: int) -> torch.Tensor:
         """The gradient local step ``step`` of the round of ``package`` uses, left in ``model.grad``
-        (returns the loss), as the client's local-step strategy computes it: ``compute_gradient``'s,
-        with ``-dp`` DP-SGD's (``flcore/privacy/dpsgd.py``), or an attacker's poisoned one
-        (``plugins/attacks.py``); whoever replays a step (an attack on the uploads) gets what the
+        (returns the loss), as the client's local-step strategies compute it
+        (``flcore/clients/localstep.py``): ``compute_gradient``'s, or that of the minibatch an
+        attacker poisoned (``plugins/attacks.py``), with ``-dp`` clipped and noised per sample
+        (``flcore/privacy/dpsgd.py``); whoever replays a step (an attack on the uploads) gets what the
         client used."""
         return self.local_step.gradient(self, model, idx, ctx, package, step)
 
@@ -347,33 +350,10 @@ class Client:
         return {name: getattr(self, name) for name in self.settable}
 
     # ------------------------------------------------------ the local sequence
-    def sequence_leaves_rng_alone(self) -> bool:
-        """Whether nothing of this client's sequence outside ``train_job`` reads the global RNG:
-        its class overrides none of ``RNG_FREE_SEQUENCE`` (the base versions draw nothing from it:
-        the plan has its own generator) but hooks it promises draw nothing (``hooks_draw_no_rng``),
-        and it trains by plain SGD's local step. Then the RNG is the one ``seed_round`` leaves
-        wherever the sequence resumes it, so an engine that trains the job elsewhere may plan it
-        ``lean`` (no seeding, no state copies: issue 28's per-client host cost) and seed only the
-        cohort's last client at the end (``seed_round``), which leaves the RNG as the sequential
-        engine does."""
-        return (type(self).rng_free_sequence and type(self.local_step) is LocalStep
-                and self.__dict__.keys().isdisjoint(RNG_FREE_SEQUENCE))  # (nor replaced on the object)
-
-    def plan_job(self, package: RoundPackage, lean: bool = False) -> LocalJob:
-        """Step 1: seed the global RNG from (seed, round, client) and plan the minibatches.
-
-        ``lean=True``, for an engine that computes the local steps itself (the batched one), only
-        where ``sequence_leaves_rng_alone``: the RNG is neither seeded nor kept (``job.rng`` is
-        None, and the later steps leave it alone too), and the batch indices stay on the CPU where
-        they are drawn (the engine moves the whole cohort's at once), as the rows of one tensor where
-        every batch is full (``shuffled_plan(stacked=True)``). The plan is ``batch_plan``'s, which
-        for such a client is ``shuffled_plan``'s."""
-        if lean:
-            if not self.sequence_leaves_rng_alone():
-                raise RuntimeError(f"plan_job(lean=True) for {type(self).__name__}, whose sequence may read the global RNG")
-            rnd = package.round
-            plan = self.shuffled_plan(rnd, self.epochs_this_round(rnd), device="cpu", stacked=True)
-            return LocalJob(self, package, plan, None)
+    def plan_job(self, package: RoundPackage) -> LocalJob:
+        """Step 1: seed the global RNG from (seed, round, client) and plan the minibatches (an engine
+        that computes the steps itself may plan a job its own way where that changes nothing: the
+        batched engine's lean plans)."""
         self.seed_round(package.round)
         plan = self.batch_plan(package.round)
         return LocalJob(self, package, plan, rng_state(self.data.train_y.device))
@@ -431,33 +411,4 @@ class Client:
         return with_private_part(start, package.shared, self.state.get("private", self.index))
 
 
-#: what the local sequence runs outside ``train_job``: the base versions draw nothing from the global
-#: RNG (the plan draws from its own generator), so a class keeping all of them leaves it as
-#: ``seed_round`` does (``Client.sequence_leaves_rng_alone``)
-RNG_FREE_SEQUENCE = ("plan_job", "open_job", "finish_job", "seed_round", "batch_plan", "shuffled_plan",
-                     "epochs_this_round", "begin_round", "start_point", "with_private", "learning_rate",
-                     "pre_training", "post_training", "end_round", "samples_processed", "count_gradient_samples",
-                     "check_loss")
-
-
-#: the methods of ``RNG_FREE_SEQUENCE`` a class may override and still be planned lean, when it
-#: promises ``hooks_draw_no_rng`` (not the plan's, nor those an engine runs from the saved RNG state)
-RNG_PROMISABLE = ("begin_round", "start_point", "end_round")
-
-
-def _keeps_rng_free_sequence(cls: type) -> bool:
-    own = {name for name in RNG_FREE_SEQUENCE if getattr(cls, name) is not getattr(Client, name)}
-    return not own or (own <= set(RNG_PROMISABLE) and _promise_covers(cls))
-
-
-def _promise_covers(cls: type) -> bool:
-    """Whether ``cls``'s promisable hooks are those a ``hooks_draw_no_rng = True`` was made for: the
-    nearest class of its MRO that sets the attribute says True, and ``cls`` has that class's versions
-    of the hooks. A promise is made by someone who read the hooks, so one inherited by a subclass
-    that replaces a hook (FedRep's ``begin_round`` over FedBABU's) does not vouch for the new one."""
-    maker = next(k for k in cls.__mro__ if "hooks_draw_no_rng" in vars(k))  # Client at the latest
-    return bool(maker.hooks_draw_no_rng) and all(getattr(cls, name) is getattr(maker, name) for name in RNG_PROMISABLE)
-
-
 Client.capabilities = Capabilities.of(Client, Client, CLIENT_HOOKS)
-Client.rng_free_sequence = True

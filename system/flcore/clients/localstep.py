@@ -1,13 +1,33 @@
-"""The local-step strategy of a client: which minibatches a round takes and which gradient a step
-uses. The base client delegates both to its ``local_step``, so ways of computing a step that are
-not the algorithm's (DP-SGD's clipped, noised per-sample gradients and Poisson batches) live in
-their own module, and the base client has no branch for them.
+"""The local-step strategies of a client: which minibatches a round takes, what a minibatch holds
+and which gradient a step uses. The base client delegates all three to its ``local_step``, so ways
+of computing a step that are not the algorithm's (DP-SGD's clipped, noised per-sample gradients and
+Poisson batches, an attacker's poisoned minibatches) live in their own modules, and the base client
+has no branch for them.
 
 * :class:`LocalStep`: plain minibatch SGD (a fresh permutation per epoch; one backward pass).
-* :class:`WeightDecayStep`: plain SGD with L2 weight decay (``--weight_decay λ``).
-* Other strategies register with ``@register_local_step(name)`` and say from the flags whether a
-  run uses them (``wanted(args)``); :func:`local_step_for` picks the one a run's flags ask for
-  (at most one may be wanted). DP-SGD (``flcore/privacy/dpsgd.py``) is one.
+* Other strategies register with ``@register_local_step(name)``, say from the flags whether a run
+  uses them (``wanted(args)``) and declare what they transform (``transforms``) and where they
+  stand in the chain (``order``). Each transforms some of:
+
+  - ``"plan"``: which minibatches a round takes (``batch_plan``; DP-SGD's Poisson batches);
+  - ``"data"``: what a minibatch holds (``transform_batch(client, x, y, package) -> (x, y)``; the
+    data attacks' poisoned labels and triggers, ``plugins/attacks.py``);
+  - ``"gradient"``: how a step's gradient is computed from the minibatch (``batch_gradient``;
+    DP-SGD's clipping and noise per sample, ``flcore/privacy/dpsgd.py``);
+  - ``"term"``: a term added to the step's gradient once it is computed (``add_term``;
+    :class:`WeightDecayStep`'s λ·w, ``--weight_decay``), before the algorithm's own term
+    (``adjust_grad``) and ``--local_momentum``'s buffer.
+
+A run's strategies compose into one chain (:class:`LocalStepChain`, :func:`local_step_for`),
+applied in increasing ``order``: the plan is drawn by the one strategy that transforms it (plain
+SGD's shuffled plan otherwise); each step's minibatch ``(x, y)`` is read from the client's rows
+and passed through every ``"data"`` strategy in turn; its gradient is then computed on the
+result by the one strategy that transforms the gradient (the client's ``batch_gradient``,
+``local_loss``'s backward pass, otherwise). So ``-dp --attack label_flip`` clips and noises, per
+sample, the gradients of the *flipped* labels: the data attacks are ``order`` 10, DP-SGD 50.
+Refused, in one line saying why, are only chains that mean nothing: two strategies that each draw
+the plan, two that each compute the gradient, or one that transforms the data after the gradient
+is taken.
 
 A strategy holds no per-client state itself: what it counts per client lives in the client
 attributes it names in ``carried`` (part of the client-state contract, ``Client.carried_state``).
@@ -27,15 +47,21 @@ if TYPE_CHECKING:
     from flcore.flat import FlatModel
     from flcore.protocol import LocalJob, RoundPackage
 
+#: what a strategy may transform, in the order a step applies them
+TRANSFORMS = ("plan", "data", "gradient", "term")
+
 
 class LocalStep:
-    """Plain minibatch SGD: the client's shuffled batches and the loss gradient of one backward."""
+    """Plain minibatch SGD: the client's shuffled batches and the loss gradient of one backward; the
+    base of every strategy, and of the chain of several (module docstring)."""
 
     name: ClassVar[str] = "sgd"
+    #: what this strategy transforms (of ``TRANSFORMS``); plain SGD none
+    transforms: ClassVar[frozenset[str]] = frozenset()
+    #: where this strategy stands in a chain (increasing)
+    order: ClassVar[int] = 100
     #: client attributes this strategy keeps across rounds (saved by checkpoints, sent by Ray)
     carried: ClassVar[tuple[str, ...]] = ()
-    #: whether an engine may compute this step its own way (threads, vmap) from the client's hooks
-    plain: ClassVar[bool] = True
 
     @classmethod
     def wanted(cls, args: Namespace) -> bool:
@@ -46,20 +72,68 @@ class LocalStep:
     def from_args(cls, args: Namespace) -> "LocalStep":
         return cls()
 
+    @property
+    def links(self) -> tuple["LocalStep", ...]:
+        """The strategies this one applies, in order (itself; none for plain SGD; a chain's links)."""
+        return (self,) if self.transforms else ()
+
+    @property
+    def plain(self) -> bool:
+        """Whether this is plain SGD's step, which an engine may compute its own way (threads, vmap)
+        from the client's hooks."""
+        return not self.links
+
+    # ------------------------------------------------------------------ the client's calls
     def prepare(self, client: "Client") -> None:
         """Give a new client the starting values of the attributes this strategy carries."""
 
     def batch_plan(self, client: "Client", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
+        """The minibatches of round ``rnd`` (plain SGD's shuffled plan; a ``"plan"`` strategy's own)."""
         return client.shuffled_plan(rnd, epochs, purpose)
 
     def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: "RoundPackage",
                  step: int) -> torch.Tensor:
-        """Leave the gradient of local step ``step`` of the round of ``package`` in ``model.grad``;
-        return the minibatch's loss."""
-        return client.compute_gradient(model, idx, ctx)
+        """Leave the gradient of local step ``step`` of the round of ``package`` on the minibatch ``idx``
+        in ``model.grad``; return the minibatch's loss: the rows through every ``"data"`` link in
+        order, then the gradient of the ``"gradient"`` link (module docstring)."""
+        links = self.links
+        if not any(link.transforms & {"data", "gradient"} for link in links):
+            loss = client.compute_gradient(model, idx, ctx)
+        else:
+            client.count_gradient_samples(idx)
+            x, y = client.data.inputs("train", idx), client.data.train_y[idx]
+            for link in links:
+                if "data" in link.transforms:
+                    x, y = link.transform_batch(client, x, y, package)
+            computer = next((link for link in links if "gradient" in link.transforms), None)
+            if computer is None:
+                loss = client.batch_gradient(model, x, y, ctx)
+            else:
+                loss = computer.batch_gradient(client, model, x, y, ctx, package, step)
+        for link in links:
+            if "term" in link.transforms:
+                link.add_term(client, model)
+        return loss
 
     def job_finished(self, client: "Client", job: "LocalJob") -> None:
         """After a client's round of local training (counts what this strategy accounts for)."""
+
+    # ------------------------------------------------------------------ what a link transforms
+    def transform_batch(self, client: "Client", x: torch.Tensor, y: torch.Tensor,
+                        package: "RoundPackage") -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``"data"`` strategy: the minibatch ``(x, y)`` of ``client`` in the round of ``package`` as
+        it trains on it (new tensors; the client's own stay as they are)."""
+        raise NotImplementedError
+
+    def batch_gradient(self, client: "Client", model: "FlatModel", x: torch.Tensor, y: torch.Tensor, ctx: dict,
+                       package: "RoundPackage", step: int) -> torch.Tensor:
+        """A ``"gradient"`` strategy: leave the gradient of local step ``step`` on the minibatch
+        ``(x, y)`` in ``model.grad``; return the minibatch's loss."""
+        raise NotImplementedError
+
+    def add_term(self, client: "Client", model: "FlatModel") -> None:
+        """A ``"term"`` strategy: add its term to the step's gradient in ``model.grad``."""
+        raise NotImplementedError
 
 
 @register_local_step("weight_decay")
@@ -72,7 +146,8 @@ class WeightDecayStep(LocalStep):
     ``--local_momentum`` does not reach) are refused."""
 
     name: ClassVar[str] = "weight_decay"
-    plain: ClassVar[bool] = False
+    transforms: ClassVar[frozenset[str]] = frozenset({"term"})
+    order: ClassVar[int] = 90
 
     def __init__(self, weight_decay: float):
         self.weight_decay = weight_decay
@@ -90,22 +165,65 @@ class WeightDecayStep(LocalStep):
             raise FLError(f"--weight_decay: {type(client).__name__} trains with its own optimiser, not the base "
                           "client's SGD; run it without --weight_decay")
 
-    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: "RoundPackage",
-                 step: int) -> torch.Tensor:
-        loss = client.compute_gradient(model, idx, ctx)
+    def add_term(self, client: "Client", model: "FlatModel") -> None:
         model.grad.add_(model.params, alpha=self.weight_decay)
-        return loss
 
 
 #: the strategy of every run without another one (it holds no state: one object serves all)
 PLAIN_SGD = LocalStep()
 
 
+class LocalStepChain(LocalStep):
+    """Several strategies applied as one (module docstring); built by :func:`local_step_for`."""
+
+    def __init__(self, links: tuple[LocalStep, ...]):
+        self._links = links
+
+    @property
+    def links(self) -> tuple[LocalStep, ...]:
+        return self._links
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return " then ".join(link.name for link in self._links)
+
+    @property
+    def carried(self) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(name for link in self._links for name in link.carried)
+
+    def prepare(self, client: "Client") -> None:
+        for link in self._links:
+            link.prepare(client)
+
+    def batch_plan(self, client: "Client", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
+        planner = next((link for link in self._links if "plan" in link.transforms), PLAIN_SGD)
+        return planner.batch_plan(client, rnd, epochs, purpose)
+
+    def job_finished(self, client: "Client", job: "LocalJob") -> None:
+        for link in self._links:
+            link.job_finished(client, job)
+
+
+def compose(steps: list[LocalStep]) -> LocalStep:
+    """The strategies ``steps`` as one, in increasing ``order`` (plain SGD for none, a strategy
+    itself when alone); a chain that means nothing is refused in one line saying why."""
+    links = tuple(sorted(steps, key=lambda step: step.order))
+    for what, meaning in (("plan", "draw the round's minibatches"), ("gradient", "compute the step's gradient")):
+        doers = [link.name for link in links if what in link.transforms]
+        if len(doers) > 1:
+            raise FLError(f"{' and '.join(doers)} each {meaning} their own way, and a step has one; choose one of them")
+    computer = next((link for link in links if "gradient" in link.transforms), None)
+    late = [link.name for link in links if "data" in link.transforms and computer is not None and link.order > computer.order]
+    if late:
+        raise FLError(f"{', '.join(late)} would change the minibatch after {computer.name} took its gradient; "
+                      f"it must come before it in the chain (a lower order)")
+    if not links:
+        return PLAIN_SGD
+    return links[0] if len(links) == 1 else LocalStepChain(links)
+
+
 def local_step_for(args: Namespace) -> LocalStep:
-    """The local-step strategy the run's flags ask for (plain SGD when none does)."""
+    """The local step the run's flags ask for: plain SGD, one strategy, or their chain."""
     import_submodules("flcore.privacy")
     import_submodules("flcore.plugins")  # data poisoning (plugins/attacks.py) is a local step too
-    wanted = [LOCAL_STEPS.get(name) for name in LOCAL_STEPS if LOCAL_STEPS.get(name).wanted(args)]
-    if len(wanted) > 1:
-        raise FLError(f"these local-step options exclude each other: {', '.join(c.name for c in wanted)}; choose one")
-    return wanted[0].from_args(args) if wanted else PLAIN_SGD
+    return compose([LOCAL_STEPS.get(name).from_args(args) for name in LOCAL_STEPS if LOCAL_STEPS.get(name).wanted(args)])

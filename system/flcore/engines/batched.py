@@ -107,8 +107,8 @@ Design (what a reader should know before changing it):
   after it is restored before that client's ``end_round``, and the round ends with the state the
   last client's ``end_round`` left: a hook that draws from the global RNG sees exactly the stream
   it sees under the sequential engine. A client whose sequence has no hook that could draw
-  (``Client.sequence_leaves_rng_alone``: FedAvg's) is planned lean instead: no seeding and no
-  state copies per client, its batch indices drawn on the host and moved for the whole chunk at
+  (:func:`leaves_rng_alone`: FedAvg's) is planned lean instead (:func:`lean_job`): no seeding and
+  no state copies per client, its batch indices drawn on the host and moved for the whole chunk at
   once; the cohort's last client is seeded at the end, which leaves the same state (issue 28:
   P2's round on a GPU was bound by such per-client host work).
 * **Equivalence.** Same seed, same batches, same arithmetic per client: the global model after a
@@ -129,6 +129,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
+from flcore.capabilities import RNG_FREE_SEQUENCE
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Runtime
 from flcore.engines.base import Engine, has_dropout, keeps_base_training
@@ -198,6 +199,32 @@ def stack_contexts(ctxs: list[dict[str, Any]], device: torch.device) -> tuple[di
             values[key] = torch.stack([torch.as_tensor(v, device=device) for v in items])
             dims[key] = 0
     return values, dims
+
+
+def leaves_rng_alone(client: Client) -> bool:
+    """Whether nothing of ``client``'s sequence outside ``train_job`` reads the global RNG: its class
+    overrides none of ``RNG_FREE_SEQUENCE`` (the base versions draw nothing from it: the plan has its
+    own generator) but hooks it promises draw nothing (``Capabilities.rng_free_sequence``), nor
+    replaces one on the object, and it trains by plain SGD's local step. Then the RNG is the one
+    ``seed_round`` leaves wherever the sequence resumes it, so a job this engine trains may be planned
+    lean (:func:`lean_job`) and only the cohort's last client seeded at the end, which leaves the RNG
+    as the sequential engine does."""
+    return (type(client).capabilities.rng_free_sequence and client.local_step.plain
+            and client.__dict__.keys().isdisjoint(RNG_FREE_SEQUENCE))
+
+
+def lean_job(client: Client, package: RoundPackage) -> LocalJob:
+    """``client.plan_job(package)``'s job without its host work, for a client that
+    :func:`leaves_rng_alone`: the RNG is neither seeded nor kept (``job.rng`` is None, and the later
+    steps leave it alone too), and the batch indices stay on the CPU where they are drawn (the engine
+    moves the whole cohort's at once), as the rows of one tensor where every batch is full
+    (``shuffled_plan(stacked=True)``). The batches are ``batch_plan``'s, which for such a client are
+    ``shuffled_plan``'s."""
+    if not leaves_rng_alone(client):
+        raise RuntimeError(f"a lean job for {type(client).__name__}, whose sequence may read the global RNG")
+    rnd = package.round
+    return LocalJob(client, package, client.shuffled_plan(rnd, client.epochs_this_round(rnd), device="cpu", stacked=True),
+                    None)
 
 
 @register_engine("batched")
@@ -382,9 +409,8 @@ class BatchedEngine(Engine):
         # a client whose sequence leaves the global RNG alone is planned lean: neither seeded nor
         # its RNG state copied, and its batches stay on the host (issue 28: ~20 us a client, more
         # with a GPU's generator, and a host-to-device copy); ``train`` seeds the last one at the end
-        lean = all(client.sequence_leaves_rng_alone() for client in clients)
-        # (lean only when true: a class that overrides plan_job is never lean, and keeps its signature)
-        jobs = [client.plan_job(package, lean=True) if lean else client.plan_job(package) for client in clients]
+        lean = all(leaves_rng_alone(client) for client in clients)
+        jobs = [lean_job(client, package) if lean else client.plan_job(package) for client in clients]
         if lean:  # (groups keep cohort order: the cohort's last client, if here, is the group's last)
             self._reseed.add(clients[-1].index)
         order = sorted(range(len(clients)), key=lambda k: -jobs[k].steps)

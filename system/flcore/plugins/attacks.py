@@ -76,8 +76,10 @@ Every trigger is written into the model's input space as :func:`stamp_trigger` d
 image the attacker feeds after decoding (for PFLlib's [-1, 1] images, value 1.0 is a white pixel
 in raw pixel space): the same for the three backdoors.
 
-Being a local-step strategy, data poisoning excludes DP-SGD (``-dp``, another strategy) and
-algorithms whose clients train their own way (they override ``train_job`` or the gradient).
+Being a local-step strategy that transforms the minibatch (``flcore/clients/localstep.py``), data
+poisoning composes with DP-SGD: with ``-dp`` an attacker's poisoned minibatches are clipped and
+noised per sample like everyone's. It excludes algorithms whose clients train their own way (they
+override ``train_job`` or the gradient).
 
 Results: ``rs_attack_uploads`` (how many of the uploads that reached the server in each round are
 attackers'; with ``--straggler_delay`` counted in the round they were trained) and ``rs_attackers``
@@ -111,7 +113,6 @@ from utils.seeding import numpy_rng, torch_generator
 
 if TYPE_CHECKING:
     from flcore.clients.clientbase import Client
-    from flcore.flat import FlatModel
 
 
 # ----------------------------------------------------------------------------- who attacks
@@ -365,16 +366,19 @@ def replacement_scale(updates: list[ClientUpdate], attacker: np.ndarray) -> floa
 
 
 @register_local_step("data-poisoning")
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PoisonedData(LocalStep):
-    """Plain SGD, except that an attacker computes its gradients on poisoned minibatches. Which
-    clients attack in a round is :func:`attackers_of` (a function of the flags and the round's
-    package), so Ray actors that rebuild this strategy from the flags poison the same clients."""
+    """An attacker's minibatches, poisoned before their gradient is taken (by plain SGD, or DP-SGD's
+    per-sample clipping and noise with ``-dp``). Which clients attack in a round is
+    :func:`attackers_of` (a function of the flags and the round's package), so Ray actors that
+    rebuild this strategy from the flags poison the same clients. (Not plain: the batched engine's
+    own step would skip the poisoning.)"""
 
     args: Any
 
     name: ClassVar[str] = "data poisoning (--attack label_flip or backdoor)"
-    plain: ClassVar[bool] = False  # the batched engine's own step would skip the poisoning
+    transforms: ClassVar[frozenset[str]] = frozenset({"data"})
+    order: ClassVar[int] = 10  # first: every later strategy works on the poisoned minibatch
 
     @classmethod
     def wanted(cls, args) -> bool:
@@ -384,17 +388,11 @@ class PoisonedData(LocalStep):
     def from_args(cls, args) -> "PoisonedData":
         return cls(args)
 
-    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: RoundPackage,
-                 step: int) -> torch.Tensor:
+    def transform_batch(self, client: "Client", x: torch.Tensor, y: torch.Tensor,
+                        package: RoundPackage) -> tuple[torch.Tensor, torch.Tensor]:
         if not package_attackers(self.args, package)[client.index]:
-            return client.compute_gradient(model, idx, ctx)
-        client.count_gradient_samples(idx)
-        x, y = DATA_ATTACKS[self.args.attack](self.args, client.data.inputs("train", idx), client.data.train_y[idx],
-                                              client.task.num_classes, client.index, package)
-        model.zero_grad()
-        loss = client.local_loss(model.net, x, y, ctx)
-        loss.backward()
-        return loss.detach()
+            return x, y
+        return DATA_ATTACKS[self.args.attack](self.args, x, y, client.task.num_classes, client.index, package)
 
 
 def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) -> None:

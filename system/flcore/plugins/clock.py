@@ -50,10 +50,22 @@ speeds whatever the engine, cohort or round. ``--clock_avail_period P`` with ``-
 makes every client available a fraction D of each period of P virtual seconds, from a phase drawn
 from (seed, "clock-phase", client); the default (P = 0) keeps every client always available.
 
-Slow clients (PFLlib's ``-tsr``/``-ssr``): a slow trainer (``Client.slow``; it also runs 1..E//2
-epochs) computes ``--clock_train_slow_factor`` times slower (PFLlib sleeps up to 0.1 s per batch);
-a slow sender's links (``Client.send_slow``) are ``--clock_send_slow_factor`` times slower both ways
-(PFLlib marks slow senders but never slows them down). The factors apply to trace speeds too.
+PFLlib's ``-tsr``, ``-ssr`` and ``-cdr`` belong to the clock, which draws them and applies them:
+
+* ``-tsr`` slow trainers and ``-ssr`` slow senders: round(rate · N) clients of each, drawn without
+  replacement from (seed, "slow-clients") and (seed, "slow-senders") (:attr:`VirtualClock.train_slow`,
+  :attr:`VirtualClock.send_slow`). A slow trainer computes ``--clock_train_slow_factor`` times
+  slower (PFLlib sleeps up to 0.1 s per batch) and trains a random 1..max(1, E//2) epochs a round,
+  drawn from (seed, "slow-epochs", round, client). The epochs reach its local training through the
+  client's ``epoch_schedule`` (a settable attribute, ``Client.epochs_this_round``): the clock sets
+  :class:`SlowEpochs` on the slow trainers once, when it is built, so every engine (Ray's actors
+  receive the client's settings) plans the same shorter rounds and the clock charges the samples
+  they really computed. A slow sender's links are ``--clock_send_slow_factor`` times slower both
+  ways (PFLlib marks slow senders but never slows them down). The factors apply to trace speeds too.
+* ``-cdr`` drop-outs: in each round a fraction of the uploads never arrives, drawn from
+  (seed, "drop", round) over the round's uploads in cohort order (:meth:`VirtualClock.drop_uploads`,
+  the first thing the clock's ``after_training`` does, so every later plug-in sees only the uploads
+  that arrived). They are timed as described above and charged their time cost.
 
 Trace file (``--client_trace FILE.csv``): a header line, then one row per client::
 
@@ -159,6 +171,28 @@ def drawn_profiles(args, cids: Sequence[int]) -> Profiles:
     if args.clock_avail_period > 0:
         offset = np.asarray([numpy_rng(args.seed, "clock-phase", cid).uniform(0, args.clock_avail_period) for cid in cids])
     return Profiles(compute, down, down * args.clock_uplink_ratio, [None] * n, period, duty, offset)
+
+
+def slow_clients(seed: int, rate: float, num_clients: int, purpose: str) -> np.ndarray:
+    """round(rate · N) of the N clients (a boolean mask), drawn without replacement from (seed, purpose)."""
+    mask = np.zeros(num_clients, dtype=bool)
+    count = int(round(float(rate) * num_clients))
+    if count:
+        mask[numpy_rng(seed, purpose).choice(num_clients, count, replace=False)] = True
+    return mask
+
+
+@dataclass(frozen=True)
+class SlowEpochs:
+    """A slow trainer's ``epoch_schedule``: a random 1..max(1, E//2) of the E local epochs in each round,
+    drawn from (seed, "slow-epochs", round, client id)."""
+
+    seed: int
+    local_epochs: int
+
+    def __call__(self, rnd: int, cid: int) -> int:
+        upper = max(1, self.local_epochs // 2)
+        return int(numpy_rng(self.seed, "slow-epochs", rnd, cid).integers(1, upper + 1))
 
 
 # ----------------------------------------------------------------------------- trace files
@@ -342,12 +376,19 @@ class VirtualClock(RoundPlugin):
         else:
             self.profiles = drawn_profiles(args, [c.cid for c in clients])
         self.batch_size = int(args.batch_size)
+        #: -tsr slow trainers and -ssr slow senders (boolean masks over client positions)
+        self.train_slow = slow_clients(args.seed, args.train_slow_rate, len(clients), "slow-clients")
+        self.send_slow = slow_clients(args.seed, args.send_slow_rate, len(clients), "slow-senders")
+        if self.train_slow.any():  # they also train fewer epochs (module docstring)
+            schedule = SlowEpochs(int(args.seed), int(args.local_epochs))
+            for i in np.flatnonzero(self.train_slow):
+                clients[i].configure(epoch_schedule=schedule)
+        self.drop_rate = float(args.client_drop_rate)
         # the slow factors are applied here once, so every formula below reads effective speeds
-        train_slow = np.asarray([c.slow for c in clients], dtype=bool)
-        send_slow = np.asarray([c.send_slow for c in clients], dtype=bool)
-        self.compute = np.where(train_slow, self.profiles.compute / args.clock_train_slow_factor, self.profiles.compute)
-        self.down = np.where(send_slow, self.profiles.down / args.clock_send_slow_factor, self.profiles.down)
-        self.up = np.where(send_slow, self.profiles.up / args.clock_send_slow_factor, self.profiles.up)
+        self.compute = np.where(self.train_slow, self.profiles.compute / args.clock_train_slow_factor,
+                                self.profiles.compute)
+        self.down = np.where(self.send_slow, self.profiles.down / args.clock_send_slow_factor, self.profiles.down)
+        self.up = np.where(self.send_slow, self.profiles.up / args.clock_send_slow_factor, self.profiles.up)
         self.time_select = bool(args.time_select)
         self.threshold = float(args.time_threthold)
         #: whether -tth discards uploads (module docstring: PFLlib's default alone does not)
@@ -387,7 +428,7 @@ class VirtualClock(RoundPlugin):
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
         self._round_start = self.now  # after the wait for an available client
-        kept, seconds = self.finish_round(package, trained, arrived)
+        kept, seconds = self.finish_round(package, trained, self.drop_uploads(package.round, arrived))
         self.now += seconds
         result.virtual_seconds = self.now - self._round_began
         return kept
@@ -446,11 +487,19 @@ class VirtualClock(RoundPlugin):
         return start
 
     # ---------------------------------------------------------------------- rounds
+    def drop_uploads(self, rnd: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
+        """``-cdr``: the uploads that arrive, of ``updates``; a random fraction never does (drawn per round)."""
+        if self.drop_rate <= 0 or not updates:
+            return updates
+        keep = numpy_rng(self.args.seed, "drop", rnd).random(len(updates)) >= self.drop_rate
+        return [u for u, k in zip(updates, keep) if k]
+
     def finish_round(self, package: RoundPackage, trained: list[ClientUpdate],
                      arrived: list[ClientUpdate]) -> tuple[list[ClientUpdate], float]:
         """Time the round's clients, charge each its time cost, and drop the uploads -tth rejects.
 
-        ``trained``: every upload the engine produced; ``arrived``: those -cdr kept. Returns the
+        ``trained``: every upload the engine produced; ``arrived``: those that reached the server
+        (-cdr's drop-outs are not among them). Returns the
         uploads the server aggregates and the round's duration (without the start wait)."""
         reached = {id(u) for u in arrived}
         duration = 0.0

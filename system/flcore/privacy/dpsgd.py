@@ -1,7 +1,10 @@
 """Sample-level DP-SGD on the client (Abadi et al. 2016), on the flat-vector local step.
 
-``-dp`` makes :class:`DPSGD` the clients' local-step strategy (``flcore/clients/localstep.py``), so
-every local step of ``Client.sgd`` is a DP-SGD step (``Client.step_gradient`` asks the strategy)::
+``-dp`` makes :class:`DPSGD` a local-step strategy of the clients (``flcore/clients/localstep.py``),
+so every local step of ``Client.sgd`` is a DP-SGD step (``Client.step_gradient`` asks the strategy).
+It draws the round's batches (``"plan"``) and computes each step's gradient (``"gradient"``) from the
+minibatch ``(x_i, y_i)`` the chain hands it: the client's rows, or an attacker's poisoned ones
+(``--attack label_flip`` etc. transform the data first, ``order`` 10 before DP-SGD's 50)::
 
     g_i   = ∇ loss(w; x_i, y_i)                       per-sample gradients (torch.func.vmap of grad)
     ĝ_i   = g_i · min(1, C / (‖g_i‖ + 1e-6))           clipped to C (--dp_clip; opacus's clip factor)
@@ -79,8 +82,9 @@ class DPSGD(LocalStep):
     sampling: str
 
     name: ClassVar[str] = "DP-SGD (per-sample gradients, Poisson batches)"
+    transforms: ClassVar[frozenset[str]] = frozenset({"plan", "gradient"})
+    order: ClassVar[int] = 50  # after the data attacks (10): it clips and noises the gradients of their batches
     carried: ClassVar[tuple[str, ...]] = ("dp_steps",)
-    plain: ClassVar[bool] = False
 
     @classmethod
     def wanted(cls, args) -> bool:
@@ -125,20 +129,18 @@ class DPSGD(LocalStep):
         return plan
 
     # ----------------------------------------------------------------- one step
-    def gradient(self, client: "Client", model: FlatModel, idx: torch.Tensor, ctx: dict, package: RoundPackage,
-                 step: int) -> torch.Tensor:
-        """Leave the privatised gradient of minibatch ``idx`` in ``model.grad``; returns the mean loss.
+    def batch_gradient(self, client: "Client", model: FlatModel, x: torch.Tensor, y: torch.Tensor, ctx: dict,
+                       package: RoundPackage, step: int) -> torch.Tensor:
+        """Leave the privatised gradient of the minibatch ``(x, y)`` in ``model.grad``; returns the mean loss.
 
         (``package.round``, ``step``) name the step's noise stream (``Client.step_gradient``)."""
-        client.count_gradient_samples(idx)
         model.zero_grad()
-        divisor = client.batch_size if self.poisson else len(idx)
+        divisor = client.batch_size if self.poisson else len(y)
         loss = torch.zeros((), device=model.device)
-        if len(idx):
-            x, y = client.data.inputs("train", idx), client.data.train_y[idx]
+        if len(y):
             grads, losses = per_sample_gradients(client, model, x, y, ctx)
             factors = clip_factors(grads, self.clip)
-            if divisor == len(idx) and bool((factors == 1).all()):
+            if divisor == len(y) and bool((factors == 1).all()):
                 # nothing clipped: Σ g_i / B is the minibatch gradient; one backward gives it with
                 # the non-DP step's rounding
                 loss = client.local_loss(model.net, x, y, ctx)

@@ -26,7 +26,7 @@ cohorts for the same seed, "Dyn. FedAvg" when the fraction is dynamic);
 The probabilities and fraction of every round are recorded as ``rs_selection_probs`` and
 ``rs_join_fraction`` (at selection time, before the round's update).
 
-Under the virtual clock's restrictions (availability, ``-ts``; ``UniformSelector.allowed``) the
+Under the virtual clock's restrictions (availability, ``-ts``; ``selectors/uniform.py``) the
 draw uses the attention scores of the allowed clients, renormalised over them; the recorded
 probabilities are the unrestricted scores.
 """
@@ -34,21 +34,20 @@ from __future__ import annotations
 
 import logging
 import math
-from argparse import ArgumentParser, Namespace
+from argparse import ArgumentParser
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from flcore.registry import register_selector
-from flcore.selectors.uniform import UniformSelector
+from flcore.selectors.uniform import UniformSelector, allowed_pool
 from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:
-    from flcore.protocol import ClientUpdate, RoundPackage
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import ClientUpdate, RoundPackage, Runtime
 
 log = logging.getLogger("fl")
 
@@ -100,8 +99,9 @@ def attention_update(scores: np.ndarray, selected: np.ndarray, distances: np.nda
 class AdaFLSelector(UniformSelector):
     """Attention-weighted sampling with a growing cohort (AdaFL)."""
 
-    def __init__(self, server: "Server", args: Namespace):
-        super().__init__(server, args)
+    def __init__(self, runtime: "Runtime"):
+        super().__init__(runtime)
+        args = self.args
         hp = self.hp
         self.attention = hp.adafl_attention
         self.dynamic = hp.adafl_dynamic
@@ -112,7 +112,7 @@ class AdaFLSelector(UniformSelector):
         self.min_prob = hp.adafl_min_prob
         self.with_buffers = hp.adafl_dist_buffers
         self._validate()
-        sizes = np.asarray([client.num_train for client in server.clients], dtype=np.float64)
+        sizes = np.asarray([client.num_train for client in runtime.clients], dtype=np.float64)
         if sizes.sum() > 0:
             self.scores = sizes / sizes.sum()
         else:
@@ -120,7 +120,6 @@ class AdaFLSelector(UniformSelector):
         if self.min_prob > 0 and self.scores.min() < self.min_prob:
             self.scores = np.maximum(self.scores, self.min_prob)
             self.scores /= self.scores.sum()
-        self._sent: torch.Tensor | None = None
         if self.dynamic and (args.join_ratio != 1.0 or args.random_join_ratio):
             log.info("adafl: the dynamic fraction replaces -jr/-rjr (use --adafl_dynamic False for a constant -jr)")
 
@@ -181,13 +180,13 @@ class AdaFLSelector(UniformSelector):
             return super().probabilities()
         return self.scores.copy()
 
-    def select(self, rnd: int) -> list[int]:
+    def select(self, rnd: int, selectable: np.ndarray | None) -> list[int]:
         probs = self.probabilities()
         if not self.attention:
-            cohort = super().select(rnd)
+            cohort = super().select(rnd, selectable)
         else:
             count = self.num_to_select(rnd)
-            pool = self.allowed(rnd)
+            pool = allowed_pool(selectable)
             if pool is None:
                 if count >= self.num_clients and not self.replace:
                     cohort = list(range(self.num_clients))
@@ -201,26 +200,23 @@ class AdaFLSelector(UniformSelector):
                 rng = numpy_rng(self.args.seed, "select", rnd)
                 drawn = rng.choice(pool, size=count, replace=self.replace, p=probs[pool] / probs[pool].sum())
                 cohort = sorted({int(i) for i in drawn})
-        history = self.server.history
+        history = self.runtime.history
         history.add_series("selection_probs", probs)
         history.add_series("join_fraction", self.fraction(rnd))
-        if self.attention and self.dist_ref == "sent_global":
-            self._sent = self.server.global_params.detach().clone()
         return cohort
 
     # --------------------------------------------------------------- update
     def distances(self, updates: list["ClientUpdate"], reference: torch.Tensor) -> np.ndarray:
         """‖reference − w_k‖₂ over the weights (and float buffers with --adafl_dist_buffers)."""
-        width = reference.numel() if self.with_buffers else self.server.model.num_params
+        width = reference.numel() if self.with_buffers else self.runtime.model.num_params
         ref = reference[:width].double()
         return np.asarray([float(torch.linalg.vector_norm(u.params[:width].double() - ref)) for u in updates])
 
-    def observe(self, rnd: int, package: "RoundPackage", updates: list["ClientUpdate"]) -> None:
+    def observe(self, rnd: int, package: "RoundPackage", updates: list["ClientUpdate"],
+                global_params: torch.Tensor) -> None:
         if not self.attention or not updates:
             return
-        reference = self.server.global_params if self.dist_ref == "new_global" else self._sent
-        if reference is None:  # pragma: no cover - select() always runs first
-            reference = package.global_params
+        reference = global_params if self.dist_ref == "new_global" else package.global_params
         selected = np.asarray([u.index for u in updates], dtype=np.int64)
         dist = self.distances(updates, reference)
         if not dist.sum() > 0:

@@ -12,7 +12,7 @@ decides the cohort's size; AdaFL's scores are updated as usual after each round.
 """
 from __future__ import annotations
 
-from argparse import ArgumentParser, Namespace
+from argparse import ArgumentParser
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,33 +20,34 @@ import numpy as np
 from flcore.auction import add_budget_flags, client_costs, within_budget
 from flcore.registry import register_selector
 from flcore.selectors.adafl import AdaFLSelector
-from flcore.selectors.uniform import UniformSelector
+from flcore.selectors.uniform import UniformSelector, allowed_pool
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:
-    from flcore.servers.serverbase import Server
+    from flcore.protocol import Runtime
 
 
-def budgeted_cohort(selector: UniformSelector, rnd: int, probabilities: np.ndarray, costs: np.ndarray,
-                    budget: float) -> list[int]:
-    """The clients a draw in ``probabilities``' order recruits within ``budget`` (module docstring)."""
-    pool = selector.allowed(rnd)
+def budgeted_cohort(selector: UniformSelector, rnd: int, selectable: np.ndarray | None, probabilities: np.ndarray,
+                    costs: np.ndarray, budget: float) -> list[int]:
+    """The clients a draw in ``probabilities``' order recruits within ``budget`` (module docstring),
+    among those ``selectable`` allows."""
+    pool = allowed_pool(selectable)
     pool = np.arange(selector.num_clients) if pool is None else pool
     if len(pool) == 0:
         return []
     weights = probabilities[pool] / probabilities[pool].sum()
     order = numpy_rng(selector.args.seed, "select", rnd).choice(pool, size=len(pool), replace=False, p=weights)
     cohort, spent = within_budget(order, costs, budget)
-    selector.server.history.add_series("budget_spent", spent)
+    selector.runtime.history.add_series("budget_spent", spent)
     return cohort
 
 
 class Budgeted:
     """What both budgeted policies add to their base policy: the budget flags and the seeded costs."""
 
-    def __init__(self, server: "Server", args: Namespace):
-        super().__init__(server, args)
-        self.costs = client_costs(args.seed, self.num_clients, self.hp.cost_low, self.hp.cost_high)
+    def __init__(self, runtime: "Runtime"):
+        super().__init__(runtime)
+        self.costs = client_costs(self.args.seed, self.num_clients, self.hp.cost_low, self.hp.cost_high)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -57,17 +58,15 @@ class Budgeted:
 class BudgetedUniformSelector(Budgeted, UniformSelector):
     """Random order, recruited within the budget."""
 
-    def select(self, rnd: int) -> list[int]:
-        return budgeted_cohort(self, rnd, UniformSelector.probabilities(self), self.costs, self.hp.budget)
+    def select(self, rnd: int, selectable: np.ndarray | None) -> list[int]:
+        return budgeted_cohort(self, rnd, selectable, UniformSelector.probabilities(self), self.costs, self.hp.budget)
 
 
 @register_selector("budget_adafl")
 class BudgetedAdaFLSelector(Budgeted, AdaFLSelector):
     """AdaFL's attention order, recruited within the budget."""
 
-    def select(self, rnd: int) -> list[int]:
+    def select(self, rnd: int, selectable: np.ndarray | None) -> list[int]:
         probs = self.probabilities()
-        self.server.history.add_series("selection_probs", probs)
-        if self.attention and self.dist_ref == "sent_global":
-            self._sent = self.server.global_params.detach().clone()
-        return budgeted_cohort(self, rnd, probs, self.costs, self.hp.budget)
+        self.runtime.history.add_series("selection_probs", probs)
+        return budgeted_cohort(self, rnd, selectable, probs, self.costs, self.hp.budget)

@@ -5,14 +5,18 @@ and crash); ``-rjr`` draws the size uniformly from [floor(nc * jr), nc] each rou
 round t depends only on (seed, t), and the cohort is returned sorted so aggregation runs in
 client-id order.
 
-Restrictions (the virtual clock's availability and ``-ts``, ``flcore/plugins/clock.py``) reach every policy
-through :meth:`UniformSelector.allowed`: the draw is then made among the allowed clients only, with
-the same (seed, t) stream, and a cohort larger than them is all of them. Without restrictions the
-draw is exactly the unrestricted one.
+A policy sees the run's :class:`~flcore.protocol.Runtime` (settings, clients, history, model), not
+the server. Each round the server hands it the clients the round plug-ins allow
+(``select(t, selectable)``: the virtual clock's availability and ``-ts``, ``flcore/plugins/clock.py``;
+None when nothing restricts them), and after aggregation what the round sent and received with the
+new global model (``observe(t, package, updates, global_params)``: the sent model is
+``package.global_params``). Under restrictions the draw is made among the allowed clients only
+(:func:`allowed_pool`), with the same (seed, t) stream, and a cohort larger than them is all of
+them. Without restrictions the draw is exactly the unrestricted one.
 """
 from __future__ import annotations
 
-from argparse import ArgumentParser, Namespace
+from argparse import ArgumentParser
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,19 +27,25 @@ from utils.cli import hyperparameters
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:
-    from flcore.protocol import ClientUpdate, RoundPackage
-    from flcore.servers.serverbase import Server
+    import torch
+
+    from flcore.protocol import ClientUpdate, RoundPackage, Runtime
+
+
+def allowed_pool(selectable: np.ndarray | None) -> np.ndarray | None:
+    """Positions of the clients a round may select (sorted), of the plug-ins' mask; None when any may be."""
+    return None if selectable is None else np.flatnonzero(selectable)
 
 
 @register_selector("uniform")
 class UniformSelector:
     """Uniform sampling without replacement."""
 
-    def __init__(self, server: "Server", args: Namespace):
-        self.server = server
-        self.args = args
-        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this policy declares
-        self.num_clients = len(server.clients)
+    def __init__(self, runtime: "Runtime"):
+        self.runtime = runtime
+        self.args = runtime.args
+        self.hp = hyperparameters(self.args, type(self))  # typed, frozen: the flags this policy declares
+        self.num_clients = len(runtime.clients)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -47,14 +57,10 @@ class UniformSelector:
             return int(numpy_rng(self.args.seed, "join-count", rnd).integers(base, self.num_clients + 1))
         return base
 
-    def allowed(self, rnd: int) -> np.ndarray | None:
-        """Positions of the clients this round may select (sorted); None when any may be."""
-        mask = self.server.selectable(rnd)
-        return None if mask is None else np.flatnonzero(mask)
-
-    def select(self, rnd: int) -> list[int]:
+    def select(self, rnd: int, selectable: np.ndarray | None) -> list[int]:
+        """The cohort of round ``rnd`` (sorted), among the clients ``selectable`` allows (None: any)."""
         count = self.num_to_select(rnd)
-        pool = self.allowed(rnd)
+        pool = allowed_pool(selectable)
         if pool is None:
             if count >= self.num_clients:
                 return list(range(self.num_clients))
@@ -68,5 +74,8 @@ class UniformSelector:
     def probabilities(self) -> np.ndarray:
         return np.full(self.num_clients, 1.0 / self.num_clients)
 
-    def observe(self, rnd: int, package: "RoundPackage", updates: list["ClientUpdate"]) -> None:
-        """Called after aggregation; adaptive policies update their scores here."""
+    def observe(self, rnd: int, package: "RoundPackage", updates: list["ClientUpdate"],
+                global_params: "torch.Tensor") -> None:
+        """Called after aggregation with the round's package (the model sent: ``package.global_params``),
+        the uploads that were aggregated and the new global model; adaptive policies update their
+        scores here."""

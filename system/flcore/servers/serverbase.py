@@ -3,13 +3,12 @@
 One round (PFLlib's order), :meth:`Server.run_round`::
 
     plug-ins: before_selection(t, selecting)   the clock waits for an available client
-    cohort  = select_clients(t)
+    cohort  = select_clients(t)      the selection policy, among the clients the plug-ins allow
     evaluate(t)                      every -eg rounds, before training, so entry 0 is the initial model
     plug-ins: after_evaluation(...)            metrics of the evaluated model (the backdoor's success rate)
     package = make_package(t, cohort)
     updates = engine.train(clients, package)   the one seam to local training
-    updates = drop_uploads(updates)            -cdr
-    updates = plug-ins: after_training(...)    the virtual clock times the round; -tth
+    updates = plug-ins: after_training(...)    the virtual clock drops (-cdr) and times the round; -tth
     aggregate(updates, package)                or the one plug-in that takes it over (DP-FedAvg);
                                                then the private part of the model is restored
     after_round(t, package, updates)
@@ -61,7 +60,6 @@ from utils.errors import Diverged
 from utils.metrics import EvalResult
 from utils.public_data import PublicData, require_public_data
 from utils.result_utils import RunHistory
-from utils.seeding import numpy_rng
 
 log = logging.getLogger("fl")
 
@@ -117,16 +115,16 @@ class Server:
         self.shared_mask = self.model.shared_mask(self.shared_parts())
         state = make_state_store(args, device)
         task = Task(dataset.num_classes, self.model.num_params)
-        local_step = local_step_for(args)  # plain SGD, or DP-SGD with -dp
+        local_step = local_step_for(args)  # plain SGD, or the chain the flags ask for (DP-SGD, poisoning)
         self.clients = [self.client_cls(i, data, args, state, task, local_step) for i, data in enumerate(dataset.clients)]
-        self._mark_slow_clients()
         self.history = RunHistory()
         #: what the evaluator, the engine and the plug-ins need of the run (flcore/protocol.py)
         self.runtime = Runtime(args, dataset, device, self.model, self.clients, state, self.history, self.shared_mask,
                                read_global=lambda: self.global_params)
         #: round plug-ins by name, in calling order (the virtual clock; privacy with -dp)
         self.plugins: dict[str, RoundPlugin] = plugins_for(self.runtime, type(self))
-        self.selector = SELECTORS.get(self.selector_name or args.select)(self, args)
+        #: the selection policy (flcore/selectors/), which sees the run's Runtime, not this server
+        self.selector = SELECTORS.get(self.selector_name or args.select)(self.runtime)
         self.engine = ENGINES.get(args.engine)(self.runtime)
         self.evaluator = Evaluator(self.runtime)
         #: what each client holds of the data packages send once (``package(..., static=...)``)
@@ -161,7 +159,7 @@ class Server:
         """Create algorithm state (server momentum, controls, ...) after the base is built."""
 
     def select_clients(self, rnd: int) -> list[int]:
-        return self.selector.select(rnd)
+        return self.selector.select(rnd, self.selectable(rnd))
 
     def selectable(self, rnd: int) -> np.ndarray | None:
         """Which clients a selection policy may pick in round ``rnd`` (a boolean mask; None: any):
@@ -182,7 +180,7 @@ class Server:
         self.global_params = weighted_average(updates)
 
     def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate]) -> None:
-        self.selector.observe(rnd, package, updates)
+        self.selector.observe(rnd, package, updates, self.global_params)
 
     def eval_params(self, index: int) -> torch.Tensor:
         """The model evaluated on client ``index``: the global model, with the client's private
@@ -257,7 +255,7 @@ class Server:
             package = result.package = self.make_package(rnd, result.cohort)
             package.drawn = drawn
             trained = self.engine.train([self.clients[i] for i in result.cohort], package)
-            updates = self.drop_uploads(rnd, trained)
+            updates = list(trained)  # those that arrive: the plug-ins say (the clock's -cdr drop-outs)
             for plugin in plugins:
                 updates = plugin.after_training(package, trained, updates, result)
             result.updates = updates
@@ -315,25 +313,6 @@ class Server:
             close_engine()
         self.evaluator.close()
         self.state.close()
-
-    def drop_uploads(self, rnd: int, updates: list[ClientUpdate]) -> list[ClientUpdate]:
-        """``-cdr``: a random fraction of the uploads never arrives (drawn per round)."""
-        rate = float(self.args.client_drop_rate)
-        if rate <= 0 or not updates:
-            return updates
-        keep = numpy_rng(self.args.seed, "drop", rnd).random(len(updates)) >= rate
-        return [u for u, k in zip(updates, keep) if k]
-
-    def _mark_slow_clients(self) -> None:
-        """``-tsr`` slow trainers (``Client.slow``) and ``-ssr`` slow senders (``Client.send_slow``),
-        round(rate · N) of each drawn without replacement from the seed."""
-        for rate, purpose, attribute in ((self.args.train_slow_rate, "slow-clients", "slow"),
-                                         (self.args.send_slow_rate, "slow-senders", "send_slow")):
-            count = int(round(float(rate) * len(self.clients)))
-            if count:
-                chosen = numpy_rng(self.args.seed, purpose).choice(len(self.clients), count, replace=False)
-                for i in chosen:
-                    self.clients[int(i)].configure(**{attribute: True})
 
     def _check_finite(self, rnd: int, updates: list[ClientUpdate]) -> None:
         if not bool(torch.isfinite(self.global_params).all()):
