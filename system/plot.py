@@ -139,9 +139,9 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, datas
 def stored_flag(name: str, algorithm: str, runs: Sequence[RunResult]) -> str:
     """The setting a ``--grid`` name stands for, as the runs store it (``local_learning_rate``):
     the name itself (dashes or not), else any spelling main.py takes for the flag, as sweep.py
-    accepts them (``lr``, ``-lr``, ``--local-learning-rate``). main.py's generic flags and PFLlib's
-    algorithm flags are looked up without the federated layers; only another spelling (an
-    algorithm's own short flag) asks main.py's parser for ``algorithm``, which imports them."""
+    accepts them (``lr``, ``-lr``, ``--local-learning-rate``): main.py's generic flags and PFLlib's
+    algorithm flags, looked up without the federated layers (reporting imports neither them nor torch);
+    an algorithm's or a feature's own flag is named as the runs store it (``robust``, ``fedacs_p``)."""
     plain = name.lstrip("-").replace("-", "_")
     if any(plain in run.config for run in runs):
         return plain
@@ -151,13 +151,7 @@ def stored_flag(name: str, algorithm: str, runs: Sequence[RunResult]) -> str:
     for spelling in spellings:
         if spelling in actions:
             return actions[spelling]
-    try:
-        import main
-        from sweep import find_action
-    except ImportError:  # a machine with the reporting tools only (no torch)
-        return plain
-    action = find_action(main.build_parser(["-algo", algorithm]), name)
-    return plain if action is None else action.dest
+    return plain
 
 
 def plot_grid(args: argparse.Namespace, note: Note) -> list[Path]:

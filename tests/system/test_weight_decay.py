@@ -41,9 +41,27 @@ def test_batched_engine_trains_decayed_clients_sequentially_with_the_same_result
     assert not torch.equal(ref.global_params, engine_run("FedProx", "sequential").global_params)
 
 
-def test_own_optimiser_and_privacy_are_refused_in_one_line():
+def test_own_optimiser_is_refused_in_one_line():
     data = random_dataset(num_clients=2, dim=2, num_classes=2)
     with pytest.raises(FLError, match="--weight_decay: .* own optimiser"):
         build_server(make_args("pFedMe", weight_decay=0.01), data)
-    with pytest.raises(FLError, match="exclude each other"):
-        build_server(make_args("FedAvg", "-dp", weight_decay=0.01), data)
+
+
+def test_weight_decay_composes_with_dp_sgd():
+    """-dp --weight_decay: the decay is the local-step chain's "term" link, added to DP-SGD's gradient.
+    With no noise, a clipping bound no gradient reaches and PFLlib's shuffled batches, DP-SGD's mean of
+    per-sample gradients is the batch gradient, so the run is the non-private run with the same decay
+    (to float rounding), and a different one without it."""
+    data = random_dataset(num_clients=3, dim=4, num_classes=3, seed=1)
+    common = dict(global_rounds=2, batch_size=4, local_learning_rate=0.1, eval_auc=False, engine="sequential")
+    dp = ["-dp", "-dps", "0", "--dp_clip", "1e6", "--dp_sampling", "shuffle"]
+    private = build_server(make_args("FedAvg", *dp, weight_decay=0.05, **common), data)
+    name = private.clients[0].local_step.name
+    assert name.startswith("DP-SGD") and name.endswith(" then weight_decay"), name
+    private.train(progress=False)
+    plain = build_server(make_args("FedAvg", weight_decay=0.05, **common), data)
+    plain.train(progress=False)
+    undecayed = build_server(make_args("FedAvg", *dp, **common), data)
+    undecayed.train(progress=False)
+    torch.testing.assert_close(private.global_params, plain.global_params, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(private.global_params, undecayed.global_params, atol=1e-4)
