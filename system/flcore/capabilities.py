@@ -54,7 +54,7 @@ class Capabilities:
 
 
 #: client hooks that replace the local procedure itself (not just a term of it)
-LOCAL_PROCEDURE = ("train_job", "local_train", "sgd", "step_gradient", "compute_gradient")
+LOCAL_PROCEDURE = ("train_job", "local_train", "sgd", "step_gradient", "compute_gradient", "batch_gradient")
 #: client hooks on the working model around the base SGD (an engine runs them per client)
 AROUND_SGD = ("pre_training", "post_training")
 #: every client hook whose override ``Capabilities`` records

@@ -109,7 +109,8 @@ class Client:
         #: the local epochs of each round, ``(round, client id) -> epochs``, where a round plug-in sets
         #: one (the virtual clock's slow trainers, -tsr); None: ``-ls`` every round
         self.epoch_schedule: Callable[[int, int], int] | None = None
-        #: how a local step is computed (plain SGD, or DP-SGD with -dp: flcore/privacy/dpsgd.py)
+        #: how a local step is computed: plain SGD, or the strategies the flags ask for, chained
+        #: (data poisoning, DP-SGD with -dp: flcore/clients/localstep.py)
         self.local_step = local_step
         local_step.prepare(self)
         self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
