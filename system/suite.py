@@ -35,6 +35,7 @@ suite file or command line; 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import platform
@@ -263,9 +264,10 @@ def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[P
     threads = max(1, (os.cpu_count() or 1) // jobs)
     head = ["--progress", "False", "--num_threads", str(threads), "-q", "True"]
     out: list[Planned] = []
+    parsers = {entry.algo: main.build_parser(["-algo", entry.algo]) for entry in suite.algorithms}
     for setting in suite.settings:
         for entry in suite.algorithms:
-            parser = main.build_parser(["-algo", entry.algo])
+            parser = parsers[entry.algo]
             where = f"{suite.path} {setting.id}/{entry.id}"
             applied = [*_applied(common, parser, f"{suite.path} [flags]/[profiles.{profile}]"),
                        *_applied(setting.flags, parser, f"{suite.path} [settings.{setting.id}] flags"),
@@ -343,9 +345,20 @@ def record_machine(results_dir: Path) -> None:
     tmp.replace(path)
 
 
+def only(runs: list[Planned], patterns: Sequence[str]) -> list[Planned]:
+    """The runs whose key (``setting/algorithm/seed``) matches one of the shell patterns (all without any)."""
+    if not patterns:
+        return runs
+    chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.key, p) for p in patterns)]
+    if not chosen:
+        raise FLError(f"--only {' '.join(patterns)}: no run matches; keys are SETTING/ALGORITHM/SEED, "
+                      f"e.g. {runs[0].key}")
+    return chosen
+
+
 def run_suite(suite: Suite, profile: str, results_dir: Path, shard_spec: str | None, jobs: int,
-              raw_dirs: dict[str, str]) -> int:
-    planned = [p.job for p in shard(plan(suite, profile, results_dir, jobs), shard_spec)]
+              raw_dirs: dict[str, str], patterns: Sequence[str] = ()) -> int:
+    planned = [p.job for p in shard(only(plan(suite, profile, results_dir, jobs), patterns), shard_spec)]
     counts = {state: sum(j.state.split(":")[0] == state for j in planned) for state in ("todo", "done", "conflict")}
     failed = [j for j in planned if j.state == sweep.FAILED]
     print(f"{suite.name} ({profile}{', shard ' + shard_spec if shard_spec else ''}): {len(planned)} runs, "
@@ -639,6 +652,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
             sub.add_argument("--raw-dir", "--raw_dir", action="append", default=[], metavar="NAME=DIR",
                              help="raw files of dataset NAME (its generator's --raw-dir), instead of the download")
+            sub.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                             help="only the runs whose SETTING/ALGORITHM/SEED matches (shell pattern, e.g. 'MNIST-*/FedAvg/0')")
             sub.add_argument("--check", action="store_true", help="then compare with the stored curves (check)")
         if name == "render":
             sub.add_argument("--out", default=str(ROOT / "docs" / "results"), help="page folder (default docs/results)")
@@ -666,7 +681,7 @@ def command(args: argparse.Namespace) -> int:
     if args.command == "run":
         if args.jobs < 1:
             raise FLError("--jobs must be >= 1")
-        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir))
+        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir), args.only)
         return status or (check(suite, results_dir) if args.check else 0)
     if args.command == "render":
         print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out))}")

@@ -13,6 +13,8 @@ import main
 import suite
 import sweep
 
+SUITES = sorted((suite.ROOT / "suites").glob("*.toml"))
+
 TINY = """
 [suite]
 title = "tiny"
@@ -191,3 +193,14 @@ def test_a_changed_setting_is_a_conflict_not_a_reuse(tmp_path, capsys, in_proces
                 .replace("lr = 0.05", "lr = 0.1"))
     assert cli(tmp_path, "run", str(path), "--profile", "cpu") == 1 and ran == ["FedAvg"]
     assert "conflict" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
+def test_shipped_suites_validate_and_plan(tmp_path, path):
+    loaded = suite.load_suite(path)
+    runs = suite.plan(loaded, "full", tmp_path)
+    assert len(runs) == len(loaded.settings) * len(loaded.algorithms) * loaded.seeds
+    assert {r.job.state for r in runs} == {"todo"}
+    if loaded.check is not None:  # the stored curves are those of exactly these runs
+        stored = json.loads((path.parent / loaded.check["curves"]).read_text())["curves"]
+        assert sorted(stored) == sorted(r.key for r in runs)
