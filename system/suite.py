@@ -17,7 +17,7 @@ seeds and the published figures to compare with::
     [profiles.full]          flags that override [flags] for --profile full (the published setting)
     [profiles.cpu]           ... for --profile cpu, and any other profile
     [settings.ID]            label, generator (dataset/generate_<generator>.py), generate (its
-                             arguments), flags (optional)
+                             arguments), flags and target (optional)
     [algorithms.ID]          algo (the -algo name; default ID), flags (optional)
     [reference.SETTING]      ALGORITHM_ID = published accuracy in percent
     [check]                  curves (a JSON file beside the suite), tolerance (accuracy, absolute)
@@ -68,7 +68,8 @@ NAME = re.compile(r"[A-Za-z0-9.+-]+")  # ids that become parts of file names (no
 #: the keys each table may hold: name -> (required, type)
 SUITE_KEYS = {"title": (True, str), "about": (True, str), "source": (True, str), "seeds": (True, int),
               "metric": (True, str), "target": (False, float), "notes": (False, list)}
-SETTING_KEYS = {"label": (True, str), "generator": (True, str), "generate": (True, list), "flags": (False, dict)}
+SETTING_KEYS = {"label": (True, str), "generator": (True, str), "generate": (True, list), "flags": (False, dict),
+                "target": (False, float)}
 ALGORITHM_KEYS = {"algo": (False, str), "flags": (False, dict)}
 CHECK_KEYS = {"curves": (True, str), "tolerance": (True, float)}
 TOP_KEYS = {"suite", "flags", "profiles", "settings", "algorithms", "reference", "check"}
@@ -87,6 +88,7 @@ class Setting:
     generator: str
     generate: list[str]
     flags: dict[str, Any]
+    target: float | None = None  # the suite's target unless the setting has its own
 
 
 @dataclass
@@ -187,7 +189,7 @@ def load_suite(path: str | Path) -> Suite:
         if not script.is_file():
             raise FLError(f"{path} [settings.{sid}]: generator {table['generator']!r}: no {script.relative_to(ROOT)}")
         settings.append(Setting(sid, table["label"], table["generator"], [str(a) for a in table["generate"]],
-                                table.get("flags", {})))
+                                table.get("flags", {}), float(table["target"]) if "target" in table else None))
     entries = []
     for aid, table in _ids(data["algorithms"], f"{path} [algorithms]"):
         table = _table(table, ALGORITHM_KEYS, f"{path} [algorithms.{aid}]")
@@ -210,6 +212,8 @@ def load_suite(path: str | Path) -> Suite:
                   data["flags"], profiles, settings, entries, reference, check)
     if not NAME.fullmatch(suite.slug):
         raise FLError(f"{path}: the file name must be letters, digits, '_', '.', '+' or '-'")
+    for setting in settings:
+        setting.target = suite.target if setting.target is None else setting.target
     return suite
 
 
@@ -279,7 +283,9 @@ def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[P
                 made = sweep.jobs_of_setting(own, entry.algo, [*applied, *fixed], [], head)
             except FLError as exc:
                 raise FLError(f"{where}: {exc}") from None
-            out += [Planned(setting, entry, job) for job in made]
+            for job in made:  # named by setting and entry in the progress lines
+                job.label = setting.id if entry.id == entry.algo else f"{setting.id} {entry.id}"
+                out.append(Planned(setting, entry, job))
     return out
 
 
@@ -402,10 +408,11 @@ def collect(suite: Suite, profile: str, results_dir: Path) -> dict[tuple[str, st
         cell = cells.setdefault((run.setting.id, run.entry.id), Cell([]))
         cell.runs.append(load_run(run.job.path))
         cell.command = "python system/main.py " + " ".join(_shown(run.job.argv))
-    for cell in cells.values():
-        cell.summary = summarize_runs(cell.runs, avg_last=10, target_acc=suite.target)
-        cell.mb_up = _mean_total(cell.runs, "rs_bytes_up")
-        cell.mb_down = _mean_total(cell.runs, "rs_bytes_down")
+    targets = {setting.id: setting.target for setting in suite.settings}
+    for (sid, _), cell in cells.items():
+        cell.summary = summarize_runs(cell.runs, avg_last=10, target_acc=targets[sid])
+        cell.mb_up = _mean_per_round(cell.runs, "rs_bytes_up")
+        cell.mb_down = _mean_per_round(cell.runs, "rs_bytes_down")
     return cells
 
 
@@ -423,7 +430,8 @@ def _shown(argv: list[str]) -> list[str]:
     return shown
 
 
-def _mean_total(runs: list[RunResult], key: str) -> float | None:
+def _mean_per_round(runs: list[RunResult], key: str) -> float | None:
+    """MB a training round of the series ``key``, mean over the runs."""
     totals = [float(np.sum(s)) / max(1, len(s)) for r in runs if (s := r.get(key)) is not None and s.size]
     return float(np.mean(totals)) / 1e6 if totals else None
 
@@ -453,8 +461,9 @@ def scored(cell: Cell) -> str:
     """Which model is scored over which clients, from the files themselves."""
     config = cell.runs[0].config
     model = "each client's own model" if cell.summary and cell.summary.personalized else "the global model"
-    gap = config.get("eval_gap", 1)
-    return f"{model}, on all {config.get('num_clients', '?')} clients' test data, every {gap} round(s)"
+    gap = int(config.get("eval_gap", 1))
+    return (f"{model}, on all {config.get('num_clients', '?')} clients' test data, "
+            + ("after every round" if gap == 1 else f"every {gap} rounds"))
 
 
 def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell]) -> list[str]:
@@ -465,8 +474,8 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
              f"Overrides of `[flags]`: {changed}." + ("" if profile == "full" else
              f" Every number in this section is of the `{profile}` profile, not the published setting."), ""]
     metric = METRICS[suite.metric]
-    target = f" to {100 * suite.target:.0f}%" if suite.target is not None else ""
     for setting in suite.settings:
+        target = f" to {100 * setting.target:.0f}%" if setting.target is not None else ""
         rows = [(entry, cells.get((setting.id, entry.id))) for entry in suite.algorithms]
         if not any(cell for _, cell in rows):
             continue
@@ -486,8 +495,8 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
             lines.append(
                 f"| {entry.id} | {s.n_runs} | {_pm(s.stats.get('best'))} | {_pm(s.stats.get('final'))} "
                 f"| {_pm(s.stats.get('last_n'))} | {ref_text} | {diff} "
-                f"| {_to_target(s, 'rounds_to_target', 1) if suite.target is not None else '–'} "
-                f"| {_to_target(s, 'virtual_to_target', 1) if suite.target is not None else '–'} "
+                f"| {_to_target(s, 'rounds_to_target', 1) if setting.target is not None else '–'} "
+                f"| {_to_target(s, 'virtual_to_target', 1) if setting.target is not None else '–'} "
                 f"| {_num(s.stats['s_per_round'].mean if 's_per_round' in s.stats else None)} "
                 f"| {_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)} | {scored(cell)} |")
         lines.append("")
