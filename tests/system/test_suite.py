@@ -7,6 +7,7 @@ import json
 import re
 
 import h5py
+import numpy as np
 import pytest
 
 import main
@@ -81,6 +82,7 @@ def cli(tmp_path, *argv):
     (('seeds = 1', 'seeds = "one"'), "seeds must be int"),
     (('metric = "best"', 'metric = "top"'), "metric must be one of best, last, last10"),
     (("[check]", "[checks]"), "unknown table(s) checks"),
+    (('generator = "Digits"', 'generator = "Digits"\ntarget = "high"'), "[settings.digits]: target must be float"),
 ])
 def test_bad_suite_files_are_one_line_and_exit_2(tmp_path, capsys, edit, message):
     path = write_suite(tmp_path, TINY.replace(*edit))
@@ -153,11 +155,13 @@ def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process
             acc = f["rs_test_acc"][:]
             seconds = f["rs_round_time"][:]
             up = f["rs_bytes_up"][:]
+            reached = f["rs_eval_rounds"][:][np.argmax(acc >= 0.2)]  # the first evaluation at the target
         cells = page_row(page, algorithm)
         assert cells[1] == "1"
         assert cells[2] == f"{100 * acc.max():.2f} ± 0.00"
         assert cells[3] == f"{100 * acc[-1]:.2f} ± 0.00"
         assert cells[4] == f"{100 * acc[1:].mean():.2f} ± 0.00"  # mean of the (fewer than 10) trained evaluations
+        assert cells[7] == f"{reached:.1f}"
         assert cells[9] == f"{seconds.mean():.2f}"
         assert cells[10].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
         assert "global model" in cells[11]
