@@ -59,6 +59,7 @@ import sweep  # noqa: E402
 from reporting.cli import one_line_errors  # noqa: E402
 from reporting.loading import RunResult, load_run  # noqa: E402
 from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
+from utils.cli import IGNORED_DEST  # noqa: E402
 from utils.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 
@@ -233,8 +234,10 @@ def profile_flags(suite: Suite, profile: str) -> dict[str, Any]:
     return {**suite.flags, **suite.profiles[profile]}
 
 
-def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str) -> list[tuple[str, argparse.Action, str | None]]:
-    """A flag table as sweep's (flag, action, value) triples: one value a flag."""
+def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str,
+             algorithm: str | None = None) -> list[tuple[str, argparse.Action, str | None]]:
+    """A flag table as sweep's (flag, action, value) triples: one value a flag. With ``algorithm``
+    (an algorithm's own table) a flag that algorithm does not use is refused (main.py would ignore it)."""
     applied = []
     for key, value in table.items():
         if isinstance(value, list):
@@ -242,6 +245,9 @@ def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str)
         action = find_flag(parser, key)
         if action is not None and action.dest in SUITE_SET:
             raise FLError(f"{where}: {key} is set by {SUITE_SET[action.dest]}, not a flag table")
+        if action is not None and algorithm and action.dest == IGNORED_DEST:
+            raise FLError(f"{where}: {key} is not a flag of {algorithm} (main.py would ignore it); "
+                          f"see python system/main.py -algo {algorithm} -h")
         tokens = flag_tokens({key: value}, parser, where)
         if tokens:
             applied.append((tokens[0], find_flag(parser, key), tokens[1] if len(tokens) > 1 else None))
@@ -275,7 +281,7 @@ def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[P
             where = f"{suite.path} {setting.id}/{entry.id}"
             applied = [*_applied(common, parser, f"{suite.path} [flags]/[profiles.{profile}]"),
                        *_applied(setting.flags, parser, f"{suite.path} [settings.{setting.id}] flags"),
-                       *_applied(entry.flags, parser, f"{suite.path} [algorithms.{entry.id}] flags")]
+                       *_applied(entry.flags, parser, f"{suite.path} [algorithms.{entry.id}] flags", entry.algo)]
             fixed = [("-data", find_flag(parser, "data"), str(suite.data_dir(setting))),
                      ("--results_dir", find_flag(parser, "results_dir"), str(results_dir))]
             own = argparse.Namespace(goal=suite.goal(profile, entry), times=suite.seeds)

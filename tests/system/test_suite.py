@@ -82,6 +82,7 @@ def cli(tmp_path, *argv):
     (('seeds = 1', 'seeds = "one"'), "seeds must be int"),
     (('metric = "best"', 'metric = "top"'), "metric must be one of best, last, last10"),
     (("[check]", "[checks]"), "unknown table(s) checks"),
+    (("local_momentum = 0.5", "mu = 0.5"), "[algorithms.FedNova] flags: mu is not a flag of FedNova"),
     (('generator = "Digits"', 'generator = "Digits"\ntarget = "high"'), "[settings.digits]: target must be float"),
 ])
 def test_bad_suite_files_are_one_line_and_exit_2(tmp_path, capsys, edit, message):
