@@ -17,7 +17,7 @@ seeds and the published figures to compare with::
     [profiles.full]          flags that override [flags] for --profile full (the published setting)
     [profiles.cpu]           ... for --profile cpu, and any other profile
     [settings.ID]            label, generator (dataset/generate_<generator>.py), generate (its
-                             arguments), flags (optional)
+                             arguments), flags and target (optional)
     [algorithms.ID]          algo (the -algo name; default ID), flags (optional)
     [reference.SETTING]      ALGORITHM_ID = published accuracy in percent
     [check]                  curves (a JSON file beside the suite), tolerance (accuracy, absolute)
@@ -35,6 +35,7 @@ suite file or command line; 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import platform
@@ -58,6 +59,7 @@ import sweep  # noqa: E402
 from reporting.cli import one_line_errors  # noqa: E402
 from reporting.loading import RunResult, load_run  # noqa: E402
 from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
+from utils.cli import IGNORED_DEST  # noqa: E402
 from utils.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 
@@ -67,7 +69,8 @@ NAME = re.compile(r"[A-Za-z0-9.+-]+")  # ids that become parts of file names (no
 #: the keys each table may hold: name -> (required, type)
 SUITE_KEYS = {"title": (True, str), "about": (True, str), "source": (True, str), "seeds": (True, int),
               "metric": (True, str), "target": (False, float), "notes": (False, list)}
-SETTING_KEYS = {"label": (True, str), "generator": (True, str), "generate": (True, list), "flags": (False, dict)}
+SETTING_KEYS = {"label": (True, str), "generator": (True, str), "generate": (True, list), "flags": (False, dict),
+                "target": (False, float)}
 ALGORITHM_KEYS = {"algo": (False, str), "flags": (False, dict)}
 CHECK_KEYS = {"curves": (True, str), "tolerance": (True, float)}
 TOP_KEYS = {"suite", "flags", "profiles", "settings", "algorithms", "reference", "check"}
@@ -86,6 +89,7 @@ class Setting:
     generator: str
     generate: list[str]
     flags: dict[str, Any]
+    target: float | None = None  # the suite's target unless the setting has its own
 
 
 @dataclass
@@ -186,7 +190,7 @@ def load_suite(path: str | Path) -> Suite:
         if not script.is_file():
             raise FLError(f"{path} [settings.{sid}]: generator {table['generator']!r}: no {script.relative_to(ROOT)}")
         settings.append(Setting(sid, table["label"], table["generator"], [str(a) for a in table["generate"]],
-                                table.get("flags", {})))
+                                table.get("flags", {}), float(table["target"]) if "target" in table else None))
     entries = []
     for aid, table in _ids(data["algorithms"], f"{path} [algorithms]"):
         table = _table(table, ALGORITHM_KEYS, f"{path} [algorithms.{aid}]")
@@ -209,6 +213,8 @@ def load_suite(path: str | Path) -> Suite:
                   data["flags"], profiles, settings, entries, reference, check)
     if not NAME.fullmatch(suite.slug):
         raise FLError(f"{path}: the file name must be letters, digits, '_', '.', '+' or '-'")
+    for setting in settings:
+        setting.target = suite.target if setting.target is None else setting.target
     return suite
 
 
@@ -228,8 +234,10 @@ def profile_flags(suite: Suite, profile: str) -> dict[str, Any]:
     return {**suite.flags, **suite.profiles[profile]}
 
 
-def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str) -> list[tuple[str, argparse.Action, str | None]]:
-    """A flag table as sweep's (flag, action, value) triples: one value a flag."""
+def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str,
+             algorithm: str | None = None) -> list[tuple[str, argparse.Action, str | None]]:
+    """A flag table as sweep's (flag, action, value) triples: one value a flag. With ``algorithm``
+    (an algorithm's own table) a flag that algorithm does not use is refused (main.py would ignore it)."""
     applied = []
     for key, value in table.items():
         if isinstance(value, list):
@@ -237,6 +245,9 @@ def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str)
         action = find_flag(parser, key)
         if action is not None and action.dest in SUITE_SET:
             raise FLError(f"{where}: {key} is set by {SUITE_SET[action.dest]}, not a flag table")
+        if action is not None and algorithm and action.dest == IGNORED_DEST:
+            raise FLError(f"{where}: {key} is not a flag of {algorithm} (main.py would ignore it); "
+                          f"see python system/main.py -algo {algorithm} -h")
         tokens = flag_tokens({key: value}, parser, where)
         if tokens:
             applied.append((tokens[0], find_flag(parser, key), tokens[1] if len(tokens) > 1 else None))
@@ -263,13 +274,14 @@ def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[P
     threads = max(1, (os.cpu_count() or 1) // jobs)
     head = ["--progress", "False", "--num_threads", str(threads), "-q", "True"]
     out: list[Planned] = []
+    parsers = {entry.algo: main.build_parser(["-algo", entry.algo]) for entry in suite.algorithms}
     for setting in suite.settings:
         for entry in suite.algorithms:
-            parser = main.build_parser(["-algo", entry.algo])
+            parser = parsers[entry.algo]
             where = f"{suite.path} {setting.id}/{entry.id}"
             applied = [*_applied(common, parser, f"{suite.path} [flags]/[profiles.{profile}]"),
                        *_applied(setting.flags, parser, f"{suite.path} [settings.{setting.id}] flags"),
-                       *_applied(entry.flags, parser, f"{suite.path} [algorithms.{entry.id}] flags")]
+                       *_applied(entry.flags, parser, f"{suite.path} [algorithms.{entry.id}] flags", entry.algo)]
             fixed = [("-data", find_flag(parser, "data"), str(suite.data_dir(setting))),
                      ("--results_dir", find_flag(parser, "results_dir"), str(results_dir))]
             own = argparse.Namespace(goal=suite.goal(profile, entry), times=suite.seeds)
@@ -277,7 +289,9 @@ def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[P
                 made = sweep.jobs_of_setting(own, entry.algo, [*applied, *fixed], [], head)
             except FLError as exc:
                 raise FLError(f"{where}: {exc}") from None
-            out += [Planned(setting, entry, job) for job in made]
+            for job in made:  # named by setting and entry in the progress lines
+                job.label = setting.id if entry.id == entry.algo else f"{setting.id} {entry.id}"
+                out.append(Planned(setting, entry, job))
     return out
 
 
@@ -343,9 +357,20 @@ def record_machine(results_dir: Path) -> None:
     tmp.replace(path)
 
 
+def only(runs: list[Planned], patterns: Sequence[str]) -> list[Planned]:
+    """The runs whose key (``setting/algorithm/seed``) matches one of the shell patterns (all without any)."""
+    if not patterns:
+        return runs
+    chosen = [r for r in runs if any(fnmatch.fnmatchcase(r.key, p) for p in patterns)]
+    if not chosen:
+        raise FLError(f"--only {' '.join(patterns)}: no run matches; keys are SETTING/ALGORITHM/SEED, "
+                      f"e.g. {runs[0].key}")
+    return chosen
+
+
 def run_suite(suite: Suite, profile: str, results_dir: Path, shard_spec: str | None, jobs: int,
-              raw_dirs: dict[str, str]) -> int:
-    planned = [p.job for p in shard(plan(suite, profile, results_dir, jobs), shard_spec)]
+              raw_dirs: dict[str, str], patterns: Sequence[str] = ()) -> int:
+    planned = [p.job for p in shard(only(plan(suite, profile, results_dir, jobs), patterns), shard_spec)]
     counts = {state: sum(j.state.split(":")[0] == state for j in planned) for state in ("todo", "done", "conflict")}
     failed = [j for j in planned if j.state == sweep.FAILED]
     print(f"{suite.name} ({profile}{', shard ' + shard_spec if shard_spec else ''}): {len(planned)} runs, "
@@ -389,10 +414,11 @@ def collect(suite: Suite, profile: str, results_dir: Path) -> dict[tuple[str, st
         cell = cells.setdefault((run.setting.id, run.entry.id), Cell([]))
         cell.runs.append(load_run(run.job.path))
         cell.command = "python system/main.py " + " ".join(_shown(run.job.argv))
-    for cell in cells.values():
-        cell.summary = summarize_runs(cell.runs, avg_last=10, target_acc=suite.target)
-        cell.mb_up = _mean_total(cell.runs, "rs_bytes_up")
-        cell.mb_down = _mean_total(cell.runs, "rs_bytes_down")
+    targets = {setting.id: setting.target for setting in suite.settings}
+    for (sid, _), cell in cells.items():
+        cell.summary = summarize_runs(cell.runs, avg_last=10, target_acc=targets[sid])
+        cell.mb_up = _mean_per_round(cell.runs, "rs_bytes_up")
+        cell.mb_down = _mean_per_round(cell.runs, "rs_bytes_down")
     return cells
 
 
@@ -410,7 +436,8 @@ def _shown(argv: list[str]) -> list[str]:
     return shown
 
 
-def _mean_total(runs: list[RunResult], key: str) -> float | None:
+def _mean_per_round(runs: list[RunResult], key: str) -> float | None:
+    """MB a training round of the series ``key``, mean over the runs."""
     totals = [float(np.sum(s)) / max(1, len(s)) for r in runs if (s := r.get(key)) is not None and s.size]
     return float(np.mean(totals)) / 1e6 if totals else None
 
@@ -440,8 +467,9 @@ def scored(cell: Cell) -> str:
     """Which model is scored over which clients, from the files themselves."""
     config = cell.runs[0].config
     model = "each client's own model" if cell.summary and cell.summary.personalized else "the global model"
-    gap = config.get("eval_gap", 1)
-    return f"{model}, on all {config.get('num_clients', '?')} clients' test data, every {gap} round(s)"
+    gap = int(config.get("eval_gap", 1))
+    return (f"{model}, on all {config.get('num_clients', '?')} clients' test data, "
+            + ("after every round" if gap == 1 else f"every {gap} rounds"))
 
 
 def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell]) -> list[str]:
@@ -452,8 +480,8 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
              f"Overrides of `[flags]`: {changed}." + ("" if profile == "full" else
              f" Every number in this section is of the `{profile}` profile, not the published setting."), ""]
     metric = METRICS[suite.metric]
-    target = f" to {100 * suite.target:.0f}%" if suite.target is not None else ""
     for setting in suite.settings:
+        target = f" to {100 * setting.target:.0f}%" if setting.target is not None else ""
         rows = [(entry, cells.get((setting.id, entry.id))) for entry in suite.algorithms]
         if not any(cell for _, cell in rows):
             continue
@@ -473,8 +501,8 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
             lines.append(
                 f"| {entry.id} | {s.n_runs} | {_pm(s.stats.get('best'))} | {_pm(s.stats.get('final'))} "
                 f"| {_pm(s.stats.get('last_n'))} | {ref_text} | {diff} "
-                f"| {_to_target(s, 'rounds_to_target', 1) if suite.target is not None else '–'} "
-                f"| {_to_target(s, 'virtual_to_target', 1) if suite.target is not None else '–'} "
+                f"| {_to_target(s, 'rounds_to_target', 1) if setting.target is not None else '–'} "
+                f"| {_to_target(s, 'virtual_to_target', 1) if setting.target is not None else '–'} "
                 f"| {_num(s.stats['s_per_round'].mean if 's_per_round' in s.stats else None)} "
                 f"| {_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)} | {scored(cell)} |")
         lines.append("")
@@ -639,6 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
             sub.add_argument("--raw-dir", "--raw_dir", action="append", default=[], metavar="NAME=DIR",
                              help="raw files of dataset NAME (its generator's --raw-dir), instead of the download")
+            sub.add_argument("--only", action="append", default=[], metavar="PATTERN",
+                             help="only the runs whose SETTING/ALGORITHM/SEED matches (shell pattern, e.g. 'MNIST-*/FedAvg/0')")
             sub.add_argument("--check", action="store_true", help="then compare with the stored curves (check)")
         if name == "render":
             sub.add_argument("--out", default=str(ROOT / "docs" / "results"), help="page folder (default docs/results)")
@@ -666,7 +696,7 @@ def command(args: argparse.Namespace) -> int:
     if args.command == "run":
         if args.jobs < 1:
             raise FLError("--jobs must be >= 1")
-        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir))
+        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir), args.only)
         return status or (check(suite, results_dir) if args.check else 0)
     if args.command == "render":
         print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out))}")

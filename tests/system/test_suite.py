@@ -7,11 +7,14 @@ import json
 import re
 
 import h5py
+import numpy as np
 import pytest
 
 import main
 import suite
 import sweep
+
+SUITES = sorted((suite.ROOT / "suites").glob("*.toml"))
 
 TINY = """
 [suite]
@@ -79,6 +82,8 @@ def cli(tmp_path, *argv):
     (('seeds = 1', 'seeds = "one"'), "seeds must be int"),
     (('metric = "best"', 'metric = "top"'), "metric must be one of best, last, last10"),
     (("[check]", "[checks]"), "unknown table(s) checks"),
+    (("local_momentum = 0.5", "mu = 0.5"), "[algorithms.FedNova] flags: mu is not a flag of FedNova"),
+    (('generator = "Digits"', 'generator = "Digits"\ntarget = "high"'), "[settings.digits]: target must be float"),
 ])
 def test_bad_suite_files_are_one_line_and_exit_2(tmp_path, capsys, edit, message):
     path = write_suite(tmp_path, TINY.replace(*edit))
@@ -151,11 +156,13 @@ def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process
             acc = f["rs_test_acc"][:]
             seconds = f["rs_round_time"][:]
             up = f["rs_bytes_up"][:]
+            reached = f["rs_eval_rounds"][:][np.argmax(acc >= 0.2)]  # the first evaluation at the target
         cells = page_row(page, algorithm)
         assert cells[1] == "1"
         assert cells[2] == f"{100 * acc.max():.2f} ± 0.00"
         assert cells[3] == f"{100 * acc[-1]:.2f} ± 0.00"
         assert cells[4] == f"{100 * acc[1:].mean():.2f} ± 0.00"  # mean of the (fewer than 10) trained evaluations
+        assert cells[7] == f"{reached:.1f}"
         assert cells[9] == f"{seconds.mean():.2f}"
         assert cells[10].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
         assert "global model" in cells[11]
@@ -191,3 +198,14 @@ def test_a_changed_setting_is_a_conflict_not_a_reuse(tmp_path, capsys, in_proces
                 .replace("lr = 0.05", "lr = 0.1"))
     assert cli(tmp_path, "run", str(path), "--profile", "cpu") == 1 and ran == ["FedAvg"]
     assert "conflict" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
+def test_shipped_suites_validate_and_plan(tmp_path, path):
+    loaded = suite.load_suite(path)
+    runs = suite.plan(loaded, "full", tmp_path)
+    assert len(runs) == len(loaded.settings) * len(loaded.algorithms) * loaded.seeds
+    assert {r.job.state for r in runs} == {"todo"}
+    if loaded.check is not None:  # the stored curves are those of exactly these runs
+        stored = json.loads((path.parent / loaded.check["curves"]).read_text())["curves"]
+        assert sorted(stored) == sorted(r.key for r in runs)

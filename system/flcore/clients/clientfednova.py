@@ -2,7 +2,8 @@
 
 Local training is FedAvg's (``E`` epochs of minibatch SGD, with ``--local_momentum ρ`` if set);
 the client also reports the ℓ1 norm of its normalising vector a_i, the sum of the weights its
-τ_i local gradients carry in the accumulated update (the paper's Section 4 and Appendix C):
+τ_i local gradients carry in the accumulated update (the paper's momentum-SGD case; the official
+code JYWa/FedNova accumulates the same number step by step as ``local_normalizing_vec``):
 
     plain SGD:         a_i = τ_i
     momentum SGD (ρ):  a_i = [τ_i − ρ(1 − ρ^τ_i)/(1 − ρ)] / (1 − ρ)

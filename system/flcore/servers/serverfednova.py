@@ -7,7 +7,7 @@ mean step direction, ``clientfednova.py``) and scales their mean by an effective
 
     τ_eff = Σ_{i∈S} p_i ‖a_i‖₁,      x ← x − τ_eff · Σ_{i∈S} p_i d_i,      p_i = n_i / Σ_{j∈S} n_j
 
-(the paper's Eq. 7 with the weights of its experiments, as its official code JYWa/FedNova and
+(the paper's normalised averaging with data-size weights, as its official code JYWa/FedNova and
 Flower's ``baselines/niid_bench`` compute it). When every client takes the same τ steps of plain
 SGD, ‖a_i‖₁ = τ and the rule is FedAvg's x ← Σ p_i y_i.
 
