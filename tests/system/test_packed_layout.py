@@ -228,3 +228,21 @@ def test_a_hundred_thousand_clients_load_in_bounded_time_and_memory(tmp_path):
     assert seconds < 2.0, seconds
     assert grown < 60, grown
     assert np.array_equal(dataset.bounds("test")[:3], [0, 1, 2])
+
+
+def test_a_run_on_a_packed_folder_resumes_exactly_and_notices_a_regenerated_folder(tmp_path, monkeypatch, capsys):
+    from test_resume import interrupted_and_resumed, run_main, stop_after_round
+    from toydata import make_dataset
+
+    npz = make_dataset(tmp_path / "toy", num_clients=4, input_shape=(1, 8, 8), train_sizes=[24, 31, 18, 40])
+    packed = tmp_path / "packed"
+    convert_layout(npz, packed, "packed")
+    interrupted_and_resumed(packed, tmp_path, monkeypatch, "FedAvg", "--eval_clients", "3")
+    with monkeypatch.context() as patch:
+        stop_after_round(patch, 1, "signal")
+        assert run_main(packed, tmp_path / "again", "FedAvg") == 130
+    config = json.loads((packed / "config.json").read_text())
+    (packed / "config.json").write_text(json.dumps({**config, "content_digest": "regenerated"}))
+    capsys.readouterr()
+    assert run_main(packed, tmp_path / "again", "FedAvg", "--resume") == 2
+    assert "is not the one the checkpoint was trained on" in capsys.readouterr().err
