@@ -7,7 +7,7 @@ and peak RSS; then, for each cohort and model, runs ``main.py -algo FedAvg`` for
 rounds with ``--eval_clients`` and reports
 
 * start-up: the process's wall time less the training loop's (``wall_time_s`` in the h5): imports,
-  mapping the data, building the server; and the process's peak RSS;
+  mapping the data, building the server; the process's wall and CPU time and peak RSS;
 * s/round: the mean time of the rounds that did not evaluate (``-eg`` past the last round, so only
   round 0 and the end are evaluated), and the evaluated round 0 beside it.
 
@@ -26,6 +26,7 @@ import json
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,29 +40,31 @@ MAIN = REPO / "system" / "main.py"
 SIZES = ["--size-log-mean", "1", "--size-log-std", "0.5", "--size-min", "10"]
 
 
-def timed(command: list[str], cwd: Path) -> tuple[float, float, str]:
-    """(wall s, peak RSS MB, stdout) of one process, measured by GNU time; exits on failure."""
-    log = cwd / ".scale-time"
-    start = time.perf_counter()
-    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(log), *command], cwd=cwd,
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"error: {' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
-    peak_kb = float(log.read_text().split()[-1])
-    log.unlink()
-    return wall, peak_kb / 1024, done.stdout
+def timed(command: list[str], cwd: Path) -> tuple[float, float, float, str]:
+    """(wall s, CPU s (user + system), peak RSS MB, stdout) of one process, measured by GNU time;
+    exits on failure."""
+    with tempfile.TemporaryDirectory() as folder:
+        log = Path(folder) / "time"
+        start = time.perf_counter()
+        done = subprocess.run(["/usr/bin/time", "-f", "%U %S %M", "-o", str(log), *command], cwd=cwd,
+                              capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        if done.returncode != 0:
+            sys.exit(f"error: {' '.join(command)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        user, system, peak_kb = (float(v) for v in log.read_text().split()[-3:])
+    return wall, user + system, peak_kb / 1024, done.stdout
 
 
 def generate(population: int, out: Path, dim: int) -> dict:
     """Generate (or reuse) the population's folder; the generator's figures."""
     folder = out / f"Synthetic_{population}"
-    wall, rss, stdout = timed([sys.executable, str(GENERATOR), "--num-clients", str(population), "--layout", "packed",
+    wall, cpu, rss, stdout = timed([sys.executable, str(GENERATOR), "--num-clients", str(population), "--layout", "packed",
                                "--dim", str(dim), *SIZES, "--out-dir", str(folder)], REPO / "dataset")
     skipped = "skipped" in stdout
     config = json.loads((folder / "config.json").read_text())
     return {"population": population, "folder": str(folder), "samples": config["train_rows"] + config["test_rows"],
-            "gen_s": None if skipped else wall, "gen_rss_mb": None if skipped else rss}
+            "gen_s": None if skipped else wall, "gen_cpu_s": None if skipped else cpu,
+            "gen_rss_mb": None if skipped else rss}
 
 
 def train(folder: str, population: int, cohort: int, model: str, rounds: int, eval_clients: int, out: Path) -> dict:
@@ -72,13 +75,13 @@ def train(folder: str, population: int, cohort: int, model: str, rounds: int, ev
                "-jr", repr(min(1.0, cohort / population)), "-gr", str(rounds), "-eg", str(rounds + 1),
                "--eval_clients", str(eval_clients), "--results_dir", str(results), "--save_model", "False",
                "--progress", "False", "-q", "True"]
-    wall, rss, _ = timed(command, REPO / "system")
+    wall, cpu, rss, _ = timed(command, REPO / "system")
     (path,) = results.glob("*.h5")
     with h5py.File(path) as f:
         round_time = np.asarray(f["rs_round_time"][()], dtype=float)
         loop = float(f.attrs["wall_time_s"])
     return {"population": population, "cohort": cohort, "model": model, "startup_s": wall - loop,
-            "run_rss_mb": rss, "round_s": float(round_time[1:].mean()) if len(round_time) > 1 else None,
+            "process_s": wall, "process_cpu_s": cpu, "run_rss_mb": rss, "round_s": float(round_time[1:].mean()) if len(round_time) > 1 else None,
             "evaluated_round_s": float(round_time[0]), "eval_clients": eval_clients}
 
 
@@ -86,13 +89,14 @@ def markdown(generated: list[dict], runs: list[dict]) -> str:
     def num(value, fmt):
         return "–" if value is None else format(value, fmt)
 
-    lines = ["| population | samples | generation s | generation RSS MB |", "|---:|---:|---:|---:|"]
-    lines += [f"| {g['population']:,} | {g['samples']:,} | {num(g['gen_s'], '.1f')} | {num(g['gen_rss_mb'], '.0f')} |"
-              for g in generated]
-    lines += ["", "| population | cohort | model | start-up s | peak RSS MB | s/round | round 0 with evaluation s |",
-              "|---:|---:|---|---:|---:|---:|---:|"]
-    lines += [f"| {r['population']:,} | {r['cohort']:,} | {r['model']} | {r['startup_s']:.1f} | {r['run_rss_mb']:.0f} | "
-              f"{num(r['round_s'], '.3f')} | {r['evaluated_round_s']:.3f} |" for r in runs]
+    lines = ["| population | samples | generation s | CPU s | generation RSS MB |", "|---:|---:|---:|---:|---:|"]
+    lines += [f"| {g['population']:,} | {g['samples']:,} | {num(g['gen_s'], '.1f')} | {num(g['gen_cpu_s'], '.1f')} | "
+              f"{num(g['gen_rss_mb'], '.0f')} |" for g in generated]
+    lines += ["", "| population | cohort | model | start-up s | process s | process CPU s | peak RSS MB | s/round | "
+              "round 0 with evaluation s |", "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['population']:,} | {r['cohort']:,} | {r['model']} | {r['startup_s']:.1f} | {r['process_s']:.1f} | "
+              f"{r['process_cpu_s']:.1f} | {r['run_rss_mb']:.0f} | {num(r['round_s'], '.3f')} | "
+              f"{r['evaluated_round_s']:.3f} |" for r in runs]
     return "\n".join(lines)
 
 

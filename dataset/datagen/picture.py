@@ -15,6 +15,8 @@ from typing import Sequence
 import numpy as np
 
 BAR_LIMIT = 50
+#: clients whose label shares the summary computes at a time
+SUMMARY_BLOCK = 65536
 
 
 def count_matrix(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
@@ -29,10 +31,12 @@ def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None) -
     held = (counts > 0).sum(axis=1)
     total = counts.sum()
     overall = counts.sum(axis=0) / max(total, 1)
-    shares = counts / np.maximum(sizes, 1)[:, None]
     # Total-variation distance of each client's label distribution from the global one:
-    # 0 for IID clients, near 1 for clients holding classes that are rare overall.
-    tv = 0.5 * np.abs(shares - overall).sum(axis=1)
+    # 0 for IID clients, near 1 for clients holding classes that are rare overall (in blocks of
+    # clients, so a population's float copies never exist at once).
+    tv = np.concatenate([0.5 * np.abs(counts[i:i + SUMMARY_BLOCK] / np.maximum(sizes[i:i + SUMMARY_BLOCK], 1)[:, None]
+                                      - overall).sum(axis=1)
+                         for i in range(0, len(counts), SUMMARY_BLOCK)]) if len(counts) else np.zeros(0)
     lines = [
         f"Partition summary: {len(sizes)} clients, {int(total)} samples, {counts.shape[1]} classes",
         f"  samples per client: min {int(sizes.min())}, median {int(np.median(sizes))}, "

@@ -191,3 +191,58 @@ def test_auto_layout_is_packed_above_the_threshold(tmp_path, monkeypatch):
     small, large = _synthetic(tmp_path / "small", 3), _synthetic(tmp_path / "large", 4)
     assert json.loads((small / "config.json").read_text())["format"] == "npz-xy-v1"
     assert json.loads((large / "config.json").read_text())["format"] == "packed-npy-v1"
+
+
+# ------------------------------------------------------------------ a large population
+def _packed_population(folder: Path, clients: int, rows_per_client: int = 3, dim: int = 2) -> Path:
+    """A packed folder of ``clients`` clients written with numpy (the generator's arrays, not its speed)."""
+    rng = np.random.default_rng(0)
+    rows = {"train": clients * rows_per_client, "test": clients}
+    for split, count in rows.items():
+        (folder / split).mkdir(parents=True)
+        np.save(folder / split / "x.npy", rng.standard_normal((count, dim), dtype=np.float32))
+        np.save(folder / split / "y.npy", rng.integers(0, 3, count))
+        np.save(folder / split / "offsets.npy", np.arange(clients + 1, dtype=np.int64) * (count // clients))
+    config = {"num_clients": clients, "num_classes": 3, "input_shape": [dim], "format": "packed-npy-v1",
+              "train_rows": rows["train"], "test_rows": rows["test"], "content_digest": "test"}
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def _rss_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * 4096 / 2**20
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the RSS from /proc")
+def test_a_hundred_thousand_clients_load_in_bounded_time_and_memory(tmp_path):
+    import time
+
+    folder = _packed_population(tmp_path / "large", 100_000)
+    before, start = _rss_mb(), time.process_time()
+    dataset = load_federated_dataset(str(folder))
+    clients = [dataset.clients[i] for i in (0, 50_000, 99_999)]
+    seconds, grown = time.process_time() - start, _rss_mb() - before
+    assert len(dataset.clients) == 100_000 and [c.num_train for c in clients] == [3, 3, 3]
+    assert torch.equal(clients[1].inputs("train"), torch.from_numpy(np.load(folder / "train" / "x.npy")[150_000:150_003]))
+    # mapping, headers, offsets and one pass over 400,000 labels; the owner index (8 bytes a row)
+    assert seconds < 2.0, seconds
+    assert grown < 60, grown
+    assert np.array_equal(dataset.bounds("test")[:3], [0, 1, 2])
+
+
+def test_a_run_on_a_packed_folder_resumes_exactly_and_notices_a_regenerated_folder(tmp_path, monkeypatch, capsys):
+    from test_resume import interrupted_and_resumed, run_main, stop_after_round
+    from toydata import make_dataset
+
+    npz = make_dataset(tmp_path / "toy", num_clients=4, input_shape=(1, 8, 8), train_sizes=[24, 31, 18, 40])
+    packed = tmp_path / "packed"
+    convert_layout(npz, packed, "packed")
+    interrupted_and_resumed(packed, tmp_path, monkeypatch, "FedAvg", "--eval_clients", "3")
+    with monkeypatch.context() as patch:
+        stop_after_round(patch, 1, "signal")
+        assert run_main(packed, tmp_path / "again", "FedAvg") == 130
+    config = json.loads((packed / "config.json").read_text())
+    (packed / "config.json").write_text(json.dumps({**config, "content_digest": "regenerated"}))
+    capsys.readouterr()
+    assert run_main(packed, tmp_path / "again", "FedAvg", "--resume") == 2
+    assert "is not the one the checkpoint was trained on" in capsys.readouterr().err
