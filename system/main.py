@@ -7,6 +7,11 @@ as one line on stderr with exit status 2.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a Ctrl-C during the seconds of imports is never lost (utils/interrupts.py)
+    from utils.interrupts import INTERRUPTS
+
+    INTERRUPTS.install()
+
 import argparse
 import copy
 import importlib.util
@@ -16,7 +21,6 @@ import math
 import os
 import re
 import shlex
-import signal
 import sys
 import time
 import warnings
@@ -42,10 +46,11 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from utils.allocator import keep_freed_memory
     from utils.mem_utils import peak_gpu_mb, peak_rss_mb
     from utils.result_utils import read_results, result_path, save_results, summarize, write_atomically
+    from utils.interrupts import INTERRUPTS
     from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
     from utils.seeding import derive_seed, seed_everything
-except KeyboardInterrupt:
-    raise SystemExit(130) from None
+except KeyboardInterrupt as exc:
+    raise SystemExit(getattr(exc, "exit_status", 130)) from None
 
 log = logging.getLogger("fl")
 
@@ -555,15 +560,11 @@ def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> 
             write_atomically(staging_name(final), write)
             staged[final] = staging_name(final)
         summary, staged[result] = save(True, to=staging_name(result))
-        blocked = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair
-        try:
+        with INTERRUPTS.deferred():  # a Ctrl-C now would split the pair (a signal mask cannot stop it)
             for stale in set(model_paths(result)) - set(staged):  # a replaced run's: they would not match
                 stale.unlink(missing_ok=True)
             for final, tmp in staged.items():
                 os.replace(tmp, final)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)
@@ -646,7 +647,8 @@ def print_summary(run_index: int, summary: dict, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        run(parse_args(argv))
+        with INTERRUPTS:
+            run(parse_args(argv))
     except FLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -655,9 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunInterrupted as exc:
         return exc.exit_status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted: no result file was written for the unfinished run", file=sys.stderr)
-        return 130
+        return getattr(exc, "exit_status", 130)
     return 0
 
 
