@@ -46,7 +46,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from utils.allocator import keep_freed_memory
     from utils.mem_utils import peak_gpu_mb, peak_rss_mb
     from utils.result_utils import read_results, result_path, save_results, summarize, write_atomically
-    from utils.interrupts import INTERRUPTS
+    from utils.interrupts import EXIT_STATUS, INTERRUPTS
     from utils.run_control import Claim, RunInterrupted, StopOnSignal, claim_all, is_finished
     from utils.seeding import derive_seed, seed_everything
 except KeyboardInterrupt as exc:
@@ -649,6 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with INTERRUPTS:
             run(parse_args(argv))
+            if INTERRUPTS.pending is not None:  # its KeyboardInterrupt was swallowed (a finalizer) at the very end
+                print("interrupted after the results were written: they are complete", file=sys.stderr)
+                return EXIT_STATUS[INTERRUPTS.pending]
     except FLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
