@@ -7,6 +7,11 @@ as one line on stderr with exit status 2.
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first: a Ctrl-C during the seconds of imports is never lost (utils/interrupts.py)
+    from utils.interrupts import INTERRUPTS
+
+    INTERRUPTS.install()
+
 import argparse
 import copy
 import importlib.util
@@ -34,10 +39,11 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from utils.public_data import public_data_needed, with_public_data
     from utils.errors import FLError
     from utils.result_utils import read_results, result_path
+    from utils.interrupts import EXIT_STATUS, INTERRUPTS
     from utils.run_control import Claim, RunInterrupted, claim_all
     from utils.seeding import derive_seed, seed_everything
-except KeyboardInterrupt:
-    raise SystemExit(130) from None
+except KeyboardInterrupt as exc:
+    raise SystemExit(getattr(exc, "exit_status", 130)) from None
 
 log = logging.getLogger("fl")
 
@@ -286,7 +292,11 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        run(parse_args(argv))
+        with INTERRUPTS:
+            run(parse_args(argv))
+            if INTERRUPTS.pending is not None:  # its KeyboardInterrupt was swallowed (a finalizer) at the very end
+                print("interrupted after the results were written: they are complete", file=sys.stderr)
+                return EXIT_STATUS[INTERRUPTS.pending]
     except FLError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -295,9 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunInterrupted as exc:
         return exc.exit_status
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("interrupted: no result file was written for the unfinished run", file=sys.stderr)
-        return 130
+        return getattr(exc, "exit_status", 130)
     return 0
 
 

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shlex
-import signal
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch
 
 from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
 from utils.errors import Diverged, FLError
+from utils.interrupts import INTERRUPTS
 from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from utils.result_utils import save_results, summarize, write_atomically
@@ -114,15 +114,11 @@ def commit_results(server, run_args: argparse.Namespace, result: Path, save) -> 
             write_atomically(staging_name(final), write)
             staged[final] = staging_name(final)
         summary, staged[result] = save(True, to=staging_name(result))
-        blocked = {signal.SIGINT, signal.SIGTERM}
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # a Ctrl-C now would split the pair
-        try:
+        with INTERRUPTS.deferred():  # a Ctrl-C now would split the pair (a signal mask cannot stop it)
             for stale in set(model_paths(result)) - set(staged):  # a replaced run's: they would not match
                 stale.unlink(missing_ok=True)
             for final, tmp in staged.items():
                 os.replace(tmp, final)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
     finally:
         for tmp in staged.values():
             tmp.unlink(missing_ok=True)

@@ -42,9 +42,8 @@ import h5py
 
 from utils.checkpoint import checkpoint_path
 from utils.errors import FLError
+from utils.interrupts import EXIT_STATUS, INTERRUPTS
 
-#: exit status of a run stopped by each signal (128 + signal number, the shell's convention)
-EXIT_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class RunInterrupted(Exception):
@@ -205,7 +204,9 @@ def claim_all(results: list[Path], overwrite: bool, resume: bool) -> list[Claim]
 
 class StopOnSignal:
     """While active, the first SIGINT/SIGTERM sets ``requested`` (the loop stops after the round);
-    a second one raises ``KeyboardInterrupt`` at once."""
+    a second one raises ``KeyboardInterrupt`` at once. Entering it first raises a signal that
+    arrived before (start-up, the repeat before) and whose ``KeyboardInterrupt`` was swallowed
+    (``utils.interrupts``): the run then stops before training instead of running to its end."""
 
     def __init__(self) -> None:
         self.requested: int | None = None
@@ -219,6 +220,7 @@ class StopOnSignal:
         print(f"\n{signal.Signals(signum).name}: stopping after this round (again to stop at once)", flush=True)
 
     def __enter__(self) -> "StopOnSignal":
+        INTERRUPTS.check()
         self.forced: int | None = None
         for signum in EXIT_STATUS:
             try:
