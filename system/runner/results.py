@@ -181,6 +181,8 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
     ]
     if "evaluated_clients" in summary:
         lines.append(f"  evaluated: a seeded sample of {summary['evaluated_clients']} clients at each evaluation (rs_eval_clients)")
+    if "early_stop" in summary:
+        lines.append(f"  {summary['early_stop']}")
     if "target_acc" in summary:
         if summary["rounds_to_target"] is None:
             lines.append(f"  target accuracy {summary['target_acc']} not reached")

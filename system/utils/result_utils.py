@@ -40,6 +40,8 @@ class RunHistory:
     bytes_down: list[int] = field(default_factory=list)
     clients_per_round: list[int] = field(default_factory=list)
     extra_series: dict[str, list[Any]] = field(default_factory=dict)
+    #: why the run stopped before -gr rounds (``Server.stop_early``); None: it ran them all
+    stop_reason: str | None = None
 
     def add_series(self, name: str, value: Any) -> None:
         """Record an algorithm-specific per-round value (stored as ``rs_<name>``)."""
@@ -199,6 +201,8 @@ def summarize(history: RunHistory, avg_last: int, target_acc: float | None, mode
         "total_bytes_down": int(sum(history.bytes_down)),
         "mean_round_time": float(np.mean(history.round_time)) if history.round_time else None,
     }
+    if history.stop_reason:  # an early stop (-ab, FLChain's rule): the last evaluation is of the model it stopped with
+        summary["early_stop"] = history.stop_reason
     if "eval_clients" in history.extra_series:  # --eval_clients: a sample of clients, not all of them
         summary["evaluated_clients"] = int(len(history.extra_series["eval_clients"][0]))
     if target_acc is not None:

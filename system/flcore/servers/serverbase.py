@@ -282,9 +282,14 @@ class Server:
     def train(self, progress: bool = True, callbacks: Sequence[Callable] = (), start_round: int = 0,
               round_end: Callable[["Server", int], None] | None = None) -> RunHistory:
         """Every round of the run from ``start_round`` (a resumed run's); each callback gets
-        (server, result) and may return True to stop, and a callback object with a ``finish(server)``
-        method has it called once after the last round. ``round_end(server, next_round)`` runs once a
-        training round is complete and the run goes on (checkpoints, interruption)."""
+        (server, result) and may stop the run by returning why (a string; True: "a callback stopped
+        it"), and a callback object with a ``finish(server)`` method has it called once after the last
+        round. ``round_end(server, next_round)`` runs once a training round is complete and the run
+        goes on (checkpoints, interruption).
+
+        A run that stops early evaluates the model it stops with (the evaluation a run of exactly
+        that many training rounds ends with), says why in one line and records it
+        (``history.stop_reason``)."""
         rounds = int(self.args.global_rounds)
         bar = ProgressBar(rounds + 1, self.args.algorithm, progress, initial=start_round)
         steps = [record_round, bar, *callbacks]
@@ -293,7 +298,10 @@ class Server:
         for rnd in range(start_round, rounds + 1):
             is_last = rnd == rounds
             result = self.run_round(rnd, evaluate=is_last or rnd % self.args.eval_gap == 0, train=not is_last)
-            if any([bool(step(self, result)) for step in steps]):
+            reasons = [step(self, result) for step in steps]  # every step sees every round
+            reason = next((r for r in reasons if r), None)
+            if reason:
+                self.stop_early(rnd, result, "a callback stopped it" if reason is True else str(reason), bar)
                 break
             if round_end is not None and not is_last:
                 round_end(self, rnd + 1)
@@ -304,6 +312,14 @@ class Server:
                 step.finish(self)
         bar.close()
         return self.history
+
+    def stop_early(self, rnd: int, result: RoundResult, reason: str, bar: "ProgressBar") -> None:
+        """The run stops after round ``rnd`` for ``reason``: the model it stops with is evaluated
+        (round ``rnd + 1``, as the final evaluation of a run that trains ``rnd + 1`` rounds)."""
+        self.history.stop_reason = f"stopped after round {rnd}: {reason}"
+        log.warning("%s", self.history.stop_reason)
+        if result.trained:
+            bar(self, self.run_round(rnd + 1, evaluate=True, train=False))
 
     def close(self) -> None:
         """Release the engine's and the evaluator's worker threads and the state store's files (the
@@ -367,12 +383,11 @@ def record_round(server: Server, result: RoundResult) -> None:
         plugin.record(result)
 
 
-def stop_when_stalled(server: Server, result: RoundResult) -> bool:
+def stop_when_stalled(server: Server, result: RoundResult) -> str | bool:
     """Callback for ``-ab``: stop once the best accuracy is more than ``-tc`` evaluations old."""
     acc, patience = server.history.test_acc, server.args.top_cnt
     if result.trained and len(acc) > patience and int(np.argmax(acc)) < len(acc) - patience:
-        log.info("auto-break: best accuracy is more than %d evaluations old", patience)
-        return True
+        return f"auto-break (-ab): the best accuracy is more than {patience} evaluations old"
     return False
 
 

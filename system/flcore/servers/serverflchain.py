@@ -174,12 +174,10 @@ class FLChain(Server):
         """The base loop with the slides' stopping rule as one more callback."""
         return super().train(progress, [*callbacks, self.converged], **kwargs)
 
-    def converged(self, server: Server, result) -> bool:
+    def converged(self, server: Server, result) -> str | bool:
         epsilon = self.hp.flchain_epsilon
         if result.trained and result.updates and self.model_change < epsilon:
-            log.info("flchain: ||w(t) - w(t-1)|| = %.3g < epsilon %.3g after round %d: stopping",
-                     self.model_change, epsilon, result.round)
-            return True
+            return f"FLChain's stopping rule: ||w(t) - w(t-1)|| = {self.model_change:.3g} < --flchain_epsilon {epsilon:g}"
         return False
 
     def result_files(self, result: Path) -> dict[Path, Callable[[str], None]]:
