@@ -41,7 +41,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "FML": ("FML", ["-al", "0.5", "-bt", "0.5"]), "FedKD": ("FedKD", ["-mlr", "{lr}", "-Ts", "0.95", "-Te", "0.98"]),
 }
 #: KT-pFL against Local and FD on the same public data: 2% of the training pool, which no client trains on
-PUBLIC = ["--public_data", "0.02"]
+PUBLIC = ["--public_data", "0.02", "--public_data_withhold", "True"]  # Local's and FD's rows withhold it too
 PUBLIC_ROWS: dict[str, tuple[str, list[str]]] = {
     "KT-pFL": ("KT-pFL", PUBLIC), "Local (public 0.02)": ("Local", PUBLIC), "FD (public 0.02)": ("FD", ["-lam", "1.0", *PUBLIC]),
 }

@@ -91,7 +91,8 @@ PUBLIC_SAMPLES = 1000
 def public(samples_per_client: int) -> list[str]:
     """``--public_data`` as the fraction of the training pool that is 1,000 samples (MNIST's pool:
     60,000; with ``--samples`` N per client, 100 N)."""
-    return ["--public_data", str(PUBLIC_SAMPLES / (100 * samples_per_client if samples_per_client else 60000))]
+    return ["--public_data", str(PUBLIC_SAMPLES / (100 * samples_per_client if samples_per_client else 60000)),
+            "--public_data_withhold", "True"]  # every row withholds the same rows, Sageflow's or not
 #: the official code's hidden γ halving period, in rounds
 GAMMA_HALVING = {"MNIST": 15, "FashionMNIST": 20}
 
@@ -339,7 +340,7 @@ def main() -> None:
     load_all()
     if args.partition == "official":
         data, server_data = official_data(args)
-        public_flags = ["--public_data", str(server_data)]
+        public_flags = ["--public_data", str(server_data), "--public_data_withhold", "True"]
     else:
         data, public_flags = data_folder(args), public(args.samples)
     name = experiment_name(args, halving)

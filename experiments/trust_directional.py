@@ -48,7 +48,7 @@ def fair_rows(budget: float, flip: float, public: str | None = None) -> list[tup
     rows = []
     for poison, attack in (("clean", []), (f"{flip:g} label flip",
                                             ["--attack", "label_flip", "--attack_fraction", str(flip)])):
-        spend = ["--budget", str(budget), *attack, *(["--public_data", public] if public else [])]
+        spend = ["--budget", str(budget), *attack, *(["--public_data", public, "--public_data_withhold", "True"] if public else [])]
         rows += [(f"FAIR, {poison}", "FAIR", spend),
                  *([(f"FAIR learned, {poison}", "FAIR", ["--fair_aggregation", "learned", *spend])] if public else []),
                  (f"random, {poison}", "FedAvg", ["--select", "budget_uniform", *spend]),

@@ -196,14 +196,18 @@ def validate_names(args: argparse.Namespace) -> None:
 
 
 def validate_public_data(args: argparse.Namespace) -> None:
-    """An algorithm or plug-in that needs the server's public data, without ``--public_data``."""
-    if args.public_data is not None:
-        return
+    """An algorithm or plug-in that needs the server's public data, without ``--public_data``; and
+    ``--public_data`` where nothing uses it: its rows would leave the clients' training data for
+    nothing (a weaker baseline), unless ``--public_data_withhold`` asks for exactly that."""
     users = [ALGORITHMS.get(args.algorithm).public_data_user(args),
              *(cls.public_data_user(args) for cls in wanted_plugins(args))]
     user = next((u for u in users if u), None)
-    if user:
+    if args.public_data is None and user:
         raise public_data_needed(user)
+    if args.public_data is not None and not user and not args.public_data_withhold:
+        raise FLError(f"--public_data: neither {args.algorithm} nor an option of this run uses a public set, and "
+                      "drawing one takes its rows from the clients' training data; drop it, or pass "
+                      "--public_data_withhold to withhold the same rows on purpose (equal data across a comparison)")
 
 
 def run(args: argparse.Namespace) -> list[Path]:

@@ -396,6 +396,9 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-fs", "--few_shot", type=int, default=0, low=0, help="if > 0 keep at most fs training samples per label per client")
     add_flag(g, "--public_data", type=str, default=None, help="a public dataset the server holds (KT-pFL): a fraction "
              "of the training pool, removed from the clients (e.g. 0.02), or a generated dataset folder (utils/public_data.py)")
+    add_flag(g, "--public_data_withhold", type=bool, default=False,
+             help="draw --public_data's rows from the clients even where nothing in the run uses them, so that every "
+                  "row of a comparison trains on the same data (without it such a run is refused)")
 
     o = parser.add_argument_group("platform")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")

@@ -189,7 +189,7 @@ def test_learned_weights_with_a_zero_step_are_fedavgs():
     fair = learned_server("--fair_learn_lr", "0")
     cohort, _, updates = run_round(fair, 0, cohort=[0, 1, 2, 3])
     sizes = np.array([u.num_samples for u in updates], dtype=float)
-    fedavg = build_server(make_args("FedAvg", "--public_data", "0.2", **TINY), data())
+    fedavg = build_server(make_args("FedAvg", "--public_data", "0.2", "--public_data_withhold", "True", **TINY), data())
     run_round(fedavg, 0, cohort=cohort)
     assert torch.allclose(fair.global_params, fedavg.global_params, atol=1e-6)
     assert fair.quality_estimates() == pytest.approx(4 * sizes / sizes.sum(), abs=1e-6)

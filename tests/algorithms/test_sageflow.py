@@ -17,7 +17,7 @@ from toydata import make_dataset
 from utils import checkpoint
 
 CLIENTS, DIM, C = 6, 4, 3
-PUBLIC = ("--public_data", "0.2")
+PUBLIC = ("--public_data", "0.2", "--public_data_withhold", "True")  # FedAvg beside it withholds the same rows
 
 
 def server(algorithm: str = "Sageflow", *flags: str, **settings):

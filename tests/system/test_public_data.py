@@ -114,3 +114,14 @@ def test_runs_that_do_not_need_public_data_pass_the_check():
     for flags in (["-algo", "FAIR"], ["-algo", "FedAvg", "--robust", "clip,multi_krum"], ["-algo", "Sageflow",
                                                                                           "--public_data", "0.02"]):
         main.parse_args([*flags, "-dev", "cpu"])  # no FLError
+
+
+def test_public_data_nothing_uses_is_refused_unless_withheld_on_purpose(tmp_path, capsys):
+    """FedAvg (and FAIR's default quality mode) use no public set: --public_data would only take rows
+    from the clients, so it is refused in one line; --public_data_withhold asks for it explicitly."""
+    for algo in ("FedAvg", "FAIR"):
+        assert main.main(["-data", str(tmp_path / "none"), "-algo", algo, "-dev", "cpu", "--public_data", "0.3"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"neither {algo} nor an option of this run uses a public set" in err, err
+    args = main.parse_args(["-algo", "FedAvg", "-dev", "cpu", "--public_data", "0.3", "--public_data_withhold"])
+    assert args.public_data == "0.3" and args.public_data_withhold
