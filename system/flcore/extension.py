@@ -47,7 +47,8 @@ import numpy as np
 import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
-from utils.cli import hyperparameters
+from utils.cli import declared_actions, hyperparameters
+from utils.errors import FLError
 
 if TYPE_CHECKING:  # annotations only
     from utils.data_utils import FederatedDataset
@@ -78,6 +79,22 @@ class Feature:
     def wanted(cls, args: Namespace) -> bool:
         """Whether a run with these flags uses this feature."""
         return False
+
+    @classmethod
+    def changed_flags(cls, args: Namespace, besides: tuple[str, ...] = ()) -> list[str]:
+        """This feature's flags (by first spelling) whose value is not their declared default,
+        those of ``besides`` (destinations) left out."""
+        return [action.option_strings[0] for action in declared_actions(cls)
+                if action.dest not in besides and getattr(args, action.dest, action.default) != action.default]
+
+    @classmethod
+    def refuse_flags_without(cls, args: Namespace, switch: str, dest: str) -> None:
+        """One line when flags of this feature are given while its switch (``dest``, spelt ``switch``)
+        is off: they would change nothing."""
+        given = cls.changed_flags(args, besides=(dest,))
+        if given:
+            raise FLError(f"{', '.join(given)} {'acts' if len(given) == 1 else 'act'} on {switch}, which is not given: "
+                          f"add {switch} or drop {'it' if len(given) == 1 else 'them'}")
 
     @classmethod
     def check(cls, args: Namespace) -> None:

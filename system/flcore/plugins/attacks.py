@@ -90,6 +90,8 @@ precision and recall are measured against (Sageflow, ``--robust``), never what a
 """
 from __future__ import annotations
 
+import logging
+
 from argparse import ArgumentParser
 
 import functools
@@ -105,11 +107,13 @@ from flcore.capabilities import LOCAL_PROCEDURE
 from flcore.clients.localstep import LocalStep
 from flcore.evaluation import Evaluator
 from flcore.extension import RoundPlugin, refused_by_changing_widths
-from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
+from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, cohort_size
 from flcore.registry import register_local_step, register_plugin
 from utils.cli import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng, torch_generator
+
+log = logging.getLogger("fl")
 
 if TYPE_CHECKING:
     from flcore.clients.clientbase import Client
@@ -119,6 +123,22 @@ if TYPE_CHECKING:
 def attacker_count(fraction: float, num_clients: int) -> int:
     """round(f · N), halves rounding up."""
     return int(math.floor(fraction * num_clients + 0.5))
+
+
+def check_attacker_count(fraction: float, population: int, scope: str) -> None:
+    """round(f · n) attackers among the ``population`` the scope draws from must leave a benign
+    client (else one line with the fractions that do); a positive share that rounds to no attacker
+    is said in a warning."""
+    where = "clients" if scope == "clients" else f"clients of a round's {scope} ({population})"
+    count = attacker_count(fraction, population)
+    if count >= population:
+        largest = (population - 0.5) / population  # round(f · n) = n - 1 for f below it
+        raise FLError(f"--attack_fraction {fraction:g} makes all {population} {where} attackers, which leaves no benign "
+                      f"client; pass --attack_fraction below {largest:.4g}")
+    if count == 0:
+        smallest = 0.5 / population  # round(f · n) = 1 from here
+        log.warning("warning: --attack_fraction %g makes round(%g x %d) = 0 of the %s attackers: this run is clean; "
+                    "pass --attack_fraction %.4g or more for one", fraction, fraction, population, where, smallest)
 
 
 @functools.lru_cache(maxsize=64)
@@ -382,7 +402,7 @@ class PoisonedData(LocalStep):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return getattr(args, "attack", None) in DATA_ATTACKS and float(args.attack_fraction) > 0
+        return args.attack in DATA_ATTACKS and bool(args.attack_fraction)
 
     @classmethod
     def from_args(cls, args) -> "PoisonedData":
@@ -426,12 +446,29 @@ class AttackPlugin(RoundPlugin):
         return refused_by_changing_widths(server_cls, "--attack")
 
     @classmethod
+    def check(cls, args) -> None:
+        """An attack named in any case; its flags without it, an empty name, or no attacker asked for,
+        each one line (an attack table would otherwise show a clean run as an attacked one)."""
+        if isinstance(args.attack, str):
+            args.attack = args.attack.strip().lower()
+            if not args.attack:
+                raise FLError("--attack '' names no attack; drop --attack for a run without attackers")
+        if args.attack is None:
+            cls.refuse_flags_without(args, "--attack", "attack")
+        elif args.attack not in ATTACKS:
+            raise FLError(f"--attack {args.attack}: unknown attack; choose one of {', '.join(ATTACKS)}")
+        elif args.attack_fraction is None:
+            raise FLError(f"--attack {args.attack} needs --attack_fraction f, the share of the clients that attack "
+                          "(0 <= f < 1, e.g. 0.2)")
+
+    @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--attack", type=str, default=None,
                  help="Byzantine clients: sign_flip, gaussian, alie, ipm, minmax (model poisoning), label_flip, "
                       "backdoor, dba, model_replacement (data poisoning)")
-        add_flag(parser, "--attack_fraction", type=float, default=0.0, low=0, below=1,
-                 help="share of the clients that attack, in [0, 1): round(f x nc) drawn from the seed")
+        add_flag(parser, "--attack_fraction", type=float, default=None, low=0, below=1,
+                 help="share of the clients that attack, needed with --attack: round(f x nc) drawn from the seed "
+                      "(at least one client stays benign; 0 or a share that rounds to no attacker is said in a warning)")
         add_flag(parser, "--attack_resample", type=bool, default=False, help="draw the attackers anew every round")
         add_flag(parser, "--attack_scope", type=str, default="clients", choices=["clients", "cohort", "drawn"],
                  help="clients: round(f x nc) of all clients attack (fixed, or per round with --attack_resample); "
@@ -478,6 +515,8 @@ class AttackPlugin(RoundPlugin):
         if args.num_clients != len(runtime.clients):
             raise FLError(f"--attack draws attackers among -nc clients: give -nc {len(runtime.clients)} "
                           f"(the training clients), got {args.num_clients}")
+        check_attacker_count(fraction, len(runtime.clients) if args.attack_scope == "clients"
+                             else cohort_size(len(runtime.clients), args.join_ratio), args.attack_scope)
         if self.name == "minmax" and args.attack_direction not in MINMAX_DIRECTIONS:
             raise FLError(f"--attack_direction {args.attack_direction}: choose one of {', '.join(MINMAX_DIRECTIONS)}")
         if self.name in DATA_ATTACKS:
@@ -500,8 +539,8 @@ class AttackPlugin(RoundPlugin):
     @classmethod
     def attackers_among(cls, args: Any, uploads: int) -> int:
         """How many of a round's ``uploads`` the flags make attackers' (``--attack_scope cohort``'s
-        count; what a defence assumes by default, ``--robust_f -1``)."""
-        return attacker_count(float(args.attack_fraction), uploads)
+        count; what a defence assumes by default, ``--robust_f -1``): none in a run without an attack."""
+        return 0 if args.attack_fraction is None else attacker_count(args.attack_fraction, uploads)
 
     def attackers(self, rnd: int) -> np.ndarray:
         """The attacker mask of training round ``rnd`` (with ``--attack_scope cohort|drawn``: a round

@@ -346,6 +346,17 @@ class RobustAggregation(RoundPlugin):
         return refused_by_changing_widths(server_cls, "--robust")
 
     @classmethod
+    def check(cls, args) -> None:
+        """Defences named in any case; their flags without ``--robust``, or an empty list: one line."""
+        if isinstance(args.robust, str):
+            args.robust = args.robust.strip().lower()
+            if not args.robust:
+                raise FLError("--robust '' names no defence; drop --robust for FedAvg's aggregation")
+            parse_robust(args.robust)  # an unknown or misplaced name: one line before any data is read
+        else:
+            cls.refuse_flags_without(args, "--robust", "robust")
+
+    @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--robust", type=str, default=None,
                  help="pre-steps then an aggregator, comma-separated: clip; mean, krum, multi_krum, median, "
