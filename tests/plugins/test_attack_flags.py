@@ -46,3 +46,14 @@ def test_a_fraction_that_rounds_to_no_attacker_says_so(caplog):
         server = build_server(make_args("FedAvg", attack="sign_flip", attack_fraction=1e-9, num_clients=6), data)
     assert "makes round(1e-09 x 6) = 0 of the clients attackers: this run is clean" in caplog.text
     assert not server.plugin("attack").attackers(0).any()
+
+
+@pytest.mark.parametrize("algorithm, uploads", [("FedProto", "class prototypes"), ("FD", "per-class mean logits"),
+                                                ("Local", "nothing"), ("pFedEff", "sparse, masked messages")])
+def test_model_poisoning_of_algorithms_that_upload_no_weights_is_refused(algorithm, uploads):
+    """Their uploads carry no weights for sign_flip to flip: accepted, such a run equalled the clean one and an
+    attack table showed it perfectly robust."""
+    data = random_dataset(num_clients=4, dim=3, num_classes=3)
+    with pytest.raises(FLError, match=f"--attack sign_flip poisons the model weights clients upload, and {algorithm}'s "
+                                      f"clients upload {uploads} instead; use a data-poisoning attack"):
+        build_server(make_args(algorithm, attack="sign_flip", attack_fraction=0.25, num_clients=4), data)

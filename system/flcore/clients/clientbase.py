@@ -67,6 +67,9 @@ class Client:
     vectorisable: ClassVar[bool] = True
     #: whether an overridden ``local_loss`` is a pure tensor function the batched engine can vmap
     vmappable_loss: ClassVar[bool] = False
+    #: what the client uploads instead of its model's weights (None: the weights, which model-poisoning
+    #: attacks can poison); a description for the one-line refusal of an attack that cannot apply
+    uploads_instead: ClassVar[str | None] = None
     #: context keys holding one entry per local step (leading axis = steps): step t's hooks see
     #: entry t (e.g. FedGen's generated features, drawn up front from (seed, round, client))
     per_step_context: ClassVar[tuple[str, ...]] = ()

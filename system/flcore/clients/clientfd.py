@@ -35,6 +35,7 @@ from utils.cli import add_flag
 
 class FDClient(Client):
     """Cross-entropy plus λ times the distillation term towards the teacher logits of the label."""
+    uploads_instead = "per-class mean logits"
     hooks_draw_no_rng = True  # begin_round/end_round: label sums and the package's teachers
 
     # The loss adds each minibatch's logits to this job's per-label sums in place: the threaded

@@ -19,6 +19,7 @@ from flcore.flat import FlatModel
 
 class FedGHClient(Client):
     """FedAvg's local SGD, then the per-class mean representations of the trained model."""
+    uploads_instead = "per-class mean representations"
 
     def post_training(self, job: LocalJob, model: FlatModel) -> None:
         job.ctx["class_sums"], job.ctx["class_seen"] = body_class_sums(self, model)

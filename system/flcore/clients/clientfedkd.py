@@ -94,6 +94,7 @@ def initial_projection(seed: int, cid: int, dim: int, like: torch.Tensor) -> tor
 
 class FedKDClient(Client):
     """Adaptive mutual distillation of mentor and mentee; uploads the mentee's compressed update."""
+    uploads_instead = "its model's SVD-compressed updates"
 
     vectorisable = False  # two models and a projection trained per step: its own train_job
 

@@ -40,6 +40,7 @@ from utils.cli import add_flag
 
 class FedPCLClient(Client):
     """Contrastive loss against global and client prototypes; uploads normalised class means."""
+    uploads_instead = "class prototypes"
 
     #: the contrastive loss is a pure tensor function: the batched engine vectorises the steps
     vmappable_loss = True

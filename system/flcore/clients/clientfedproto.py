@@ -31,6 +31,7 @@ from utils.cli import add_flag
 
 class FedProtoClient(Client):
     """Cross-entropy plus λ·MSE between the representations and their class's global prototype."""
+    uploads_instead = "class prototypes"
     hooks_draw_no_rng = True  # begin_round/end_round: the package's prototypes, class means
 
     # The loss adds each minibatch's representations to this job's per-class sums in place: the

@@ -35,6 +35,7 @@ from utils.seeding import torch_generator
 
 class KTpFLClient(Client):
     """Distil towards the personalised soft target, train locally, upload public soft predictions."""
+    uploads_instead = "soft predictions on the server's public data"
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 
 class LocalClient(Client):
     """Keeps its model as per-client state ``personal``; uploads nothing."""
+    uploads_instead = "nothing"
     hooks_draw_no_rng = True  # start_point/end_round read and write the state store
 
     def personal_model(self, package: RoundPackage) -> torch.Tensor:

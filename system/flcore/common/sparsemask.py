@@ -161,6 +161,7 @@ def sparse_update(client: Client, steps: int, loss: float, message: dict[str, to
 class SparseClient(Client):
     """What the mask-based clients share: ``-kf``, the model's layout and the common initial model
     (set once by the server), and the personal model and mask in the state store."""
+    uploads_instead = "sparse, masked messages"
 
     settable: ClassVar[tuple[str, ...]] = (*Client.settable, "segments", "initial_params")
 

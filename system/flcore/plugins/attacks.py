@@ -519,6 +519,11 @@ class AttackPlugin(RoundPlugin):
                              else cohort_size(len(runtime.clients), args.join_ratio), args.attack_scope)
         if self.name == "minmax" and args.attack_direction not in MINMAX_DIRECTIONS:
             raise FLError(f"--attack_direction {args.attack_direction}: choose one of {', '.join(MINMAX_DIRECTIONS)}")
+        uploads = server_cls.client_cls.uploads_instead
+        if self.name in MODEL_ATTACKS and uploads is not None:
+            raise FLError(f"--attack {self.name} poisons the model weights clients upload, and {args.algorithm}'s "
+                          f"clients upload {uploads} instead; use a data-poisoning attack "
+                          f"({', '.join(DATA_ATTACKS)}) with it")
         if self.name in DATA_ATTACKS:
             client_cls = server_cls.client_cls
             if client_cls.capabilities.overrides_any(*LOCAL_PROCEDURE, "pre_training"):
