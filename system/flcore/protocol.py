@@ -199,7 +199,7 @@ class LocalJob:
     client: Any
     package: RoundPackage
     plan: list  # of index tensors; a lean job's may be one [steps, B] tensor of them (Client.plan_job)
-    rng: tuple | None  # None: the engine left the global RNG alone (Client.sequence_leaves_rng_alone)
+    rng: tuple | None  # None: the engine left the global RNG alone (engines/batched.py: leaves_rng_alone)
     ctx: dict = field(default_factory=dict)
     start: torch.Tensor | None = None
     lr: float = 0.0

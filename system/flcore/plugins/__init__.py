@@ -19,7 +19,8 @@ calls them at fixed points, in ``order``::
                                           the server evaluated ``global_params`` (every -eg rounds
                                           and at the end): the backdoor's attack success rate
     after_training(package, trained, arrived, result) -> kept uploads
-                                          the clock times the round; -tth drops late uploads
+                                          the clock drops -cdr's uploads and times the round;
+                                          -tth drops late uploads
     aggregate(updates, package) -> new global parameters
                                           only the plug-in whose ``takes_aggregation`` is true
                                           (at most one per run): DP-FedAvg's noised mean
