@@ -180,7 +180,7 @@ def validate_names(args: argparse.Namespace) -> None:
     result = result_path(args.dataset, args.algorithm, args.goal, args.times - 1, args.results_dir)
     longest = len(os.fsencode(f"..{result.stem}.personal.safetensors.new.XXXXXXXX.tmp"))
     folder = result.parent
-    while not folder.exists() and folder != folder.parent:
+    while not os.path.exists(folder) and folder != folder.parent:  # (False, not an error, for a too long name)
         folder = folder.parent
     try:
         limit = os.pathconf(folder, "PC_NAME_MAX")

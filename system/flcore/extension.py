@@ -135,6 +135,9 @@ class RoundPlugin(Feature):
     order: ClassVar[int] = 100
     #: whether this plug-in replaces the algorithm's ``aggregate`` (set per run in ``__init__``)
     takes_aggregation: bool = False
+    #: why a model that diverges in this run has collapsed as measured, not by a setting to fix (the
+    #: attack plug-in's "the model collapsed under --attack X"; None: divergence is an error)
+    divergence_note: str | None = None
     #: every plug-in of the run by name, this one included (set once all are built)
     peers: dict[str, "RoundPlugin"] = {}
 

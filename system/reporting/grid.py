@@ -39,7 +39,9 @@ UNSET = "none"
 
 @dataclass
 class Grid:
-    """One metric over two flags: ``values[i, j]`` (NaN: no run) and ``counts[i, j]`` runs."""
+    """One metric over two flags: ``values[i, j]`` (NaN: no run) over ``counts[i, j]`` runs, and
+    ``collapsed[i, j]`` runs whose model diverged under their attack (left out of the value: their
+    last accuracy is the one before the collapse)."""
 
     row_flag: str
     col_flag: str
@@ -48,6 +50,15 @@ class Grid:
     metric: str
     values: np.ndarray
     counts: np.ndarray
+    collapsed: np.ndarray | None = None
+
+    def cell_text(self, i: int, j: int, scale: float = 100.0, digits: int = 2) -> str:
+        """A cell's value (percent) with its collapsed runs, ``–`` for an empty cell."""
+        gone = 0 if self.collapsed is None else int(self.collapsed[i, j])
+        if self.counts[i, j] == 0:
+            return "collapsed" if gone else "–"
+        value = f"{scale * self.values[i, j]:.{digits}f}"
+        return f"{value} ({gone} collapsed)" if gone else value
 
 
 def parse_grid_flags(text: str) -> tuple[str, str]:
@@ -98,15 +109,18 @@ def build_grid(cells: dict[tuple[str, str], list[RunResult]], row_flag: str, col
     cols = _order({col for _, col in cells})
     values = np.full((len(rows), len(cols)), np.nan)
     counts = np.zeros((len(rows), len(cols)), dtype=int)
+    collapsed = np.zeros((len(rows), len(cols)), dtype=int)
     for (row, col), members in cells.items():
-        finals = [float(series[-1]) for run in members if (series := run.get(key)) is not None and series.size]
+        i, j = rows.index(row), cols.index(col)
+        collapsed[i, j] = sum(run.diverged for run in members)
+        finals = [float(series[-1]) for run in members
+                  if not run.diverged and (series := run.get(key)) is not None and series.size]
         finals = [value for value in finals if np.isfinite(value)]
         if finals:
-            i, j = rows.index(row), cols.index(col)
             values[i, j], counts[i, j] = float(np.mean(finals)), len(finals)
-    if not counts.any():
+    if not counts.any() and not collapsed.any():
         return None
-    return Grid(row_flag, col_flag, rows, cols, metric, values, counts)
+    return Grid(row_flag, col_flag, rows, cols, metric, values, counts, collapsed)
 
 
 def format_grid(grid: Grid) -> str:
@@ -114,8 +128,7 @@ def format_grid(grid: Grid) -> str:
     header = [f"{grid.row_flag} \\ {grid.col_flag}", *grid.cols]
     lines = [header]
     for i, row in enumerate(grid.rows):
-        lines.append([row, *("–" if grid.counts[i, j] == 0 else f"{100 * grid.values[i, j]:.2f}"
-                             for j in range(len(grid.cols)))])
+        lines.append([row, *(grid.cell_text(i, j) for j in range(len(grid.cols)))])
     widths = [max(len(line[k]) for line in lines) for k in range(len(header))]
     text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines]
     return f"{GRID_METRICS[grid.metric][1]}\n" + "\n".join(text)
@@ -137,7 +150,9 @@ def draw_grid(grid: Grid, title: str, out_path: Path, dpi: int = 150, flag: str 
     axes.set_ylabel(grid.row_flag)
     for i in range(len(grid.rows)):
         for j in range(len(grid.cols)):
-            if grid.counts[i, j]:
+            if not grid.counts[i, j] and grid.collapsed is not None and grid.collapsed[i, j]:
+                axes.text(j, i, "collapsed", ha="center", va="center", fontsize="small", color="red")
+            elif grid.counts[i, j]:
                 runs = f"\n({grid.counts[i, j]} runs)" if grid.counts[i, j] > 1 else ""
                 dark = percent[i, j] < 50 if grid.metric == "acc" else percent[i, j] > 50
                 axes.text(j, i, f"{percent[i, j]:.1f}{runs}", ha="center", va="center", fontsize="small",

@@ -75,6 +75,12 @@ class RunResult:
     final_client_acc: np.ndarray | None = None
 
     @property
+    def diverged(self) -> bool:
+        """Whether the run's model collapsed (NaN/inf) under an attack it faced: its file records the
+        round (``diverged_round``) and its accuracies are those before it."""
+        return "diverged_round" in self.attrs
+
+    @property
     def finished(self) -> bool:
         """False only for a run whose file says ``finished = False`` (an interrupted run's
         results so far); PFLlib's files and older ones are written at the end of a run."""

@@ -46,6 +46,7 @@ class AlgorithmSummary:
             data (the shared model's is then in the ``global_*`` stats), None when the files do
             not say (:attr:`RunResult.personalized`).
         unfinished: Runs whose file says ``finished = False``.
+        collapsed: Runs whose model diverged under an attack they faced (``diverged_round``).
         stats: Figure key -> :class:`Stat`, for every figure of :data:`SUMMARY_COLUMNS` that at
             least one run has.
     """
@@ -64,6 +65,7 @@ class AlgorithmSummary:
     personalized: bool | None = False
     unfinished: int = 0
     stats: dict[str, Stat] = field(default_factory=dict)
+    collapsed: int = 0
 
 
 @dataclass(frozen=True)
@@ -239,4 +241,5 @@ def summarize_runs(runs: Sequence[RunResult], avg_last: int = 10, target_acc: fl
         personalized=is_personalized(runs),
         unfinished=sum(not r.finished for r in runs),
         stats=stats,
+        collapsed=sum(r.diverged for r in runs),
     )

@@ -44,10 +44,12 @@ def summary_cells(summaries: Sequence[AlgorithmSummary], avg_last: int = 10,
     columns = shown_columns(summaries)
     whose = any(s.personalized is not False for s in summaries)
     any_unfinished = any(s.unfinished for s in summaries)
+    any_collapsed = any(s.collapsed for s in summaries)
     header = ["algorithm", "runs", "evals", "last round"]
     header += ["acc of"] if whose else []
     header += [column_header(c, avg_last, target_acc) for c in columns]
     header += ["unfinished"] if any_unfinished else []
+    header += ["collapsed"] if any_collapsed else []
     rows = []
     for s in summaries:
         evals = str(s.n_evals[0]) if s.n_evals[0] == s.n_evals[1] else f"{s.n_evals[0]}-{s.n_evals[1]}"
@@ -55,6 +57,7 @@ def summary_cells(summaries: Sequence[AlgorithmSummary], avg_last: int = 10,
         row += [WHOSE_ACCURACY[s.personalized]] if whose else []
         row += [format_cell(s, c) for c in columns]
         row += [f"{s.unfinished} of {s.n_runs}" if s.unfinished else ""] if any_unfinished else []
+        row += [f"{s.collapsed} of {s.n_runs}" if s.collapsed else ""] if any_collapsed else []
         rows.append(row)
     return header, rows
 
@@ -77,6 +80,9 @@ def format_summary_table(summaries: Sequence[AlgorithmSummary], dataset: str, go
     lines = [table_title(dataset, goal), line(header), line(["-" * w for w in widths]), *map(line, rows)]
     if any(s.unfinished for s in summaries):
         lines.append("unfinished: runs interrupted before their last round (their file says finished = False)")
+    if any(s.collapsed for s in summaries):
+        lines.append("collapsed: runs whose model diverged (NaN/inf) under the attack they faced; their figures "
+                     "are those before the collapse (the file's diverged_round)")
     return "\n".join(lines)
 
 
@@ -103,7 +109,7 @@ def summary_records(summaries: Sequence[AlgorithmSummary]) -> list[dict[str, Any
     for s in summaries:
         record: dict[str, Any] = {
             "dataset": s.dataset, "goal": s.goal, "algorithm": s.algorithm, "runs": s.n_runs,
-            "unfinished": s.unfinished, "evals_min": s.n_evals[0], "evals_max": s.n_evals[1],
+            "unfinished": s.unfinished, "collapsed": s.collapsed, "evals_min": s.n_evals[0], "evals_max": s.n_evals[1],
             "last_round": s.last_round, "accuracy_of": WHOSE_ACCURACY[s.personalized],
         }
         for column in SUMMARY_COLUMNS:

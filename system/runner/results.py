@@ -90,6 +90,14 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
               f"continue with: {resume} --resume", file=sys.stderr)
         raise
     except Diverged as exc:
+        if exc.collapse is not None and server.history.test_acc:  # the measured outcome (an attack's): results
+            collapsed = exc.round
+            print(f"round {collapsed}: {exc}; recorded as diverged from round {collapsed}", file=sys.stderr)
+            summary = commit_results(server, run_args, claimed.result,
+                                     lambda finished, to=None: save(finished, to, diverged_round=collapsed))
+            summary["diverged_round"] = collapsed
+            claimed.checkpoint.unlink(missing_ok=True)
+            return summary, claimed.result
         if is_finished(claimed.result):  # a diverged --overwrite never replaces finished results
             raise Diverged(f"{exc} (the finished results in {claimed.result} and their model are kept; "
                            "nothing of this run was written)", exc.round) from None
@@ -181,6 +189,9 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
     ]
     if "evaluated_clients" in summary:
         lines.append(f"  evaluated: a seeded sample of {summary['evaluated_clients']} clients at each evaluation (rs_eval_clients)")
+    if "diverged_round" in summary:
+        lines.append(f"  diverged: the model collapsed in round {summary['diverged_round']} (the h5's diverged_round); "
+                     "the accuracies are those before it")
     if "early_stop" in summary:
         lines.append(f"  {summary['early_stop']}")
     if "target_acc" in summary:

@@ -12,8 +12,10 @@ class FLError(Exception):
 
 class Diverged(FLError):
     """Training produced NaN/inf (a client's loss or the aggregated model) in round ``round``;
-    the results up to the round before are still worth keeping."""
+    the results up to the round before are still worth keeping. ``collapse``: why the collapse is
+    the run's measured outcome rather than a setting to fix (an attack it faces; None: a setting)."""
 
-    def __init__(self, message: str, round: int):
+    def __init__(self, message: str, round: int, collapse: str | None = None):
         super().__init__(message)
         self.round = round
+        self.collapse = collapse

@@ -535,6 +535,7 @@ class AttackPlugin(RoundPlugin):
             check_backdoor(args, runtime.dataset.input_shape, runtime.num_classes)
         #: the attack success rate's passes over the test images (backdoors)
         self.evaluator = Evaluator(runtime) if self.name in TEST_TRIGGERS else None
+        self.divergence_note = f"the model collapsed under --attack {self.name}"
         #: attackers' client indices among the uploads of the last round poisoned (for the history)
         self.last_attackers: list[int] = []
         #: ``--attack_scope cohort|drawn``: every trained round's attackers (a late upload's start round
