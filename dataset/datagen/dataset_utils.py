@@ -299,8 +299,8 @@ def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
 
 
 def _named(clients: Sequence[int]) -> str:
-    clients = [int(c) for c in clients[:6]]
-    return ", ".join(map(str, clients[:5])) + (f" and {len(clients) - 5} more" if len(clients) > 5 else "")
+    shown = [int(c) for c in clients[:5]]
+    return ", ".join(map(str, shown)) + (f" and {len(clients) - 5} more" if len(clients) > 5 else "")
 
 
 def check_client_sizes(parts: Sequence[np.ndarray], train_parts: Sequence[np.ndarray],
