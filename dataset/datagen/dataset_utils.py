@@ -17,7 +17,9 @@ Output (format ``npz-xy-v1``)::
     <out>/train/<client>.npz   x float32 (images NCHW in [-1, 1]), y int64
     <out>/test/<client>.npz
 
-The npz files hold plain arrays (``np.load(f, allow_pickle=False)`` works). Every
+The npz files hold plain arrays (``np.load(f, allow_pickle=False)`` works). ``--layout packed``
+(the default above ``layout.PACKED_ABOVE`` clients) writes every client's rows into one ``.npy``
+file per split and array instead, with the clients' offsets (``layout.py``). Every
 file is written to a temporary name and renamed; ``config.json`` comes last and
 is removed first when regenerating, so a folder holding ``config.json`` is
 complete. Running the same configuration again is a no-op unless ``--force``. While it writes, a
