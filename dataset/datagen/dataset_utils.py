@@ -17,7 +17,9 @@ Output (format ``npz-xy-v1``)::
     <out>/train/<client>.npz   x float32 (images NCHW in [-1, 1]), y int64
     <out>/test/<client>.npz
 
-The npz files hold plain arrays (``np.load(f, allow_pickle=False)`` works). Every
+The npz files hold plain arrays (``np.load(f, allow_pickle=False)`` works). ``--layout packed``
+(the default above ``layout.PACKED_ABOVE`` clients) writes every client's rows into one ``.npy``
+file per split and array instead, with the clients' offsets (``layout.py``). Every
 file is written to a temporary name and renamed; ``config.json`` comes last and
 is removed first when regenerating, so a folder holding ``config.json`` is
 complete. Running the same configuration again is a no-op unless ``--force``. While it writes, a
@@ -299,8 +301,8 @@ def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
 
 
 def _named(clients: Sequence[int]) -> str:
-    clients = [int(c) for c in clients[:6]]
-    return ", ".join(map(str, clients[:5])) + (f" and {len(clients) - 5} more" if len(clients) > 5 else "")
+    shown = [int(c) for c in clients[:5]]
+    return ", ".join(map(str, shown)) + (f" and {len(clients) - 5} more" if len(clients) > 5 else "")
 
 
 def check_client_sizes(parts: Sequence[np.ndarray], train_parts: Sequence[np.ndarray],

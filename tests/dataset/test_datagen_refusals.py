@@ -254,6 +254,13 @@ def test_client_size_checks_by_hand():
         dataset_utils.check_client_sizes(parts, train, [np.arange(0)] * 3, options)
 
 
+def test_size_checks_name_five_clients_and_count_the_rest(capsys):
+    sizes = np.full(9, 4)
+    test = np.array([0, 2, 0, 0, 2, 0, 0, 0, 0])
+    dataset_utils.check_split_sizes(sizes, sizes - test, test, {"partition": "dir", "train_ratio": 0.9})
+    assert "leaves 7 of 9 clients without test samples (0, 2, 3, 5, 6 and 2 more)" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------------ item 11: seeds
 @pytest.mark.parametrize("seed", ["-1", str(MAX_SEED + 1)])
 def test_a_seed_outside_32_bits_is_refused_by_the_generators(capsys, previous, seed):

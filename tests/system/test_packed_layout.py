@@ -246,3 +246,4 @@ def test_a_run_on_a_packed_folder_resumes_exactly_and_notices_a_regenerated_fold
     capsys.readouterr()
     assert run_main(packed, tmp_path / "again", "FedAvg", "--resume") == 2
     assert "is not the one the checkpoint was trained on" in capsys.readouterr().err
+
