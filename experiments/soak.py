@@ -160,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "--device", args.device]
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode != 0:
-                print(f"error: {name} failed: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+                last = (done.stderr.strip().splitlines() or ["no error output"])[-1]
+                print(f"error: {name} failed (exit status {done.returncode}): {last}", file=sys.stderr)
                 return 1
             records[name] = json.loads(done.stdout.strip().splitlines()[-1])
             print(describe(name, records[name]), flush=True)
