@@ -136,22 +136,19 @@ def plot_all(loaded: dict[str, list[RunResult]], args: argparse.Namespace, datas
     return written
 
 
-def stored_flag(name: str, algorithm: str, runs: Sequence[RunResult]) -> str:
+def stored_flag(name: str, runs: Sequence[RunResult]) -> str:
     """The setting a ``--grid`` name stands for, as the runs store it (``local_learning_rate``):
-    the name itself (dashes or not), else any spelling main.py takes for the flag, as sweep.py
-    accepts them (``lr``, ``-lr``, ``--local-learning-rate``): main.py's generic flags and PFLlib's
-    algorithm flags, looked up without the federated layers (reporting imports neither them nor torch);
-    an algorithm's or a feature's own flag is named as the runs store it (``robust``, ``fedacs_p``)."""
+    the name itself (with dashes or not: ``--local-learning-rate``), else the flag main.py spells
+    so among its generic flags and PFLlib's algorithm flags (``lr``, ``-lr``, ``mu``), which
+    sweep.py also takes. An algorithm's own short spelling is not known here (reporting does not
+    import the federated layers): its long name, which runs store, is."""
     plain = name.lstrip("-").replace("-", "_")
     if any(plain in run.config for run in runs):
         return plain
     spellings = [name] if name.startswith("-") else [f"-{name}", f"--{name}"]
     actions = {spelling: action.dest for action in (*generic_parser()._actions, *pfllib_algorithm_actions())
                for spelling in action.option_strings}
-    for spelling in spellings:
-        if spelling in actions:
-            return actions[spelling]
-    return plain
+    return next((actions[s] for s in spellings if s in actions), plain)
 
 
 def plot_grid(args: argparse.Namespace, note: Note) -> list[Path]:
@@ -168,7 +165,7 @@ def plot_grid(args: argparse.Namespace, note: Note) -> list[Path]:
         if not runs:
             raise PlotError(f"no results for {algo} on {dataset} with goal {args.goal} or {args.goal}-...: "
                             f"searched {search_pattern(results_dir, dataset, algo, args.goal + '*')}")
-        row_flag, col_flag = (stored_flag(name, algo, runs) for name in (row_name, col_name))
+        row_flag, col_flag = (stored_flag(name, runs) for name in (row_name, col_name))
         if row_flag == col_flag:
             raise PlotError(f"--grid {args.grid!r}: {row_name} and {col_name} are one flag ({row_flag}); "
                             f"give two different flags as ROWS,COLUMNS")
