@@ -1,4 +1,4 @@
-"""Issue 24's directional runs: the knowledge-transfer algorithms (FedProto, FD, FedPCL, FedGH, FedPAC,
+"""Directional runs of the knowledge-transfer algorithms (FedProto, FD, FedPCL, FedGH, FedPAC,
 FML, FedKD) against Local and FedAvg, personalised accuracy, mean ± std over seeds.
 
 Every row runs ``main.main`` ``--times`` times (seeds seed..seed+times-1) on one partition (default:
@@ -87,7 +87,7 @@ def main_(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_training_flags(parser, lr=0.005, lr_help="local learning rate (PFLlib's default)", batch_size=10)
     add_only_and_data_flags(parser, f"rows to run (default: {' '.join(ROWS)})")
-    parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (issue 24: 50+)")
+    parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (50 or more for a directional result)")
     parser.add_argument("--model", default="DNN")
     parser.add_argument("--engine", default="sequential", choices=["sequential", "batched", "threaded", "auto"],
                         help="main's --engine (results agree within float rounding)")
