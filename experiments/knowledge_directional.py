@@ -36,7 +36,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "FedProto": ("FedProto", ["-lam", "1.0"]), "FD": ("FD", ["-lam", "1.0"]), "FedPCL": ("FedPCL", ["-tau", "1.0"]),
     "FedGH": ("FedGH", ["-slr", "1.0"]), "FedPAC": ("FedPAC", ["-lam", "1.0"]),
     # FML: the paper's α = β = 0.5 (our default); PFLlib's α = 1, β = 0 make the personal model plain
-    # Local training (measured equal to Local to the digit at 10 rounds, RESULTS.md), i.e. switch FML off.
+    # Local training (measured equal to Local to the digit at 10 rounds; docs/results/algorithms.md), i.e. switch FML off.
     # FedKD: the mentee learns at the run's lr, as PFLlib's defaults have it (-mlr = -lr = 0.005).
     "FML": ("FML", ["-al", "0.5", "-bt", "0.5"]), "FedKD": ("FedKD", ["-mlr", "{lr}", "-Ts", "0.95", "-Te", "0.98"]),
 }

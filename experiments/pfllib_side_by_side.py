@@ -62,7 +62,7 @@ ALGORITHM_FLAGS: dict[str, list[str]] = {
 # Two defaults of ours that no PFLlib flag sets: APPLE's core rate is the paper's lr (PFLlib's N·lr is
 # our --apple_core_lr_scale True; PFLlib's clients also see the cores of earlier clients of the same
 # round, through shared objects), and GPFL's conditions come from the client's own trained GCE, as in
-# PFLlib (--gpfl_condition). RESULTS.md, "GPFL's conditions and APPLE's core rate".
+# PFLlib (--gpfl_condition). docs/results/algorithms.md, "GPFL's conditions and APPLE's core rate".
 #: the PFLlib algorithms compared
 DEFAULT_ALGORITHMS = ["FD", "FedProto", "FedPCL", "FedGH", "FedPAC", "FML", "FedKD", "FedMTL", "FedFomo", "APPLE",
                       "FedPHP", "FedDBE", "FedCAC", "PFL-DA", "FedAS", "FedGC", "FedCP", "GPFL"]

@@ -12,7 +12,7 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
 
 * ``official``: FedAvg and Sageflow with 20% attackers re-drawn every round, sign flip with
   s = ``--attack_scale`` (the official script's 0.1), stragglers S = 2: the side-by-side with the
-  official code (experiments/RESULTS.md). A third row, Sageflow with E_th = inf and δ = 0, is what
+  official code (docs/results/robustness.md). A third row, Sageflow with E_th = inf and δ = 0, is what
   the official code runs as "Fedavg" (its ``Sag()`` groups plain averages by staleness too).
 * ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8, the
   Sageflow paper's baseline, staleness in rounds, workers' regulariser ρ = 0.005 as Xie et al.'s
@@ -29,7 +29,7 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
 A seed whose training diverges (FedAvg under sign flip) is a result: its curve is kept up to the
 divergence and the row says ``diverged at round r in k/n seeds`` (``common.run_variant``).
 
-Differences from the official code, on purpose or forced (also in RESULTS.md):
+Differences from the official code, on purpose or forced (also in docs/results/robustness.md):
 
 * local training is plain SGD by default, at lr 0.1: the step size lr/(1 − β) that lr 0.01 with
   momentum β = 0.9 settles to. ``--local_momentum 0.9 --lr 0.01`` trains with the official optimiser

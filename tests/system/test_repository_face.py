@@ -57,14 +57,6 @@ def outside_hits(line: str) -> list[str]:
     return [match.group(0) for match in OUTSIDE.finditer(line)]
 
 
-#: the chronological notebook being split into docs/results/ pages (deleted when that is done)
-NOT_YET = {"experiments/RESULTS.md"}
-
-
-def tracked(names: list[str]) -> list[str]:
-    return [name for name in names if name not in NOT_YET]
-
-
 def offenders(root: Path, names: list[str], find) -> list[str]:
     """``file:line: hit`` for every hit of ``find`` in the text files ``names`` under ``root``, and for
     every hit in the file names themselves."""
@@ -120,20 +112,20 @@ def test_a_planted_file_name_is_found(tmp_path):
 
 
 def test_no_tracker_numbers_anywhere():
-    found = offenders(REPO, tracked(tracked_text_files()), tracker_hits)
+    found = offenders(REPO, tracked_text_files(), tracker_hits)
     assert not found, "tracker numbers (say what the text means instead):\n" + "\n".join(found)
 
 
 def test_no_words_about_who_did_the_work():
-    found = offenders(REPO, tracked(tracked_text_files()), organisation_hits)
+    found = offenders(REPO, tracked_text_files(), organisation_hits)
     assert not found, "words about how the work was organised:\n" + "\n".join(found)
 
 
 def test_no_calendar_dates():
-    found = offenders(REPO, tracked(tracked_text_files()), date_hits)
+    found = offenders(REPO, tracked_text_files(), date_hits)
     assert not found, "dates (git keeps when; results pages say on which machine):\n" + "\n".join(found)
 
 
 def test_no_user_facing_path_outside_the_repository():
-    found = offenders(REPO, user_facing(tracked(tracked_text_files())), outside_hits)
+    found = offenders(REPO, user_facing(tracked_text_files()), outside_hits)
     assert not found, "paths outside the repository in what a user reads or runs:\n" + "\n".join(found)
