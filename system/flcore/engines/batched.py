@@ -53,35 +53,19 @@ Design (what a reader should know before changing it):
   without vmap, which only adds overhead for K = 1.
 * **Speed.** On a GPU the sequential engine is launch-bound (batch 10) and batching K clients
   multiplies the work per kernel; replaying the step from a CUDA graph removes the launches and
-  the Python of vmap (P1 on an H200: 0.49 s/round captured, 3.09 s eager; see ``capture.py``). On a CPU the CNNs are compute-bound at batch 10 already, so
+  the Python of vmap (``capture.py``). On a CPU the CNNs are compute-bound at batch 10 already, so
   batching has nothing to win and functorch's batched convolution loses: it folds the clients
   into a grouped convolution (``groups=K``) with layout copies around it and cannot use oneDNN's
-  channels-last kernels. Measured on the project's 2-core EPYC (torch 2.13, idle), one step of
-  the CIFAR-shaped CNN at batch 10 per client: 3.9 ms sequentially (channels-last, 2 threads),
-  8.1-8.4 ms per client under vmap over 50 clients, 5.7 ms for a hand-written channels-last
-  grouped convolution; for P1's MNIST CNN over 20 clients (one thread, loaded machine) vmap
-  took 8.05 ms per client-step against 5.55 sequentially, and the convolutions written as unfold +
-  batched matrix products 14.3 ms (``experiments/cpu_step_variants.py --part
-  batched``). P2's round (250 client steps) therefore has a floor of about 0.98 s on
-  this CPU; the sequential engine takes 1.22 s and the threaded one 1.04 s, so no batched engine
-  can be 1.2x faster than the sequential one there. ``auto`` uses the threaded engine on CPUs.
-  With the step captured, a round's cost is the host's work per client (planning, the hooks,
-  the upload): P2 on an H200 took 0.03 s/round, ~7 ms of it steps. That work was cut to the
-  sequence's own (lean plans, the index and the losses per cohort, not per client): a P2 round
-  with the compute stubbed out took 94-127 us per client before and 61-101 after on the
-  project's 2-core CPU (10th percentile of 60 rounds, ten runs at load 5-7;
-  ``experiments/host_cost_per_client.py``), and no longer makes ~8 CUDA calls per client (RNG state
-  copies and seeding, a plan copy, three index kernels, a read-back). On the H200 afterwards P2
-  took 19.4 ms/round against 20.4 before (sequential 0.38-0.40 s: 20.6x): the five captured steps
-  are 15.9 ms of it (3.18 ms each over 50 clients), so the step, not the host, now bounds P2.
-  A kernel profile of that step shows why: cuDNN runs vmap's grouped convolution of the
-  32-to-64-channel layer as one kernel per client (50 launches each for its forward pass, input
-  gradient and weight gradient). ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces
-  it by im2col over all clients and batched matrix products; two versions written with ATen's
-  ``F.unfold`` made P2's round 3x and 5x slower on the H200, because ATen's im2col is itself one
-  kernel per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet,
-  nor that of ``grouped_nhwc`` (the same grouped convolution, channels-last, where cuDNN may
-  choose kernels that take all groups at once).
+  channels-last kernels; ``auto`` uses the threaded engine on CPUs. With the step captured, a
+  round's cost is the host's work per client (planning, the hooks, the upload), cut to the
+  sequence's own: lean plans, the index and the losses per cohort, not per client, and no CUDA
+  calls per client (RNG state copies and seeding, plan copies, index kernels, read-backs). What
+  bounds a round then is the step itself: cuDNN runs vmap's grouped convolution as one kernel per
+  client. ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces it by one strided im2col
+  over all clients and batched matrix products, and ``grouped_nhwc`` keeps the grouped
+  convolution channels-last. The measurements behind each of these choices, with their commands:
+  ``docs/results/performance.md``, "The batched engine: CPU steps, host cost per client and the
+  GPU's convolution".
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
