@@ -38,7 +38,7 @@ from common import OUT, add_training_flags, generate_data, mean_std, results_fol
 from flcore.registry import list_algorithms, load_all  # noqa: E402  (common puts system/ on the path)
 
 FMNIST_RAW = Path("/usr/share/datasets/fashion-mnist")
-#: the default ``--name``: the rows of the issue's table
+#: the default ``--name``: the rows of the full table
 EXPERIMENT = "all_algorithms"
 #: the baselines every row is read against; the strongest of REFERENCE_PFL is picked from the table
 REFERENCE_PFL = ("Ditto", "FedRep")

@@ -15,7 +15,7 @@ machine, 4.8-5.2 ms on one, but 15.7 ms on two as soon as one other process ran,
 team waits at every operation for whichever thread was descheduled; a round of P1 measured
 36.1 s/round that way at a load near 2. Two workers on one thread each cannot lose a core to a
 barrier: a busy machine only slows them in proportion. On the idle machine they do the round's
-52,490 training samples in about 5,249 x 4.8 ms / 2 = 12.6 s, the compute floor the issue
+52,490 training samples in about 5,249 x 4.8 ms / 2 = 12.6 s, the compute floor one estimates
 estimates (1.3 TFLOP at about 100 GFLOPS), and evaluation spreads its batches the same way
 (``flcore/evaluation.py``). The per-step Python (clientbase's hooks, the batch index, the flat
 update) was at most 8% of a step under cProfile (which inflates Python calls); the rest is
