@@ -1,5 +1,5 @@
 """The cost of a round of every registered algorithm, relative to FedAvg's on the same data, model and
-engine (issue 28's "every pFL algorithm within 1.3x FedAvg"; issues 24 and 25 ask the same).
+engine (the aim: every pFL algorithm's round within 1.3x FedAvg's).
 
 Each algorithm runs ``-gr 4`` rounds through ``main.main`` with evaluation only before the first and
 after the last round (``-eg 100``), so the rounds timed (the 2nd to 4th, after a warm-up round) are

@@ -1,6 +1,6 @@
-"""Issue 25's directional table: every registered algorithm on real Fashion-MNIST (Dirichlet 0.1, 20
+"""The directional table of every registered algorithm on real Fashion-MNIST (Dirichlet 0.1, 20
 clients), personalised accuracy, mean ± std over seeds, against Local, FedAvg and the strongest
-personalised baseline we had before issues 24-26 (Ditto or FedRep, whichever scores higher here).
+of the classic personalised baselines (Ditto or FedRep, whichever scores higher here).
 
 Every row runs ``main.main`` ``--times`` times (seeds seed..seed+times-1) on one partition, generated
 once under ``experiments/out/data`` by ``dataset/generate_FashionMNIST.py`` from the Debian package's
@@ -38,11 +38,11 @@ from common import OUT, add_training_flags, generate_data, mean_std, results_fol
 from flcore.registry import list_algorithms, load_all  # noqa: E402  (common puts system/ on the path)
 
 FMNIST_RAW = Path("/usr/share/datasets/fashion-mnist")
-#: the default ``--name``: the rows of the issue's table
+#: the default ``--name``: the rows of the full table
 EXPERIMENT = "all_algorithms"
 #: the baselines every row is read against; the strongest of REFERENCE_PFL is picked from the table
 REFERENCE_PFL = ("Ditto", "FedRep")
-#: rows run first (the baselines and issue 25's eleven), so that a run cut short has them
+#: rows run first (the baselines and the eleven PFLlib algorithms added last), so that a run cut short has them
 FIRST = ["Local", "FedAvg", *REFERENCE_PFL, "FedMTL", "FedFomo", "APPLE", "FedPHP", "FedCP", "GPFL", "FedDBE", "FedCAC",
          "PFL-DA", "FedAS", "FedGC"]
 #: algorithm -> (own flags, why): flags an algorithm needs to run here, or that switch on a method
@@ -69,7 +69,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                         help="run the K-th of N interleaved parts of the rows (two processes: 1/2 and 2/2)")
     parser.add_argument("--data", type=Path, default=None, help="dataset folder (default: generated under out/data)")
     parser.add_argument("--samples", type=int, default=50, help="training rows kept per client (0: all)")
-    parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (issue 25: 50+)")
+    parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (50 or more for a directional result)")
     parser.add_argument("--eval_gap", type=int, default=25, help="-eg: evaluate every N rounds (and after the last)")
     parser.add_argument("--model", default="DNN")
     parser.add_argument("--engine", default="sequential", help="--engine of main.py (sequential: one core per process)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import subprocess
 import sys
 import time
@@ -26,7 +27,9 @@ from utils.result_utils import result_path  # noqa: E402
 from utils.run_control import is_finished  # noqa: E402
 
 OUT = REPO / "experiments" / "out"
-MNIST_RAW = REPO.parent / "shared" / "data" / "MNIST" / "raw"
+#: MNIST's four IDX files for the scripts that generate an MNIST partition: where
+#: ``dataset/generate_MNIST.py`` downloads them (run it once), or the folder named by $MNIST_RAW
+MNIST_RAW = Path(os.environ.get("MNIST_RAW", REPO / "dataset" / "MNIST" / "rawdata"))
 
 
 def add_training_flags(parser: argparse.ArgumentParser, *, lr: float, lr_help: str, batch_size: int) -> None:

@@ -1,4 +1,4 @@
-"""FedMA against FedAvg and FedProx on MNIST at equal communication (issue 26; Wang et al., ICLR 2020,
+"""FedMA against FedAvg and FedProx on MNIST at equal communication (Wang et al., ICLR 2020,
 whose direction is FedMA ≥ FedAvg on MNIST with LeNet).
 
 Every method runs the same rounds; the table gives each method's accuracy after each round and the

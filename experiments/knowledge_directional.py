@@ -1,4 +1,4 @@
-"""Issue 24's directional runs: the knowledge-transfer algorithms (FedProto, FD, FedPCL, FedGH, FedPAC,
+"""Directional runs of the knowledge-transfer algorithms (FedProto, FD, FedPCL, FedGH, FedPAC,
 FML, FedKD) against Local and FedAvg, personalised accuracy, mean ± std over seeds.
 
 Every row runs ``main.main`` ``--times`` times (seeds seed..seed+times-1) on one partition (default:
@@ -36,7 +36,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "FedProto": ("FedProto", ["-lam", "1.0"]), "FD": ("FD", ["-lam", "1.0"]), "FedPCL": ("FedPCL", ["-tau", "1.0"]),
     "FedGH": ("FedGH", ["-slr", "1.0"]), "FedPAC": ("FedPAC", ["-lam", "1.0"]),
     # FML: the paper's α = β = 0.5 (our default); PFLlib's α = 1, β = 0 make the personal model plain
-    # Local training (measured equal to Local to the digit at 10 rounds, RESULTS.md), i.e. switch FML off.
+    # Local training (measured equal to Local to the digit at 10 rounds; docs/results/algorithms.md), i.e. switch FML off.
     # FedKD: the mentee learns at the run's lr, as PFLlib's defaults have it (-mlr = -lr = 0.005).
     "FML": ("FML", ["-al", "0.5", "-bt", "0.5"]), "FedKD": ("FedKD", ["-mlr", "{lr}", "-Ts", "0.95", "-Te", "0.98"]),
 }
@@ -87,7 +87,7 @@ def main_(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_training_flags(parser, lr=0.005, lr_help="local learning rate (PFLlib's default)", batch_size=10)
     add_only_and_data_flags(parser, f"rows to run (default: {' '.join(ROWS)})")
-    parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (issue 24: 50+)")
+    parser.add_argument("--rounds", type=int, default=50, help="-gr of every run (50 or more for a directional result)")
     parser.add_argument("--model", default="DNN")
     parser.add_argument("--engine", default="sequential", choices=["sequential", "batched", "threaded", "auto"],
                         help="main's --engine (results agree within float rounding)")

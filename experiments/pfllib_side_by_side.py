@@ -1,4 +1,4 @@
-"""Side by side with PFLlib's own implementation (issues 24 and 25): PFLlib's ``main.py`` and ours,
+"""Side by side with PFLlib's own implementation: PFLlib's ``main.py`` and ours,
 algorithm by algorithm, on the same partition with the same flags; both per-round accuracy curves.
 
 The partition is one of ours (default: ``dataset/generate_MNIST.py``, 20 clients, Dirichlet 0.1,
@@ -62,8 +62,8 @@ ALGORITHM_FLAGS: dict[str, list[str]] = {
 # Two defaults of ours that no PFLlib flag sets: APPLE's core rate is the paper's lr (PFLlib's N·lr is
 # our --apple_core_lr_scale True; PFLlib's clients also see the cores of earlier clients of the same
 # round, through shared objects), and GPFL's conditions come from the client's own trained GCE, as in
-# PFLlib (--gpfl_condition). RESULTS.md, "GPFL's conditions and APPLE's core rate".
-#: issue 24's and 25's PFLlib algorithms
+# PFLlib (--gpfl_condition). docs/results/algorithms.md, "GPFL's conditions and APPLE's core rate".
+#: the PFLlib algorithms compared
 DEFAULT_ALGORITHMS = ["FD", "FedProto", "FedPCL", "FedGH", "FedPAC", "FML", "FedKD", "FedMTL", "FedFomo", "APPLE",
                       "FedPHP", "FedDBE", "FedCAC", "PFL-DA", "FedAS", "FedGC", "FedCP", "GPFL"]
 #: the algorithms whose model PFLlib's main.py splits into ``BaseHeadSplit(base, head)`` (FedPCL: fc set

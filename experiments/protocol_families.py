@@ -1,4 +1,4 @@
-"""Directional runs per algorithm family on real MNIST (issue 11, section 4).
+"""Directional runs per algorithm family on real MNIST.
 
 MNIST split over 20 clients by Dirichlet(0.1) (``generate_MNIST.py noniid - dir --alpha 0.1``),
 full participation, one table per family:
@@ -267,7 +267,7 @@ def main_script() -> None:
                for row in chosen}
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        "# Protocol families (issue 11): MNIST, Dirichlet 0.1, 20 clients, full participation", "",
+        "# Protocol families: MNIST, Dirichlet 0.1, 20 clients, full participation", "",
         f"{rounds} rounds, E={args.local_epochs}, B={args.batch_size}, lr={args.lr}, seeds "
         f"{args.seed}..{args.seed + args.times - 1} (mean ± population std), engine {args.engine}, {args.threads} torch thread(s) per run, "
         f"{args.jobs} run(s) at a time{' (quick)' if args.quick else ''}", "",

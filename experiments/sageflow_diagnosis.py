@@ -1,4 +1,4 @@
-"""Why ignoring stragglers overtakes Sageflow late in a run (issue 27), measured along Sageflow's own run.
+"""Why ignoring stragglers overtakes Sageflow late in a run, measured along Sageflow's own run.
 
 Sageflow's stragglers-only row of ``sageflow_mnist.py`` (its setting, flags and data: MNIST shards,
 100 clients, 20% a round, 1,000 public samples, delays U{0, 1, 2}, B = 10, lr 0.1, the official γ

@@ -1,5 +1,5 @@
 """Sageflow (Park et al., NeurIPS 2021) on MNIST in the official code's setting, and the directional
-comparisons of issue 27.
+comparisons of robust and asynchronous aggregation around it.
 
 Setting (savertm/Sageflow's ``scripts/Sageflow_both.sh``): 100 clients, McMahan's shard partition
 (2 label shards each), the standard MNIST test set (``--test-split global``), 20% of the clients
@@ -12,7 +12,7 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
 
 * ``official``: FedAvg and Sageflow with 20% attackers re-drawn every round, sign flip with
   s = ``--attack_scale`` (the official script's 0.1), stragglers S = 2: the side-by-side with the
-  official code (experiments/RESULTS.md). A third row, Sageflow with E_th = inf and δ = 0, is what
+  official code (docs/results/robustness.md). A third row, Sageflow with E_th = inf and δ = 0, is what
   the official code runs as "Fedavg" (its ``Sag()`` groups plain averages by staleness too).
 * ``stragglers``: stragglers only (S = 2): Sageflow, FedAsync (polynomial, a = 0.5, α = 0.8, the
   Sageflow paper's baseline, staleness in rounds, workers' regulariser ρ = 0.005 as Xie et al.'s
@@ -29,7 +29,7 @@ rounds, E_th = 1, δ = 1, λ = 0.5, the official γ halving every 15 rounds (20 
 A seed whose training diverges (FedAvg under sign flip) is a result: its curve is kept up to the
 divergence and the row says ``diverged at round r in k/n seeds`` (``common.run_variant``).
 
-Differences from the official code, on purpose or forced (also in RESULTS.md):
+Differences from the official code, on purpose or forced (also in docs/results/robustness.md):
 
 * local training is plain SGD by default, at lr 0.1: the step size lr/(1 − β) that lr 0.01 with
   momentum β = 0.9 settles to. ``--local_momentum 0.9 --lr 0.01`` trains with the official optimiser
@@ -45,7 +45,7 @@ Differences from the official code, on purpose or forced (also in RESULTS.md):
 
 ``--protocol official`` removes the last three differences but the data share: the official model
 (``-m SageflowCNN``), attackers as a share of each round's drawn clients, chosen before busy ones sit
-out as the official code chooses them (``--attack_scope drawn``; until 2026-11-27 ``cohort``, among
+out as the official code chooses them (``--attack_scope drawn``; formerly ``cohort``, among
 those that train), busy clients that sit out a round while their upload is in flight
 (``--straggler_busy skip``) and the official delay draw (``--straggler_delays each``: the round's first
 three clients get delays 0, 1, 2). Its results go to folders ending ``_official_protocol``.
@@ -215,7 +215,7 @@ def official_shards(labels: np.ndarray, seed: int, clients: int = 100, public: i
     its first 80 %) is the order the official code walks a Python set of the drawn shard numbers, and
     the shards left are the list of a Python set; both are kept by doing the same set operations.
     Returns each client's rows in that order and the public rows (sorted). The same rows need the same
-    raw files in the same order (../shared's MNIST holds the original training images in another order
+    raw files in the same order (a local MNIST copy may hold the original training images in another order
     than the official files: both codes reading it get the same split, not the one of the paper's runs)."""
     draw = np.random.RandomState(seed)
     taken = set(draw.choice(len(labels), public, replace=False).tolist())

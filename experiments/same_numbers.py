@@ -1,5 +1,5 @@
 """Does a change leave an algorithm's numbers exactly as they were? For speed work that must not
-change results (issue 28's "round within 1.3x FedAvg" cuts).
+change results (cuts of a round's overhead).
 
 For each algorithm, a tiny sequential run (``tests/system/fltest.engine_run``: 5 ragged clients, 3
 rounds, batch 5, 60% participation, learning-rate decay; once with the tests' tiny linear model, once

@@ -1,4 +1,4 @@
-"""The PFLlib slides' pFedEff table, with our numbers (issue 26): MNIST and Fashion-MNIST, each split
+"""The PFLlib slides' pFedEff table, with our numbers: MNIST and Fashion-MNIST, each split
 IID, Dirichlet 0.75 / 0.5 / 0.25 and pathological (2 labels per client); rows FedAvg, FedPer,
 Hermes-50, LotteryFL-75/50/25 and pFedEff-75/50/25; four metrics per cell:
 

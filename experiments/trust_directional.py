@@ -1,4 +1,4 @@
-"""Issue 27's directional results for FAIR and FLChain, in one small setting: MNIST, Dirichlet 0.1,
+"""Directional results for FAIR and FLChain, in one small setting: MNIST, Dirichlet 0.1,
 20 clients with 300 training samples each, the DNN, E = 1, B = 10, lr 0.05 (the defaults fit a
 loaded 2-core CPU; say so when reporting).
 

@@ -19,7 +19,7 @@ the JSON records as ``startup_s``, with the actors' state and peak memory) and `
 (``utils/pfllib_baseline.py``), run on the same data, initial model, seed and threads, so that the
 speed-up over PFLlib is measured in one run rather than against a figure from another day.
 
-Configurations (the issue's):
+Configurations:
 
 * **P1**: PFLlib's README set-up: MNIST, ``CNN``, 20 clients, Dirichlet 0.1, batch 10, 1 local
   epoch, lr 0.005, full participation, evaluation every round (as PFLlib). The data are real

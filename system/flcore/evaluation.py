@@ -21,38 +21,31 @@ decides how many forward passes that takes.
 * **Group size.** ``--eval_group 0`` (auto) evaluates client by client on a CPU, where that is
   fastest: a client's test and train rows go through its model in one pass, in batches of equal
   size (225 rows: 113 + 112), so a personal model is loaded once and its batches are nearly
-  full. Measured on the project's 2-core EPYC (torch 2.13, Fashion-MNIST CNN, 100 clients with
-  50 train and ~175 test rows, 22,540 rows per evaluation, one thread, CPU seconds on a busy
-  machine): one model per client 7,020 rows per CPU second, one global model 5,770, the former
-  per-split, per-client passes 5,220. vmap does not pay off there: its batched convolution is a
-  grouped convolution without oneDNN's channels-last kernels (idle machine, two threads: 1,650
-  to 6,500 rows/s over groups of 4 to 25 clients, against 7,100 client by client). On a GPU,
-  where one client's batch leaves most of the device idle, auto takes as many clients as fit a
-  quarter of the memory still available, counting each client's stacked vector and its
-  activations (measured once, with forward hooks on one sample); this was not measured on a
-  GPU. When the device runs out of memory anyway, the group is halved and retried (one
+  full. vmap does not pay off there: its batched convolution is a grouped convolution without
+  oneDNN's channels-last kernels. On a GPU, where one client's batch leaves most of the device
+  idle, auto takes as many clients as fit a quarter of the memory still available, counting each
+  client's stacked vector and its activations (measured once, with forward hooks on one sample).
+  When the device runs out of memory anyway, the group is halved and retried (one
   warning). A model whose forward fails under vmap is evaluated client by client, with one
   notice.
 * **Threads (CPU).** A pass's batches are spread over as many worker threads as the process has
   intra-op threads (``--num_threads``; PyTorch's default is one per core), each computing whole
   batches on one intra-op thread, rather than computed one after another with every thread
   working on each batch. The logits are those of ``--num_threads 1`` bit for bit, whatever the
-  thread count. Measured on the project's 2-core EPYC (FedAvg CNN, 28x28 inputs, batch 128, one
-  model, 20,000 rows) at a load of 10 (other processes on both cores): two threads per batch
-  managed 500-540 rows/s, one thread 1,800-1,900, the split over two threads 2,500-2,950 (and
-  7,600 rows per CPU second against 1,400-1,500), because OpenMP's team waits at every operation
-  for whichever of its threads was descheduled. On the idle machine two threads per batch took
-  P1's 70,000 rows in 4.5 s against 8.0 s on one thread. A GPU computes batch after batch as before.
+  thread count. On a loaded machine this avoids OpenMP's team waiting at every operation for
+  whichever of its threads was descheduled. A GPU computes batch after batch as before.
 * **Frozen copies (CPU).** A pass of at least 512 rows on a CPU runs a frozen TorchScript copy
   of the model with the pass's parameters (``flcore/frozen.py``: oneDNN's prepacked, fused
-  convolutions; a whole P1 evaluation 8.6 -> 7.1 CPU s), with logits equal to the eager module's up
+  convolutions), with logits equal to the eager module's up
   to float rounding; its first batch is checked against the eager module. Where a copy cannot
   be built or trusted, the eager module runs from then on (one notice). Each copy is built into a
   TorchScript compilation unit of its own and released after its pass: PyTorch otherwise keeps every
-  traced copy's graphs for the life of the process (pytorch#35600, #96726; +45 MB per P1-size
-  evaluation before this); the heap's free pages are then returned. A slow growth remains (about
-  130 KB of RSS per evaluation over 200 evaluations; flcore/frozen.py), so it is opt-in
-  (``--eval_frozen True``).
+  traced copy's graphs for the life of the process (pytorch#35600, #96726); the heap's free pages
+  are then returned. A slow growth of the process's memory remains (``flcore/frozen.py``), so it is
+  opt-in (``--eval_frozen True``).
+
+The measurements behind the group size, the threads and the frozen copies, with their commands:
+``docs/results/performance.md``, "Evaluation: group size, threads and frozen copies".
 * **Metrics.** Correct counts, train-loss sums and the micro-AUC (:mod:`utils.auc`: every
   client of a pass at once, equal to scikit-learn's) are computed where the logits are and kept
   there until the end of the evaluation, which copies them to the host in one transfer.

@@ -8,7 +8,7 @@ the eager module's up to float rounding (about 1e-7 for the CNNs).
 
 Measured on the project's 2-core EPYC (torch 2.13, P1's MNIST CNN, batch 128, one intra-op thread,
 CPU time, eager and frozen interleaved in one process at a load of 6-9;
-``experiments/issue28_step_variants.py --part eval|evaluation``): on real MNIST rows 8,357 rows per
+``experiments/cpu_step_variants.py --part eval|evaluation``): on real MNIST rows 8,357 rows per
 CPU second eager, 10,618 frozen (1.27x; 1.6-1.9x on random inputs at a higher load); a whole P1
 evaluation (70,000 rows) 8.59 -> 7.09 CPU s with the same accuracy, AUC and loss to 8 digits.
 A copy costs about 25 ms of CPU (trace about 20, freeze and optimise about 5), so only passes of at
@@ -23,7 +23,7 @@ here. So each copy is built into a compilation unit of its own (the global one i
 tracing, freezing and optimising; TorchScript's C++ side reads it from there), and
 :meth:`FrozenCopy.release` drops that unit's functions when the pass is done, then hands the heap's free
 pages back (:func:`return_free_heap_pages`). Measured on the 2-core CPU
-(``experiments/issue28_frozen_memory.py``; experiments/RESULTS.md, "The nine unprofiled algorithms
+(``experiments/frozen_eval_memory.py``; docs/results/performance.md, "The nine unprofiled algorithms
 against FedAvg, and frozen copies freed after their pass"): bare, 20 copies of P1's CNN, RSS 266 -> 597
 MB with the global unit, flat with a unit per copy; FedAvg on 100 MNIST clients, 12 evaluations of 2
 frozen passes, RSS +13.5 MB per evaluation before, +5 MB with private units alone (malloc's live bytes
@@ -31,7 +31,7 @@ flat, its free bytes growing), flat at 424 MB with the trim too (eager: 427 MB),
 the same with 20 clients a round, ``-t 3 -gr 5``, RSS after each run: 646, 890, 1,117 MB before, 457,
 465, 468 now (eager 477, 486, 489). What stays: 12 small Python classes per copy (TorchScript's
 ``QualnameWrapper``, held from C++) and the heap's address space (its free holes, not resident); over
-200 evaluations (RESULTS.md, "Frozen evaluation copies over 200 evaluations, against eager") RSS still
+200 evaluations (docs/results/performance.md, "Frozen evaluation copies over 200 evaluations, against eager") RSS still
 grew about 130 KB and malloc's free bytes about 2.3 MB per evaluation, where the eager run stayed flat:
 that is why ``--eval_frozen`` stays off by default. Ways that do not help: one traced copy per model object reused across passes (it
 shares the parameters, so it sees the loaded weights, and does not grow), traced and frozen without

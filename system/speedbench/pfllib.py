@@ -111,7 +111,7 @@ def pfllib_own_run(pfllib: Path, data_folder: Path | None, device: str, rounds: 
     'time cost' lines, which include its evaluation as ours do) after ``warmup`` rounds.
     ``threads`` > 0 runs it with ``OMP_NUM_THREADS`` = ``threads`` (PFLlib sets no thread count of
     its own; on a loaded machine its default two threads wait for each other at every operation:
-    on 2026-11-26 three rounds did not finish in 2,400 s, against 418 s a round on one thread).
+    once three rounds did not finish in 2,400 s, against 418 s a round on one thread).
 
     Runs in a temporary copy of ``pfllib/system`` whose ``../dataset/MNIST`` holds our P1
     partition written in PFLlib's file format (:func:`pfllib_workspace`), so PFLlib trains on

@@ -14,8 +14,8 @@ where freed memory waits: the numbers a run computes are the same. On another C 
 musl) it does nothing and says so in one debug line. Imports no torch (a child process can test it
 cheaply).
 
-Why on by default (``--malloc_keep_freed``; 2-core CPU shared with other jobs, one thread, 2026-11-26,
-experiments/RESULTS.md "glibc's freed memory..."): APPLE -dlr 0.01, whose DR gradient makes a 93 MB
+Why on by default (``--malloc_keep_freed``; 2-core CPU shared with other jobs, one thread,
+docs/results/performance.md "glibc's freed memory..."): APPLE -dlr 0.01, whose DR gradient makes a 93 MB
 float64 temporary each step, took 11.4 CPU s a round against 13.4 (-15%); FedAvg, pFedMe, APPLE, FedAS,
 FedKD and Ditto, whose per-step temporaries are model-sized (2.3 MB, under glibc's own adaptive
 threshold) or already in reused buffers, moved within the machine's noise (±6%). The peak RSS it

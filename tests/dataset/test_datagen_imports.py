@@ -1,7 +1,7 @@
 """The generators' helpers have a name of their own (``datagen``): no import of the repository
 depends on which of ``system/`` and ``dataset/`` comes first on ``sys.path``.
 
-Until issue 22 both folders held a top-level package named ``utils`` and the generators worked
+Once both folders held a top-level package named ``utils`` and the generators worked
 only because they put ``dataset/`` in front. These tests fail if a second top-level ``utils``
 (or ``datagen``) appears, if a generator or a ``datagen`` module imports a name that the
 simulator's folder also provides, or if a test imports the helpers under a second name.

@@ -1,4 +1,4 @@
-"""Generator options added for issue 12, end to end on scikit-learn's digits (offline):
+"""Generator options, end to end on scikit-learn's digits (offline):
 partition picture and summary, #C=k and quantity partitions, few-shot, the shared
 global test set and the per-client feature skew."""
 

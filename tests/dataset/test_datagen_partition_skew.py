@@ -2,7 +2,7 @@
 
 PFLlib's ``dir`` redraws until every client holds ``least`` samples and so never
 returns for many clients or a small alpha (PFLlib issues #120, #130); the cases
-below are the ones the issue names. The property tests draw random settings with Hypothesis
+below are those PFLlib users reported. The property tests draw random settings with Hypothesis
 (a fixed, derandomised set of examples, so CI is reproducible).
 """
 

@@ -1,4 +1,4 @@
-"""Bad inputs of the generators (issue 23, items 5, 8, 10, 11): one ``error:`` line, exit status 2,
+"""Bad inputs of the generators: one ``error:`` line, exit status 2,
 and every file that was there before byte-identical afterwards.
 
 Most run the generator in-process on scikit-learn's digits (offline, about a second each); the

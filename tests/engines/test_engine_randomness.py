@@ -157,7 +157,7 @@ def test_per_client_seeding_is_torch_manual_seed_without_its_deferred_cuda_trace
 
 def test_batched_engine_plans_plain_clients_lean_with_the_sequential_batches_and_rng(monkeypatch):
     """FedAvg's sequence reads the global RNG only in ``train_job``, so the batched engine plans its
-    jobs lean (issue 28's per-client host cost): no per-client seeding or RNG state copies, batches
+    jobs lean (no per-client host cost): no per-client seeding or RNG state copies, batches
     drawn on the host, the last cohort client seeded once at the end. The batches and the RNG it
     leaves are the sequential engine's all the same."""
     dataset = _dataset()

@@ -1,4 +1,4 @@
-"""The sequential and threaded engines do no per-step host work that waits for the device (issue 28):
+"""The sequential and threaded engines do no per-step host work that waits for the device:
 no ``.item()``/``float(tensor)`` and no host<->device copy inside the SGD loop.
 
 A dispatch mode counts every operator that reads a value back to the host

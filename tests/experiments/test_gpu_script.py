@@ -1,7 +1,7 @@
-"""experiments/issue28_gpu.sh, the prepared call of a session that is lent a GPU: it must not rot while no
-session has one. Every benchmark.py call it makes parses, every --engines entry names an engine and variants
-that main.py takes, every test file it runs exists and every stepbench kind is one the engine knows (no
-GPU and no training here: a failure on the device would cost minutes of its 15)."""
+"""experiments/gpu_speed.sh, the GPU speed tables in one prepared call: it must not rot while no GPU is
+at hand. Every benchmark.py call it makes parses, every --engines entry names an engine and variants
+that main.py takes, every test file it runs exists and every gpu_step_runners.py kind is one the engine knows (no
+GPU and no training here: a failure found on the device costs device time)."""
 from __future__ import annotations
 
 import re
@@ -16,7 +16,7 @@ import main
 from conftest import REPO
 from flcore.engines.client_conv import BATCHED_CONVS
 
-SCRIPT = REPO / "experiments" / "issue28_gpu.sh"
+SCRIPT = REPO / "experiments" / "gpu_speed.sh"
 
 
 def logical_lines() -> list[str]:
@@ -40,7 +40,7 @@ def benchmark_calls() -> list[list[str]]:
             prefix = ["--device", "cuda", "--warmup", "1", "--out", "/tmp/x.json"]
         else:
             continue
-        words = words.replace('"$OUT/', '"/tmp/gpu28/').replace("$PF", "").replace('"$@"', "")
+        words = words.replace('"$OUT/', '"/tmp/gpu-speed/').replace("$PF", "").replace('"$@"', "")
         tokens = shlex.split(words)
         cut = next((i for i, t in enumerate(tokens) if t.startswith(">") or t.startswith("2>")), len(tokens))
         calls.append(prefix + tokens[:cut])
@@ -76,4 +76,4 @@ def test_the_tests_it_runs_exist_and_its_stepbench_kinds_are_known():
         assert (REPO / name).is_file(), name
     kinds = re.findall(r'"(\w+) \d+ [\d,]+ [01]"', text)  # PART=unfold's "kind clients shape profile" variants
     assert kinds and set(kinds) <= set(BATCHED_CONVS)
-    assert (REPO / "experiments" / "issue28_stepbench.py").is_file()
+    assert (REPO / "experiments" / "gpu_step_runners.py").is_file()

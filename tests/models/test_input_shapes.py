@@ -3,7 +3,7 @@ training, with a readable ValueError or RuntimeError (``main.py`` prints its fir
 status 2), or it trains: a training step on one sample (two copies with BatchNorm) gives finite
 gradients and one logit per class.
 
-Issue 22: ``-m GoogleNet-GN`` on 28x28 MNIST got past start-up and then crashed on a 1x1 map in
+A regression: ``-m GoogleNet-GN`` on 28x28 MNIST got past start-up and then crashed on a 1x1 map in
 a GroupNorm layer; :func:`flcore.trainmodel.checks.dry_run` now refuses it at start-up (and on
 32x32 images, whose maps shrink to 1x1 as well)."""
 from __future__ import annotations
@@ -27,7 +27,7 @@ SHAPES = {
     "Amazon": Case("AmazonReview", (5000,), 2),
 }
 
-#: (model, shape) pairs refused at start-up by the dry run (not when built): the regression of issue 22
+#: (model, shape) pairs refused at start-up by the dry run (not when built): GoogleNet-GN on small images
 #: (GoogLeNet leaves 1x1 maps of both, where GroupNorm layers of one channel per group normalise one value)
 DRY_RUN_REFUSALS = {("GoogleNet-GN", "28x28x1"), ("GoogleNet-GN", "32x32x3")}
 

@@ -1,5 +1,5 @@
-"""Issue 23's reporting items, as a hostile new user tried them: each asserts the one line the
-tool prints, its exit status, and that no file on disk changed (3, 4, 15, 16)."""
+"""The reporting tools' bad inputs, as a hostile new user tried them: each asserts the one line the
+tool prints, its exit status, and that no file on disk changed."""
 from __future__ import annotations
 
 import errno
@@ -34,7 +34,7 @@ def config(**flags) -> str:
 
 @pytest.fixture
 def mixed(tmp_path: Path) -> Path:
-    """Issue 23 item 3: ``-go mix`` with ``-m MLR``, then ``-m DNN -lr 0.1 -pv 1 -t 2``; and two
+    """``-go mix`` with ``-m MLR``, then ``-m DNN -lr 0.1 -pv 1 -t 2``; and two
     repeats of one setting (seeds 0 and 1 of ``-t 2``), which belong together."""
     folder = tmp_path / "results"
     folder.mkdir()

@@ -1,5 +1,5 @@
 """Reporting never imports torch or flcore: plotting and summarising work on a machine with only
-h5py, numpy and matplotlib, and stay fast (issue 22)."""
+h5py, numpy and matplotlib, and stay fast."""
 from __future__ import annotations
 
 import subprocess

@@ -296,7 +296,7 @@ def test_cli_subprocess(results: Path, tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-# ------------------------------------------------------------------ fixes of issue 14's plot bugs
+# ------------------------------------------------------------------ plot bugs fixed
 
 def test_round_axis_has_whole_number_ticks(tmp_path: Path) -> None:
     from matplotlib.figure import Figure

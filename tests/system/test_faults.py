@@ -1,4 +1,4 @@
-"""Broken inputs and faults (issue 14), each reproduced as a new user meets it: through
+"""Broken inputs and faults, each reproduced as a new user meets it: through
 ``main.py`` on a small generated dataset, expecting exit status 2, one ``error:`` line naming the
 file or flag and what to do (never a traceback), and nothing half-written."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The regression suite of issue 23 (a hostile new user's inputs): each case ends with ONE line on
+"""The regression suite of a hostile new user's inputs: each case ends with ONE line on
 stderr and exit status 2 (or 130 for Ctrl-C), never a traceback, and every result and model that
 was on disk before is byte-identical afterwards."""
 from __future__ import annotations
@@ -348,7 +348,7 @@ def test_resume_with_a_finished_run_reports_the_best_over_all_runs(toy, tmp_path
     assert "Run 0: already finished" in out and "Best accuracy over 2 runs" in out
 
 
-# ------------------------------------------------------------------ issue 22: a model that cannot take the inputs
+# ------------------------------------------------------------------ a model that cannot take the inputs
 def test_a_model_that_cannot_take_the_images_is_refused_before_training(tmp_path, capsys):
     mnist = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[12, 12], test_size=4)
     before = earlier(tmp_path / "results")

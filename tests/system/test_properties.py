@@ -1,4 +1,4 @@
-"""Property test of ``main.py``'s command line (issue 14): random flag combinations either run a
+"""Property test of ``main.py``'s command line: random flag combinations either run a
 one-round experiment on tiny data (exit 0, one result file per run) or fail with one ``error:``
 line and exit status 2; never a traceback, never a partial file.
 

@@ -1,6 +1,6 @@
 """utils/seeding.py: the streams keyed by (seed, purpose, round, client) are those NumPy's
 SeedSequence gives, bit for bit, whichever way ``derive_seed`` computes them (the per-(round,
-client) words are mixed without NumPy since issue 28: SeedSequence cost ~10 us per client stream)."""
+client) words are mixed without NumPy: SeedSequence cost ~10 us per client stream)."""
 from __future__ import annotations
 
 import random

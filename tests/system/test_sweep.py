@@ -155,7 +155,7 @@ def test_an_interrupted_run_is_resumed_not_skipped(toy, swept, tmp_path):
 
 def test_a_diverged_run_is_listed_as_failed_not_todo(toy, swept, tmp_path, capsys):
     """A diverged run leaves unfinished results and no checkpoint: --resume refuses it, so the
-    sweep lists it for --overwrite instead of planning a run that would fail (issue 23, item 19)."""
+    sweep lists it for --overwrite instead of planning a run that would fail."""
     folders, _, _ = swept
     copy = tmp_path / "copy"
     shutil.copytree(folders[1], copy)

@@ -44,7 +44,7 @@ full-batch gradient step of size η·K for K local steps: on the whole MNIST Dir
 keeps the same rate stable there (94.5%, near Local, although every model is the mean of the cores).
 At the paper's η_c = η the step is η·K/N and the run climbs every round, to 81.9 ± 1.5% (3 seeds),
 as does PFLlib with its aliasing removed (each client its own copies of the cores: 82.1%)
-(experiments/RESULTS.md, "GPFL's conditions and APPLE's core rate").
+(docs/results/algorithms.md, "GPFL's conditions and APPLE's core rate").
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ Choices where PFLlib departs from the paper or leaves a gap:
   of the round before. ``received`` takes E = Ĉ, the GCE just received (the paper's Fig. 1
   looks both conditions up in "the" GCE without saying which copy). The choice hardly moves the
   side by side on the whole MNIST Dir 0.1 partition: PFLlib with its conditions taken from the
-  received GCE ended at 81.3, within its own spread (experiments/RESULTS.md, "GPFL's conditions and
+  received GCE ended at 81.3, within its own spread (docs/results/algorithms.md, "GPFL's conditions and
   APPLE's core rate"); what it changes visibly is round 0 (zero conditions: ~10% before training,
   like PFLlib's, against ~4-7% from the initial GCE).
 * With ``-ld`` GCE's and CoV's learning rate decays with the model's (PFLlib's two extra

@@ -9,13 +9,13 @@
   intra-op threads on one client.
 * On a single core, or with ``--num_threads 1`` (and no ``--workers``): the sequential engine.
 
-Why not the sequential engine on PyTorch's intra-op threads (issue 28, P1's MNIST CNN at B=10 on
+Why not the sequential engine on PyTorch's intra-op threads (P1's MNIST CNN at B=10 on
 the project's 2-core EPYC, torch 2.13): one client's step took 3.05 ms on two threads on the idle
 machine, 4.8-5.2 ms on one, but 15.7 ms on two as soon as one other process ran, since OpenMP's
 team waits at every operation for whichever thread was descheduled; a round of P1 measured
 36.1 s/round that way at a load near 2. Two workers on one thread each cannot lose a core to a
 barrier: a busy machine only slows them in proportion. On the idle machine they do the round's
-52,490 training samples in about 5,249 x 4.8 ms / 2 = 12.6 s, the compute floor the issue
+52,490 training samples in about 5,249 x 4.8 ms / 2 = 12.6 s, the compute floor one estimates
 estimates (1.3 TFLOP at about 100 GFLOPS), and evaluation spreads its batches the same way
 (``flcore/evaluation.py``). The per-step Python (clientbase's hooks, the batch index, the flat
 update) was at most 8% of a step under cProfile (which inflates Python calls); the rest is
@@ -32,9 +32,9 @@ convolutions take half of it in PyTorch's im2col kernel, on any engine). Against
 engine on PyTorch's default two intra-op threads (``--num_threads 0``) it took 0.03-0.15x the
 time: OpenMP's team waits for a busy core at every operation. So no size rule is applied.
 
-Other ways to a faster CPU step, measured and not taken (issue 28; P1's CNN at B=10, one thread,
+Other ways to a faster CPU step, measured and not taken (P1's CNN at B=10, one thread,
 CPU time, variants interleaved in one process at a load of 5-7,
-``experiments/issue28_step_variants.py``): ``torch.compile`` (inductor) of the forward pass, whose
+``experiments/cpu_step_variants.py``): ``torch.compile`` (inductor) of the forward pass, whose
 backward it compiles too, took 0.63x the eager step's speed channels-last, 0.65x NCHW, 0.70x under
 bf16 autocast and 0.77x with max-pooling left eager (its generated max-pool-with-indices kernel
 alone cost 2.2 ms of a 5.7 ms step), after 2-4 CPU s of compiling; a 20-client step under vmap

@@ -53,35 +53,19 @@ Design (what a reader should know before changing it):
   without vmap, which only adds overhead for K = 1.
 * **Speed.** On a GPU the sequential engine is launch-bound (batch 10) and batching K clients
   multiplies the work per kernel; replaying the step from a CUDA graph removes the launches and
-  the Python of vmap (P1 on an H200: 0.49 s/round captured, 3.09 s eager; see ``capture.py``). On a CPU the CNNs are compute-bound at batch 10 already, so
+  the Python of vmap (``capture.py``). On a CPU the CNNs are compute-bound at batch 10 already, so
   batching has nothing to win and functorch's batched convolution loses: it folds the clients
   into a grouped convolution (``groups=K``) with layout copies around it and cannot use oneDNN's
-  channels-last kernels. Measured on the project's 2-core EPYC (torch 2.13, idle), one step of
-  the CIFAR-shaped CNN at batch 10 per client: 3.9 ms sequentially (channels-last, 2 threads),
-  8.1-8.4 ms per client under vmap over 50 clients, 5.7 ms for a hand-written channels-last
-  grouped convolution; for P1's MNIST CNN over 20 clients (one thread, loaded machine) vmap
-  took 8.05 ms per client-step against 5.55 sequentially, and the convolutions written as unfold +
-  batched matrix products 14.3 ms (issue 28, ``experiments/issue28_step_variants.py --part
-  batched``). P2's round (250 client steps) therefore has a floor of about 0.98 s on
-  this CPU; the sequential engine takes 1.22 s and the threaded one 1.04 s, so no batched engine
-  can be 1.2x faster than the sequential one there. ``auto`` uses the threaded engine on CPUs.
-  With the step captured, a round's cost is the host's work per client (planning, the hooks,
-  the upload): P2 on an H200 took 0.03 s/round, ~7 ms of it steps. That work was cut to the
-  sequence's own (lean plans, the index and the losses per cohort, not per client): a P2 round
-  with the compute stubbed out took 94-127 us per client before and 61-101 after on the
-  project's 2-core CPU (10th percentile of 60 rounds, ten runs at load 5-7;
-  ``experiments/issue28_host_cost.py``), and no longer makes ~8 CUDA calls per client (RNG state
-  copies and seeding, a plan copy, three index kernels, a read-back). On the H200 afterwards P2
-  took 19.4 ms/round against 20.4 before (sequential 0.38-0.40 s: 20.6x): the five captured steps
-  are 15.9 ms of it (3.18 ms each over 50 clients), so the step, not the host, now bounds P2.
-  A kernel profile of that step shows why: cuDNN runs vmap's grouped convolution of the
-  32-to-64-channel layer as one kernel per client (50 launches each for its forward pass, input
-  gradient and weight gradient). ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces
-  it by im2col over all clients and batched matrix products; two versions written with ATen's
-  ``F.unfold`` made P2's round 3x and 5x slower on the H200, because ATen's im2col is itself one
-  kernel per image. The one kept unfolds with one strided copy; its GPU speed is not measured yet,
-  nor that of ``grouped_nhwc`` (the same grouped convolution, channels-last, where cuDNN may
-  choose kernels that take all groups at once).
+  channels-last kernels; ``auto`` uses the threaded engine on CPUs. With the step captured, a
+  round's cost is the host's work per client (planning, the hooks, the upload), cut to the
+  sequence's own: lean plans, the index and the losses per cohort, not per client, and no CUDA
+  calls per client (RNG state copies and seeding, plan copies, index kernels, read-backs). What
+  bounds a round then is the step itself: cuDNN runs vmap's grouped convolution as one kernel per
+  client. ``--batched_conv unfold`` (``client_conv.py``, opt-in) replaces it by one strided im2col
+  over all clients and batched matrix products, and ``grouped_nhwc`` keeps the grouped
+  convolution channels-last. The measurements behind each of these choices, with their commands:
+  ``docs/results/performance.md``, "The batched engine: CPU steps, host cost per client and the
+  GPU's convolution".
 * **Memory.** ``--cohort_chunk`` bounds how many clients are trained at once. When the device
   runs out of memory anyway, the chunk is halved and retried from its start points (a warning
   says so), so ``auto``, which trains whole cohorts on a GPU, does not fail on a large cohort.
@@ -109,7 +93,7 @@ Design (what a reader should know before changing it):
   it sees under the sequential engine. A client whose sequence has no hook that could draw
   (:func:`leaves_rng_alone`: FedAvg's) is planned lean instead (:func:`lean_job`): no seeding and
   no state copies per client, its batch indices drawn on the host and moved for the whole chunk at
-  once; the cohort's last client is seeded at the end, which leaves the same state (issue 28:
+  once; the cohort's last client is seeded at the end, which leaves the same state (why:
   P2's round on a GPU was bound by such per-client host work).
 * **Equivalence.** Same seed, same batches, same arithmetic per client: the global model after a
   round matches the sequential engine's up to float rounding (vmapped kernels sum in another
@@ -407,7 +391,7 @@ class BatchedEngine(Engine):
     def _train_group(self, clients: list[Client], package: RoundPackage) -> list[ClientUpdate]:
         """Batched local training of clients of one class; updates in the given order."""
         # a client whose sequence leaves the global RNG alone is planned lean: neither seeded nor
-        # its RNG state copied, and its batches stay on the host (issue 28: ~20 us a client, more
+        # its RNG state copied, and its batches stay on the host (~20 us a client, more
         # with a GPU's generator, and a host-to-device copy); ``train`` seeds the last one at the end
         lean = all(leaves_rng_alone(client) for client in clients)
         jobs = [lean_job(client, package) if lean else client.plan_job(package) for client in clients]
@@ -521,7 +505,7 @@ class BatchedEngine(Engine):
                 rows = torch.cat([b for plan in plans for b in plan])
         if full:
             # full batches only (every batch has at most bs rows): the whole index in a few ops,
-            # not three per client (issue 28: per-client host work and kernel launches)
+            # not three per client (per-client host work and kernel launches)
             rows = rows.view(-1, bs)
             rows += torch.tensor(offsets, device=rows.device).repeat_interleave(
                 torch.tensor(steps, device=rows.device)).unsqueeze(1)

@@ -29,7 +29,7 @@ Deliberate choices (the paper does not say):
   pool models, self included, that enter a u_i).
 
 Reproduction (the paper's data-scarce Fashion-MNIST setting: 100 clients, Dir 0.5, 50 training
-samples each, B = 10, lr 0.05; ``experiments/RESULTS.md``, 3 seeds): the paper gives neither p,
+samples each, B = 10, lr 0.05; ``docs/results/seed-papers.md``, 3 seeds): the paper gives neither p,
 the model, E nor the number of rounds. FedACS's gain over Local is reproduced once the
 collaborative methods have converged: at 100 rounds with E = 1 it is 84.11 ± 0.03 with the DNN
 (the paper's 84.33 ± 0.35) and 82.60 ± 0.05 with the CNN, 4.9 and 5.0 points above Local; with E =

@@ -24,7 +24,7 @@ algorithm.
 
 FedBN targets feature shift. Under strong label skew it can fall far below FedAvg: on MNIST with
 CNN-BN, 20 clients, it equals FedAvg on an IID split but reaches 63% against FedAvg's 86% with
-Dirichlet 0.1 (``experiments/RESULTS.md``), because each client normalises its one or two classes
+Dirichlet 0.1 (``docs/results/algorithms.md``), because each client normalises its one or two classes
 to the same statistics before the averaged layers.
 """
 from __future__ import annotations

@@ -12,7 +12,7 @@ holding a single class has a loss of 0 and never moves (the server warns). Under
 this is what separates FedLC from FedAvg: on Fashion-MNIST (Dirichlet 0.1, 20 clients × 50 rows,
 50 rounds of 5 steps) FedLC reaches 52.7% against FedAvg's 72.7%; giving the absent classes the
 margin of a class with one sample instead, or PFLlib's global counts, gives FedAvg's accuracy
-(experiments/RESULTS.md, "Why FedLC, AdaFL and FAIR end below FedAvg").
+(docs/results/algorithms.md, "Why FedLC, AdaFL and FAIR end below FedAvg").
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""GPU diagnostics for issue 28: per-step cost of the batched engine's step runners on a cohort of
+"""GPU diagnostics of the batched engine: per-step cost of the batched engine's step runners on a cohort of
 equal clients (one row bucket; CNN, B=10), against the sequential engine's per-client step, and the
 host syncs of one round per engine. Run from the repository root::
 
-    python experiments/issue28_stepbench.py cuda                       # P1's shape: 20 clients, 1x28x28
-    SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" python experiments/issue28_stepbench.py cuda   # P2's
+    python experiments/gpu_step_runners.py cuda                       # P1's shape: 20 clients, 1x28x28
+    SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" python experiments/gpu_step_runners.py cuda   # P2's
 
 SB_SAMPLES (default 400) training rows per client, so SB_SAMPLES/10 steps a round. SB_CUDNN_BENCHMARK=1 turns
 cuDNN's timed algorithm choice on (--cudnn_benchmark); SB_LAYOUT=nchw|channels_last sets --conv_layout;

@@ -1,6 +1,5 @@
-"""Issue 28: does a frozen evaluation copy (``--eval_frozen``, ``system/flcore/frozen.py``) cost memory that is never
-given back? Two measurements (experiments/RESULTS.md, "The nine unprofiled algorithms against FedAvg, and frozen
-copies freed after their pass"):
+"""Does a frozen evaluation copy (``--eval_frozen``, ``system/flcore/frozen.py``) cost memory that is never
+given back? Two measurements (docs/results/performance.md, "Frozen evaluation copies"):
 
 * ``bare``: P1's CNN alone (channels-last, batch 128, one thread). The evaluation's CPU seconds per 70,000 rows of
   each way to a faster forward (eager; one trace reused; one trace + freeze reused; the weights as graph inputs,
@@ -11,8 +10,8 @@ copies freed after their pass"):
 * ``run``: FedAvg through ``main.main`` on a dataset folder, RSS and glibc's ``mallinfo2`` (live and free heap
   bytes) after every evaluation; ``--no-trim`` skips the heap trim after each pass, to show what it is for.
 
-    python experiments/issue28_frozen_memory.py bare
-    python experiments/issue28_frozen_memory.py run --data experiments/out/data/MNIST_shard100_global_150s \
+    python experiments/frozen_eval_memory.py bare
+    python experiments/frozen_eval_memory.py run --data experiments/out/data/MNIST_shard100_global_150s \
         --eval_frozen True
 """
 from __future__ import annotations

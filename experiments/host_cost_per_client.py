@@ -1,4 +1,4 @@
-"""Issue 28: the host's work per client in a P2 round, apart from the compute.
+"""The host's work per client in a P2 round, apart from the compute.
 
 P2 (benchmark.py: CIFAR-shaped clients of 50 training samples, 50 a round, B=10, E=1) with the
 compute taken out: the batched engine's cohort step and the sequential engine's ``Client.sgd`` do
@@ -12,9 +12,9 @@ methods that run in them, and with ``--profile N`` cProfile's N costliest functi
 microseconds per client; cProfile inflates small calls 2-3x, so read the ranking, not the sizes).
 Run from the repository root::
 
-    nice -n 10 .venv/bin/python experiments/issue28_host_cost.py --engine batched
-    nice -n 10 .venv/bin/python experiments/issue28_host_cost.py --engine sequential --profile 40
-    nice -n 10 .venv/bin/python experiments/issue28_host_cost.py --engine batched --algo FedProx
+    nice -n 10 .venv/bin/python experiments/host_cost_per_client.py --engine batched
+    nice -n 10 .venv/bin/python experiments/host_cost_per_client.py --engine sequential --profile 40
+    nice -n 10 .venv/bin/python experiments/host_cost_per_client.py --engine batched --algo FedProx
 """
 from __future__ import annotations
 

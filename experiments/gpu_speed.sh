@@ -1,17 +1,17 @@
 #!/bin/bash
-# Issue 28's GPU table in one call (about 8 minutes on an H200), from the repository root:
-#   PFLLIB=/path/to/PFLlib OUT=/tmp/gpu28 bash experiments/issue28_gpu.sh
-# PART=unfold (about 7-8 minutes; the next lead): P2 and P1 with --batched_conv grouped against unfold (im2col as one
+# The GPU speed tables (docs/results/performance.md) in one call (about 8 minutes on an H200), from the repository root:
+#   PFLLIB=/path/to/PFLlib OUT=/tmp/gpu-speed bash experiments/gpu_speed.sh
+# PART=unfold (about 7-8 minutes): P2 and P1 with --batched_conv grouped against unfold (im2col as one
 # strided copy and batched matrix products) and grouped_nhwc (the grouped convolution channels-last; P2 also in bf16), all in
 # flcore/engines/client_conv.py; per-step costs with a kernel profile; the CUDA tests. Why: cuDNN runs vmap's grouped
 # convolution over the clients as one kernel per client (PART=conv's profile).
-# PART=conv (about 5 minutes; ran 2026-11-27): cuDNN's timed algorithm choice (--cudnn_benchmark) and channels-last
+# PART=conv (about 5 minutes): cuDNN's timed algorithm choice (--cudnn_benchmark) and channels-last
 # (--conv_layout) at P2, with a kernel profile per variant, the CUDA tests and a P1 check.
 # PFLLIB: a PFLlib checkout (its system/main.py runs P1 beside ours; unset: our runs only).
 # P1's MNIST folder is generated into dataset/benchmark first (benchmark.py --mnist-raw DIR, or kept
 # from an earlier run). Logs and JSON per table in $OUT.
 set -u
-OUT=${OUT:-/tmp/gpu28}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/gpu-speed}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1; PY=${PY:-python3}
 LOG="$OUT/run.log"; T0=$(date +%s)
 say() { echo "=== [$(( $(date +%s) - T0 )) s] $*" | tee -a "$LOG"; }
@@ -40,7 +40,7 @@ if [ "${PART:-main}" = unfold ]; then  # about 7 minutes: --batched_conv grouped
       "unfold 20 1,28,28 0" "grouped_nhwc 20 1,28,28 0"; do
     set -- $variant; say "per-step cost: --batched_conv $1, $2 clients of $3"
     SB_BATCHED_CONV=$1 SB_CLIENTS=$2 SB_SHAPE=$3 SB_RUNNERS="eager graph" SB_PROFILE=$4 timeout 75 \
-      $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT|host syncs|_warn_once" | tee -a "$LOG"
+      $PY experiments/gpu_step_runners.py cuda 2>&1 | grep -v -E "Warning|USDT|host syncs|_warn_once" | tee -a "$LOG"
   done
   cuda_tests 100 tests/engines/test_client_conv.py
   say done; exit 0
@@ -54,7 +54,7 @@ if [ "${PART:-main}" = conv ]; then
   for variant in "0 auto" "1 auto" "0 channels_last" "1 channels_last"; do
     set -- $variant; say "per-step cost at P2's shape: cudnn.benchmark=$1, layout $2, with a kernel profile"
     SB_CUDNN_BENCHMARK=$1 SB_LAYOUT=$2 SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" SB_PROFILE=1 timeout 60 \
-      $PY experiments/issue28_stepbench.py cuda 2>&1 | grep -v -E "Warning|USDT" | tee -a "$LOG"
+      $PY experiments/gpu_step_runners.py cuda 2>&1 | grep -v -E "Warning|USDT" | tee -a "$LOG"
   done
   cuda_tests 100
   say "P1, ours only, batched (auto), as a check against the earlier 0.49 s"
@@ -75,7 +75,7 @@ bench p3 60 --only P3 --engines batched batched+eager --fill-state --rounds 3 --
 bench prec 60 --only P1 --engines batched+tf32 batched+bf16 --rounds 3 --timeout 28 --data-dir ../dataset/benchmark
 cd ..
 say "per-step cost at P2's shape"
-SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" timeout 70 $PY experiments/issue28_stepbench.py cuda 2>&1 \
+SB_CLIENTS=50 SB_SHAPE=3,32,32 SB_RUNNERS="eager graph" timeout 70 $PY experiments/gpu_step_runners.py cuda 2>&1 \
   | grep -v Warning | tee -a "$LOG"
 cuda_tests 90
 say done

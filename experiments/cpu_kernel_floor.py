@@ -1,8 +1,8 @@
-"""Issue 28: the CPU compute floor of benchmark P1 (MNIST CNN, 20 clients, B = 10, E = 1, eval every round).
+"""The CPU compute floor of benchmark P1 (MNIST CNN, 20 clients, B = 10, E = 1, eval every round).
 
 The CPU goals (P1 >= 2.5x PFLlib's own run in fp32, >= 3.5x in bf16) ask for a round of at most
-PFLlib's round / 2.5 (/ 3.5) on the same machine (PFLlib's own round: 37.0 s on 2026-11-26 15:00, 22.9 s
-on the quieter 2026-11-27 17:10, so set the floor beside a PFLlib run of the same day). This script measures what the CNN's arithmetic alone costs here, with
+PFLlib's round / 2.5 (/ 3.5) on the same machine (PFLlib's own round moves with the machine's load, so
+set the floor beside a PFLlib run made at the same time; docs/results/performance.md). This script measures what the CNN's arithmetic alone costs here, with
 no federated machinery at all, so a round's floor can be set against the goal:
 
 * the machine's dense fp32 rate (one large matrix product), for scale;
@@ -14,17 +14,16 @@ floor(B) = train_rows x step_per_sample(B) + eval_rows x forward_per_sample(best
 (train 52,490 = its 5,249 steps x 10; evaluation = the test split plus PFLlib's train loss over every
 training row). Run it on an otherwise idle machine:
 
-    python experiments/issue28_cpu_floor.py [--cores 2] [--dtype float32|bfloat16]
+    python experiments/cpu_kernel_floor.py [--cores 2] [--dtype float32|bfloat16]
 
 Every kernel runs on one thread, as the threaded engine's workers do (one intra-op thread each), and
 the floor divides the per-worker seconds by ``--cores``. Two things make the bare figures honest:
 
 * the allocator is set as ``main.py`` sets it (``--malloc_keep_freed``, on by default): with glibc's
-  defaults the bare step refaults ~1,000 pages a step (4.5 against 2.6 ms at batch 10 on the idle
-  2-core EPYC, 2026-11-27), which the platform's runs do not pay;
+  defaults the bare step refaults ~1,000 pages a step (docs/results/performance.md), which the platform's runs do not pay;
 * each figure is measured twice, alone and beside ``--cores`` - 1 busy neighbours (processes running
   the same batch-10 step), because P1's workers share the cores' caches and memory: one worker's step
-  is slower when the other trains too (3.3 against 2.6 ms there). The floor uses the loaded figures.
+  is slower when the other trains too. The floor uses the loaded figures.
 """
 from __future__ import annotations
 

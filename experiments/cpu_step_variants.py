@@ -1,14 +1,14 @@
-"""Issue 28: CPU seconds of one P1 training step (CNN, B=10) and one evaluation batch, per variant.
+"""CPU seconds of one P1 training step (CNN, B=10) and one evaluation batch, per variant.
 
 Every variant runs on one intra-op thread in this one process, interleaved round-robin (``--reps``
 passes over the variants, each timing ``--steps`` steps), so a changing load on the shared machine
 hits every variant alike. Times are process CPU seconds (``time.process_time``) per step, median
 over the passes; compile time is reported apart. Run from the repository root::
 
-    nice -n 10 .venv/bin/python experiments/issue28_step_variants.py --part train
-    nice -n 10 .venv/bin/python experiments/issue28_step_variants.py --part eval
-    nice -n 10 .venv/bin/python experiments/issue28_step_variants.py --part batched
-    nice -n 10 .venv/bin/python experiments/issue28_step_variants.py --part evaluation --reps 2
+    nice -n 10 .venv/bin/python experiments/cpu_step_variants.py --part train
+    nice -n 10 .venv/bin/python experiments/cpu_step_variants.py --part eval
+    nice -n 10 .venv/bin/python experiments/cpu_step_variants.py --part batched
+    nice -n 10 .venv/bin/python experiments/cpu_step_variants.py --part evaluation --reps 2
 """
 from __future__ import annotations
 
@@ -389,7 +389,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--client", type=int, default=0, help="--part client: which P1 client")
-    parser.add_argument("--data", default="/work/main/experiments/out/data/MNIST-dir0.1-20",
+    parser.add_argument("--data", default="experiments/out/data/MNIST-dir0.1-20",
                         help="--part evaluation: P1's data folder")
     parser.add_argument("--reps", type=int, default=5)
     args = parser.parse_args()

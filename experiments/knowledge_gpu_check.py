@@ -1,10 +1,10 @@
-"""Device check of issue 24's knowledge-transfer algorithms (one GPU, about 6 minutes on an H200):
+"""GPU check of the knowledge-transfer algorithms (one GPU, about 6 minutes on an H200):
 a 2-round CUDA smoke of each on toy data (FedMix also under AdaFL selection), then directional
 runs on MNIST (Dirichlet 0.1, 20 clients, CNN, full participation, batch 50, lr 0.05, R rounds,
 seed 0) of FedAvg, Local and each algorithm; one JSON line per run in $OUT/device.jsonl.
 
-    cd dataset && python generate_MNIST.py noniid - dir --raw-dir ../../shared/data/MNIST/raw --out-dir MNIST
-    OUT=/tmp/out python experiments/issue24_device.py 20      # from the repository root
+    cd dataset && python generate_MNIST.py noniid - dir --out-dir MNIST && cd ..   # downloads MNIST; or --raw-dir DIR
+    OUT=/tmp/out python experiments/knowledge_gpu_check.py 20      # from the repository root
 """
 import json, os, sys, time, tempfile, pathlib
 sys.path[:0] = ["system", "tests/system"]
