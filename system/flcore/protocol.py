@@ -225,6 +225,9 @@ class RoundResult:
     #: bytes of uploads that were sent but that the server threw away unread (late uploads a
     #: server ignores): they count as sent in ``rs_bytes_up``, not as aggregated
     discarded_nbytes: int = 0
+    #: how many of ``updates`` the algorithm put into the model (None: all of them); FedBuff's
+    #: buffered ones wait for a server step, Sageflow's filtered ones never enter it
+    aggregated: int | None = None
 
     @property
     def trained(self) -> bool:

@@ -204,7 +204,9 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
                 + (f", {summary['virtual_time_to_target']:.1f} virtual s" if "virtual_time_to_target" in summary else "")
             )
     if "staleness_histogram" in summary:
-        lines.append(f"  staleness histogram (uploads aggregated 0, 1, ... rounds late): {summary['staleness_histogram']}")
+        lines.append(f"  staleness histogram (uploads received 0, 1, ... rounds late): {summary['staleness_histogram']}")
+    if "uploads_aggregated" in summary:
+        lines.append(f"  uploads: {summary['uploads_arrived']} arrived, {summary['uploads_aggregated']} put into the model")
     for plugin in plugins:  # each feature's figures (privacy, new clients, DLG)
         lines += plugin.lines(summary)
     lines.append(f"  results: {path}")

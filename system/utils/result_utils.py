@@ -201,6 +201,9 @@ def summarize(history: RunHistory, avg_last: int, target_acc: float | None, mode
         "total_bytes_down": int(sum(history.bytes_down)),
         "mean_round_time": float(np.mean(history.round_time)) if history.round_time else None,
     }
+    if "uploads_aggregated" in history.extra_series:  # an algorithm that puts only some uploads into the model
+        summary["uploads_arrived"] = int(sum(history.clients_per_round))
+        summary["uploads_aggregated"] = int(sum(history.extra_series["uploads_aggregated"]))
     if history.stop_reason:  # an early stop (-ab, FLChain's rule): the last evaluation is of the model it stopped with
         summary["early_stop"] = history.stop_reason
     if "eval_clients" in history.extra_series:  # --eval_clients: a sample of clients, not all of them

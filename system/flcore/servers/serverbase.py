@@ -175,8 +175,9 @@ class Server:
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
         return self.package(rnd, cohort)
 
-    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        """FedAvg: the new global model is the sample-weighted mean of the uploaded models."""
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> int | None:
+        """FedAvg: the new global model is the sample-weighted mean of the uploaded models. An
+        algorithm that puts only some of the uploads into the model returns how many (None: all)."""
         self.global_params = weighted_average(updates)
 
     def after_round(self, rnd: int, package: RoundPackage, updates: list[ClientUpdate]) -> None:
@@ -268,7 +269,7 @@ class Server:
                 if taker is not None:  # DP-FedAvg's clipped, noised mean
                     self.global_params = taker.aggregate(updates, package)
                 else:
-                    self.aggregate(updates, package)
+                    result.aggregated = self.aggregate(updates, package)
                 if self.shared_mask is not None:  # the private part is no part of the global model
                     self.global_params = torch.where(self.shared_mask, self.global_params, previous)
                 self._check_finite(rnd, updates)
@@ -390,6 +391,8 @@ def record_round(server: Server, result: RoundResult) -> None:
     history.bytes_down.append(result.package.total_nbytes())
     history.bytes_up.append(sum(u.nbytes() for u in result.updates) + result.discarded_nbytes)
     history.clients_per_round.append(len(result.updates))
+    if result.aggregated is not None:  # the algorithm put fewer into the model than arrived
+        history.add_series("uploads_aggregated", result.aggregated)
     for plugin in server.plugins.values():
         plugin.record(result)
 

@@ -13,16 +13,19 @@ checkpoints keep it). With K = the cohort size, no delay and equal client sizes,
 """
 from __future__ import annotations
 
+import logging
 import math
 from argparse import ArgumentParser
 
 import torch
 
-from flcore.protocol import ClientUpdate, RoundPackage
+from flcore.protocol import ClientUpdate, RoundPackage, cohort_size
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
 from utils.cli import add_flag
 from utils.errors import FLError
+
+log = logging.getLogger("fl")
 
 
 @register_algorithm("FedBuff")
@@ -39,18 +42,28 @@ class FedBuff(Server):
             raise FLError(f"--buffer_size must be >= 1, got {self.hp.buffer_size}")
         self.buffer_sum = torch.zeros_like(self.global_params)
         self.buffer_count = 0
+        per_round = len(self.clients) if self.args.random_join_ratio else cohort_size(len(self.clients), self.args.join_ratio)
+        deliverable = per_round * int(self.args.global_rounds)
+        if self.hp.buffer_size > deliverable:
+            log.warning("warning: --buffer_size %d exceeds the %d uploads this run can deliver (%d a round over -gr %d): "
+                        "the server never takes a step and the model stays the initial one; lower --buffer_size",
+                        self.hp.buffer_size, deliverable, per_round, int(self.args.global_rounds))
 
-    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
-        model = self.global_params
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> int:
+        """The uploads enter the buffer; returns how many went into the model (those of the server
+        steps taken in this call)."""
+        model, applied = self.global_params, 0
         for update in updates:
             start, origin = update.origin(package)
             self.buffer_sum += (update.params - origin) / math.sqrt(1 + package.round - start)
             self.buffer_count += 1
             if self.buffer_count == self.hp.buffer_size:
                 model = model + self.buffer_sum * (self.hp.server_learning_rate / self.buffer_count)
+                applied += self.buffer_count
                 self.buffer_sum = torch.zeros_like(self.buffer_sum)
                 self.buffer_count = 0
         self.global_params = model
+        return applied
 
     def summary(self) -> dict[str, object]:
         return {"buffer_size": self.hp.buffer_size, "server_learning_rate": self.hp.server_learning_rate}

@@ -171,7 +171,8 @@ class SageflowServer(Server):
                                             batch_size=SCORE_BATCH)
         return public_scores(torch.cat(logits), self.public_y)
 
-    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
+    def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> int:
+        """Returns how many uploads passed the entropy filter into the model."""
         now = package.round
         before = self.global_params
         groups: dict[int, list[tuple[ClientUpdate, float]]] = {}
@@ -197,7 +198,7 @@ class SageflowServer(Server):
                 self._said_all_filtered = True
             if self.hp.sageflow_diagnostics:
                 self.record_diagnostics(fresh, package, before, [], origins)
-            return
+            return 0
         starts = sorted(groups, reverse=True)  # the fresh group first
         averages, kept_samples = [], []
         for start in starts:
@@ -214,6 +215,7 @@ class SageflowServer(Server):
         self.global_params = mixed if gamma == 1.0 else self.global_params * (1 - gamma) + mixed * gamma
         if self.hp.sageflow_diagnostics:
             self.record_diagnostics(fresh, package, before, list(zip(starts, alpha, averages)), origins)
+        return sum(len(group) for group in groups.values())
 
     def record_diagnostics(self, fresh: list[ClientUpdate], package: RoundPackage, before: torch.Tensor,
                            mixture: list[tuple[int, float, torch.Tensor]], origins: dict[int, torch.Tensor]) -> None:
