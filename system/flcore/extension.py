@@ -37,11 +37,15 @@ While the run goes (instance level; a :class:`RoundPlugin` is built from the run
 
 A feature reads its own flags typed, as algorithms do: :meth:`Feature.flags` (built from its
 ``add_args``), never ``getattr(args, name, default)``.
+
+A feature that changes how a client computes a local step (DP-SGD, data poisoning, weight decay)
+is a :class:`LocalStep` (the interface of the local-step chain, ``flcore/clients/localstep.py``
+composes them), written against :class:`Learner`, what a step asks of a client.
 """
 from __future__ import annotations
 
 from argparse import ArgumentParser, Namespace
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import torch
@@ -51,6 +55,8 @@ from utils.cli import declared_actions, hyperparameters
 from utils.errors import FLError
 
 if TYPE_CHECKING:  # annotations only
+    from flcore.flat import FlatModel
+    from flcore.protocol import LocalJob
     from utils.data_utils import FederatedDataset
     from utils.result_utils import RunHistory
 
@@ -219,3 +225,108 @@ def refused_by_changing_widths(server_cls: type, option: str) -> str | None:
         return None
     return (f"{server_cls.registered_name}'s global model changes widths (it aggregates by matching units), "
             f"which {option} cannot take; drop {option}")
+
+
+# ------------------------------------------------------------------ local steps
+class Learner(Protocol):
+    """What a local-step strategy asks of the client it steps (``flcore/clients/clientbase.py``'s
+    ``Client`` is one): its data, its shuffled batches, and its loss gradient on a minibatch."""
+
+    data: Any
+
+    def shuffled_plan(self, rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]: ...
+
+    def compute_gradient(self, model: "FlatModel", idx: torch.Tensor, ctx: dict) -> torch.Tensor: ...
+
+    def count_gradient_samples(self, idx: torch.Tensor) -> None: ...
+
+    def batch_gradient(self, model: "FlatModel", x: torch.Tensor, y: torch.Tensor, ctx: dict) -> torch.Tensor: ...
+
+
+#: what a strategy may transform, in the order a step applies them
+TRANSFORMS = ("plan", "data", "gradient", "term")
+
+
+class LocalStep:
+    """Plain minibatch SGD: the client's shuffled batches and the loss gradient of one backward; the
+    base of every strategy, and of the chain of several (module docstring)."""
+
+    name: ClassVar[str] = "sgd"
+    #: what this strategy transforms (of ``TRANSFORMS``); plain SGD none
+    transforms: ClassVar[frozenset[str]] = frozenset()
+    #: where this strategy stands in a chain (increasing)
+    order: ClassVar[int] = 100
+    #: client attributes this strategy keeps across rounds (saved by checkpoints, sent by Ray)
+    carried: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def wanted(cls, args: Namespace) -> bool:
+        """Whether a run with these flags uses this strategy."""
+        return False
+
+    @classmethod
+    def from_args(cls, args: Namespace) -> "LocalStep":
+        return cls()
+
+    @property
+    def links(self) -> tuple["LocalStep", ...]:
+        """The strategies this one applies, in order (itself; none for plain SGD; a chain's links)."""
+        return (self,) if self.transforms else ()
+
+    @property
+    def plain(self) -> bool:
+        """Whether this is plain SGD's step, which an engine may compute its own way (threads, vmap)
+        from the client's hooks."""
+        return not self.links
+
+    # ------------------------------------------------------------------ the client's calls
+    def prepare(self, client: "Learner") -> None:
+        """Give a new client the starting values of the attributes this strategy carries."""
+
+    def batch_plan(self, client: "Learner", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
+        """The minibatches of round ``rnd`` (plain SGD's shuffled plan; a ``"plan"`` strategy's own)."""
+        return client.shuffled_plan(rnd, epochs, purpose)
+
+    def gradient(self, client: "Learner", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: "RoundPackage",
+                 step: int) -> torch.Tensor:
+        """Leave the gradient of local step ``step`` of the round of ``package`` on the minibatch ``idx``
+        in ``model.grad``; return the minibatch's loss: the rows through every ``"data"`` link in
+        order, then the gradient of the ``"gradient"`` link (module docstring)."""
+        links = self.links
+        if not any(link.transforms & {"data", "gradient"} for link in links):
+            loss = client.compute_gradient(model, idx, ctx)
+        else:
+            client.count_gradient_samples(idx)
+            x, y = client.data.inputs("train", idx), client.data.train_y[idx]
+            for link in links:
+                if "data" in link.transforms:
+                    x, y = link.transform_batch(client, x, y, package)
+            computer = next((link for link in links if "gradient" in link.transforms), None)
+            if computer is None:
+                loss = client.batch_gradient(model, x, y, ctx)
+            else:
+                loss = computer.batch_gradient(client, model, x, y, ctx, package, step)
+        for link in links:
+            if "term" in link.transforms:
+                link.add_term(client, model)
+        return loss
+
+    def job_finished(self, client: "Learner", job: "LocalJob") -> None:
+        """After a client's round of local training (counts what this strategy accounts for)."""
+
+    # ------------------------------------------------------------------ what a link transforms
+    def transform_batch(self, client: "Learner", x: torch.Tensor, y: torch.Tensor,
+                        package: "RoundPackage") -> tuple[torch.Tensor, torch.Tensor]:
+        """A ``"data"`` strategy: the minibatch ``(x, y)`` of ``client`` in the round of ``package`` as
+        it trains on it (new tensors; the client's own stay as they are)."""
+        raise NotImplementedError
+
+    def batch_gradient(self, client: "Learner", model: "FlatModel", x: torch.Tensor, y: torch.Tensor, ctx: dict,
+                       package: "RoundPackage", step: int) -> torch.Tensor:
+        """A ``"gradient"`` strategy: leave the gradient of local step ``step`` on the minibatch
+        ``(x, y)`` in ``model.grad``; return the minibatch's loss."""
+        raise NotImplementedError
+
+    def add_term(self, client: "Learner", model: "FlatModel") -> None:
+        """A ``"term"`` strategy: add its term to the step's gradient in ``model.grad``."""
+        raise NotImplementedError

@@ -49,7 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from flcore.capabilities import CLIENT_HOOKS, Capabilities
-from flcore.clients.localstep import PLAIN_SGD, LocalStep
+from flcore.clients.localstep import PLAIN_SGD
+from flcore.extension import LocalStep
 from flcore.flat import FlatModel, Net
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part
 from flcore.state import ClientStateStore

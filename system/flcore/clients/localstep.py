@@ -42,99 +42,11 @@ import torch
 from flcore.registry import LOCAL_STEPS, import_submodules, register_local_step
 from utils.errors import FLError
 
+from flcore.extension import Learner, LocalStep
+
 if TYPE_CHECKING:
-    from flcore.clients.clientbase import Client
     from flcore.flat import FlatModel
-    from flcore.protocol import LocalJob, RoundPackage
-
-#: what a strategy may transform, in the order a step applies them
-TRANSFORMS = ("plan", "data", "gradient", "term")
-
-
-class LocalStep:
-    """Plain minibatch SGD: the client's shuffled batches and the loss gradient of one backward; the
-    base of every strategy, and of the chain of several (module docstring)."""
-
-    name: ClassVar[str] = "sgd"
-    #: what this strategy transforms (of ``TRANSFORMS``); plain SGD none
-    transforms: ClassVar[frozenset[str]] = frozenset()
-    #: where this strategy stands in a chain (increasing)
-    order: ClassVar[int] = 100
-    #: client attributes this strategy keeps across rounds (saved by checkpoints, sent by Ray)
-    carried: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def wanted(cls, args: Namespace) -> bool:
-        """Whether a run with these flags uses this strategy."""
-        return False
-
-    @classmethod
-    def from_args(cls, args: Namespace) -> "LocalStep":
-        return cls()
-
-    @property
-    def links(self) -> tuple["LocalStep", ...]:
-        """The strategies this one applies, in order (itself; none for plain SGD; a chain's links)."""
-        return (self,) if self.transforms else ()
-
-    @property
-    def plain(self) -> bool:
-        """Whether this is plain SGD's step, which an engine may compute its own way (threads, vmap)
-        from the client's hooks."""
-        return not self.links
-
-    # ------------------------------------------------------------------ the client's calls
-    def prepare(self, client: "Client") -> None:
-        """Give a new client the starting values of the attributes this strategy carries."""
-
-    def batch_plan(self, client: "Client", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
-        """The minibatches of round ``rnd`` (plain SGD's shuffled plan; a ``"plan"`` strategy's own)."""
-        return client.shuffled_plan(rnd, epochs, purpose)
-
-    def gradient(self, client: "Client", model: "FlatModel", idx: torch.Tensor, ctx: dict, package: "RoundPackage",
-                 step: int) -> torch.Tensor:
-        """Leave the gradient of local step ``step`` of the round of ``package`` on the minibatch ``idx``
-        in ``model.grad``; return the minibatch's loss: the rows through every ``"data"`` link in
-        order, then the gradient of the ``"gradient"`` link (module docstring)."""
-        links = self.links
-        if not any(link.transforms & {"data", "gradient"} for link in links):
-            loss = client.compute_gradient(model, idx, ctx)
-        else:
-            client.count_gradient_samples(idx)
-            x, y = client.data.inputs("train", idx), client.data.train_y[idx]
-            for link in links:
-                if "data" in link.transforms:
-                    x, y = link.transform_batch(client, x, y, package)
-            computer = next((link for link in links if "gradient" in link.transforms), None)
-            if computer is None:
-                loss = client.batch_gradient(model, x, y, ctx)
-            else:
-                loss = computer.batch_gradient(client, model, x, y, ctx, package, step)
-        for link in links:
-            if "term" in link.transforms:
-                link.add_term(client, model)
-        return loss
-
-    def job_finished(self, client: "Client", job: "LocalJob") -> None:
-        """After a client's round of local training (counts what this strategy accounts for)."""
-
-    # ------------------------------------------------------------------ what a link transforms
-    def transform_batch(self, client: "Client", x: torch.Tensor, y: torch.Tensor,
-                        package: "RoundPackage") -> tuple[torch.Tensor, torch.Tensor]:
-        """A ``"data"`` strategy: the minibatch ``(x, y)`` of ``client`` in the round of ``package`` as
-        it trains on it (new tensors; the client's own stay as they are)."""
-        raise NotImplementedError
-
-    def batch_gradient(self, client: "Client", model: "FlatModel", x: torch.Tensor, y: torch.Tensor, ctx: dict,
-                       package: "RoundPackage", step: int) -> torch.Tensor:
-        """A ``"gradient"`` strategy: leave the gradient of local step ``step`` on the minibatch
-        ``(x, y)`` in ``model.grad``; return the minibatch's loss."""
-        raise NotImplementedError
-
-    def add_term(self, client: "Client", model: "FlatModel") -> None:
-        """A ``"term"`` strategy: add its term to the step's gradient in ``model.grad``."""
-        raise NotImplementedError
-
+    from flcore.protocol import LocalJob
 
 @register_local_step("weight_decay")
 class WeightDecayStep(LocalStep):
@@ -160,12 +72,12 @@ class WeightDecayStep(LocalStep):
     def from_args(cls, args: Namespace) -> "LocalStep":
         return cls(float(args.weight_decay))
 
-    def prepare(self, client: "Client") -> None:
+    def prepare(self, client: "Learner") -> None:
         if not type(client).uses_local_momentum():
             raise FLError(f"--weight_decay: {type(client).__name__} trains with its own optimiser, not the base "
                           "client's SGD; run it without --weight_decay")
 
-    def add_term(self, client: "Client", model: "FlatModel") -> None:
+    def add_term(self, client: "Learner", model: "FlatModel") -> None:
         model.grad.add_(model.params, alpha=self.weight_decay)
 
 
@@ -191,15 +103,15 @@ class LocalStepChain(LocalStep):
     def carried(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(name for link in self._links for name in link.carried)
 
-    def prepare(self, client: "Client") -> None:
+    def prepare(self, client: "Learner") -> None:
         for link in self._links:
             link.prepare(client)
 
-    def batch_plan(self, client: "Client", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
+    def batch_plan(self, client: "Learner", rnd: int, epochs: int, purpose: str) -> list[torch.Tensor]:
         planner = next((link for link in self._links if "plan" in link.transforms), PLAIN_SGD)
         return planner.batch_plan(client, rnd, epochs, purpose)
 
-    def job_finished(self, client: "Client", job: "LocalJob") -> None:
+    def job_finished(self, client: "Learner", job: "LocalJob") -> None:
         for link in self._links:
             link.job_finished(client, job)
 

@@ -104,7 +104,7 @@ import numpy as np
 import torch
 
 from flcore.capabilities import LOCAL_PROCEDURE
-from flcore.clients.localstep import LocalStep
+from flcore.extension import LocalStep
 from flcore.evaluation import Evaluator
 from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, cohort_size

@@ -54,7 +54,7 @@ import torch
 from torch.func import grad_and_value, vmap
 
 from flcore.capabilities import AROUND_SGD, LOCAL_PROCEDURE
-from flcore.clients.localstep import LocalStep
+from flcore.extension import LocalStep
 from flcore.flat import FlatModel, Net
 from flcore.registry import register_local_step
 from flcore.trainmodel.properties import has_batchnorm, has_dropout
