@@ -29,8 +29,8 @@ from typing import ClassVar
 import torch
 
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
-from flcore.common.sparsemask import (SparseClient, decode, encode, kept_count, keep_largest, sparse_update,
-                                       weight_groups)
+from flcore.clients.clientsparse import SparseClient, sparse_update
+from flcore.common.sparsemask import decode, encode, kept_count, keep_largest, weight_groups
 from flcore.flat import FlatModel
 from utils.cli import add_flag
 

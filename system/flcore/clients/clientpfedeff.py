@@ -32,7 +32,8 @@ from argparse import ArgumentParser
 import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage
-from flcore.common.sparsemask import SparseClient, decode, encode, keep_largest, param_groups, sparse_update
+from flcore.clients.clientsparse import SparseClient, sparse_update
+from flcore.common.sparsemask import decode, encode, keep_largest, param_groups
 from utils.cli import add_flag
 
 

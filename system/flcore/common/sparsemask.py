@@ -8,22 +8,18 @@
 * :func:`keep_largest`: the magnitude (or importance) rule, ``⌈fraction · size⌉`` largest scores
   kept in each group (a layer's tensor), ties broken towards the lower position.
 * :func:`masked_average`: the aggregation over the entries each client sent.
-* :class:`SparseClient`: what the three clients share: the model's layout and the common initial
-  model, given once by the server (``configure``), the ``-kf`` flag, and the personal model and
-  mask kept in the state store (``personal``, ``mask``), which never leave the client.
+
+The client the mask-based algorithms share (``SparseClient``) is ``flcore/clients/clientsparse.py``.
 """
 from __future__ import annotations
 
 import math
-from argparse import ArgumentParser
-from typing import ClassVar, Iterable, Sequence
+from typing import Iterable, Sequence
 
 import torch
 
-from flcore.clients.clientbase import Client
-from flcore.protocol import ClientUpdate, sample_weights
+from flcore.protocol import sample_weights
 from flcore.flat import Segment
-from utils.cli import add_flag
 
 INDEX_DTYPE = torch.int32
 _BIT_WEIGHTS = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8)
@@ -149,40 +145,3 @@ def masked_average(messages: list[tuple[torch.Tensor, torch.Tensor]], num_sample
         everyone &= sent
     partial = torch.where(coverage > 0, total / coverage.clamp_min(torch.finfo(previous.dtype).tiny), previous)
     return torch.where(everyone, total, partial)
-
-
-def sparse_update(client: Client, steps: int, loss: float, message: dict[str, torch.Tensor],
-                  like: torch.Tensor) -> ClientUpdate:
-    """An upload that carries only ``message`` (the model itself is not sent: ``params`` is empty)."""
-    empty = like.new_empty(0)
-    return ClientUpdate(client.index, client.data.num_train, steps, empty, loss, extras=message, uploads_params=False)
-
-
-class SparseClient(Client):
-    """What the mask-based clients share: ``-kf``, the model's layout and the common initial model
-    (set once by the server), and the personal model and mask in the state store."""
-    uploads_instead = "sparse, masked messages"
-
-    settable: ClassVar[tuple[str, ...]] = (*Client.settable, "segments", "initial_params")
-
-    @classmethod
-    def add_args(cls, parser: ArgumentParser) -> None:
-        add_flag(parser, "-kf", "--kept_fraction", type=float, default=0.5, above=0, high=1,
-                 help="fraction of the model each client keeps (0, 1]: pFedEff's magnitude masks and the exchanged "
-                      "share of what is kept; LotteryFL's and Hermes' pruning target (0.75/0.5/0.25 = the -75/-50/-25 "
-                      "variants; 1 = dense)")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.segments: tuple[Segment, ...] = ()
-        self.initial_params: torch.Tensor | None = None
-
-    def personal(self) -> torch.Tensor:
-        """This client's model (the common initial model before its first participation)."""
-        return self.state.get("personal", self.index, init=self.initial_params.clone)
-
-    def mask(self) -> torch.Tensor:
-        """This client's kept entries over the whole vector (all of it before its first pruning)."""
-        return self.state.get("mask", self.index,
-                              init=lambda: torch.ones(self.initial_params.numel(), dtype=torch.bool,
-                                                      device=self.initial_params.device))
