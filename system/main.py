@@ -35,6 +35,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from runner.results import SAVE_MODEL_NEEDS_SAFETENSORS, model_paths, print_summary, staging_name, train_one
     from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, SEED_HIGH, accept_other_flags, check_ranges,
                            declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
+    from utils.config_file import expand_config
     from utils.data_utils import load_federated_dataset
     from utils.public_data import public_data_needed, with_public_data
     from utils.errors import FLError
@@ -125,7 +126,8 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    # --config FILE.toml: the file's [flags] first, so that the command line's override them
+    argv = expand_config(list(sys.argv[1:] if argv is None else argv), build_parser)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
     setattr(args, IGNORED_DEST, getattr(args, IGNORED_DEST, []))

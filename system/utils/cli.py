@@ -401,6 +401,9 @@ def generic_parser() -> argparse.ArgumentParser:
                   "row of a comparison trains on the same data (without it such a run is refused)")
 
     o = parser.add_argument_group("platform")
+    add_flag(o, "--config", type=str, default=None, metavar="FILE.toml",
+             help="read flags from the [flags] table of a TOML file; flags on the command line override it "
+                  "(utils/config_file.py)")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")
     add_flag(o, "--engine", type=str, default="auto",
              help="training engine: auto (batched on a GPU, threaded on a multi-core CPU, else sequential), "

@@ -88,3 +88,11 @@ save_model = false
     with h5py.File(path, "r") as f:
         stored = json.loads(f.attrs["config"])
     assert stored["local_learning_rate"] == 0.03 and stored["model"] == "DNN" and stored["global_rounds"] == 1
+
+
+def test_main_reads_config_itself_and_the_command_line_overrides(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('[flags]\nalgo = "FedProx"\nmu = 0.1\nlr = 0.02\n')
+    args = main.parse_args(["--config", str(config), "-lr", "0.03", "-dev", "cpu"])
+    assert (args.algorithm, args.mu, args.local_learning_rate) == ("FedProx", 0.1, 0.03)
+    assert "--config" in main.build_parser([]).format_help()
