@@ -27,7 +27,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     import numpy as np
     import torch
 
-    from flcore.plugins import features, incompatibility, split_for_features, wanted_plugins
+    from flcore.features import features, incompatibility, split_for_features, wanted_plugins
     from flcore.registry import ALGORITHMS, ENGINES, MODELS, SELECTORS, load_all
     from runner.checks import validate_with_data, warn_degenerate
     from runner.device import configure_backends, resolve_device, setup_logging

@@ -57,7 +57,7 @@ CURVE_NOTES: tuple[tuple[str, str], ...] = (
                            "evaluation at round r, averaged over the runs; PFLlib files lack it."),
     ("x: uploaded traffic", "the sum of rs_bytes_up (bytes uploaded by all clients of a round) "
                             "over training rounds 0..r-1, in 10^6 bytes, averaged over the runs."),
-    ("x: virtual time", "rs_virtual_time, the simulated clock (flcore/plugins/clock.py) after training "
+    ("x: virtual time", "rs_virtual_time, the simulated clock (flcore/features/clock.py) after training "
                         "round r-1, averaged over the runs; files written before the clock lack it."),
     ("Client accuracy distribution", "the last row of rs_client_acc (each client's test accuracy "
                                      "at the last evaluation), pooled over the runs; box: quartiles "

@@ -3,7 +3,7 @@ attacks, robust aggregation, stragglers, DLG, new clients) tells the platform ab
 
 This module sits on the protocol's floor (``docs/architecture.md``, "Layers"): it imports the
 protocol types and the flag machinery only. ``main.py``, ``utils/cli.py``, the result files and
-the base classes never name a feature; they ask every registered one (:func:`flcore.plugins.features`):
+the base classes never name a feature; they ask every registered one (:func:`flcore.features.features`):
 
 Before any data is read (class level, from the flags):
 
@@ -27,7 +27,7 @@ Before any data is read (class level, from the flags):
                                       the clients it holds out, before the others are built
 
 While the run goes (instance level; a :class:`RoundPlugin` is built from the run's
-:class:`~flcore.protocol.Runtime`): the round hooks (``flcore/plugins/__init__.py``), then
+:class:`~flcore.protocol.Runtime`): the round hooks (``flcore/features/__init__.py``), then
 
     finish()                          once after the last round (the new clients' evaluation)
     results(history) -> dict          the run's figures of this feature for the summary and the h5
@@ -134,7 +134,7 @@ class Feature:
 
 
 class RoundPlugin(Feature):
-    """A round plug-in; every hook does nothing by default (``flcore/plugins/__init__.py`` lists
+    """A round plug-in; every hook does nothing by default (``flcore/features/__init__.py`` lists
     where ``Server.run_round`` calls them)."""
 
     #: plug-ins run in increasing order at each point (ties: by name)

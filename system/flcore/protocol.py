@@ -162,12 +162,12 @@ class ClientUpdate:
     #: training samples the client processed this round (its work on the virtual clock)
     samples_processed: int = 0
     #: the round whose global model the upload started from (None: the round that aggregates it);
-    #: the stragglers plug-in stamps it on the uploads it releases (plugins/stragglers.py)
+    #: the stragglers plug-in stamps it on the uploads it releases (features/stragglers.py)
     origin_round: int | None = None
     #: the global model the upload started from (None: the package of the round that aggregates it)
     origin_params: torch.Tensor | None = None
     #: whether the client attacked in the round it trained in (ground truth, for metrics only;
-    #: None: no attack in the run), stamped by the attack plug-in (plugins/attacks.py)
+    #: None: no attack in the run), stamped by the attack plug-in (features/attacks.py)
     attacker: bool | None = None
 
     def nbytes(self) -> int:
@@ -220,7 +220,7 @@ class RoundResult:
     evaluation: "EvalResult | None" = None
     seconds: float = 0.0
     eval_seconds: float = 0.0
-    #: the round's duration on the virtual clock (flcore/plugins/clock.py), waits included
+    #: the round's duration on the virtual clock (flcore/features/clock.py), waits included
     virtual_seconds: float = 0.0
     #: bytes of uploads that were sent but that the server threw away unread (late uploads a
     #: server ignores): they count as sent in ``rs_bytes_up``, not as aggregated

@@ -69,7 +69,7 @@ ALGORITHMS: Registry = Registry("algorithm", "-algo")
 MODELS: Registry = Registry("model", "-m")
 SELECTORS: Registry = Registry("client selection policy", "--select")
 ENGINES: Registry = Registry("training engine", "--engine")
-#: round plug-ins (flcore/plugins): features of a round that are not the algorithm's
+#: round plug-ins (flcore/features): features of a round that are not the algorithm's
 PLUGINS: Registry = Registry("round plug-in", "the run's flags")
 #: local-step strategies (flcore/clients/localstep.py): how a client computes one SGD step
 LOCAL_STEPS: Registry = Registry("local step", "the run's flags")
@@ -92,8 +92,8 @@ def import_submodules(package: str) -> None:
 def load_all() -> None:
     """Fill every registry: models, selection policies, engines, plug-ins, local steps and algorithms."""
     import_submodules("flcore.trainmodel")
-    import_submodules("flcore.plugins")
-    import_submodules("flcore.privacy")
+    import_submodules("flcore.features")
+    import_submodules("flcore.features.privacy")
     import_submodules("flcore.selectors")
     import_submodules("flcore.engines")
     import_submodules("flcore.servers")

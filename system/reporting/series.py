@@ -52,7 +52,7 @@ GLOBAL_ACC = MetricSpec("acc", "rs_test_acc_global", "Test accuracy (%)", "test 
                         scale=100.0, variant="global model")
 
 #: x-axes of the per-evaluation curves: the round, the wall-clock seconds spent before the
-#: evaluation, the megabytes uploaded before it, or the virtual clock's seconds (flcore/plugins/clock.py).
+#: evaluation, the megabytes uploaded before it, or the virtual clock's seconds (flcore/features/clock.py).
 X_MODES: tuple[str, ...] = ("rounds", "time", "bytes", "virtual")
 X_LABELS: dict[str, str] = {
     "rounds": "Communication round",

@@ -1,4 +1,4 @@
-"""Stragglers (flcore/plugins/stragglers.py), FedAsync and FedBuff: seeded delays, the staleness
+"""Stragglers (flcore/features/stragglers.py), FedAsync and FedBuff: seeded delays, the staleness
 functions and the mixing by hand, the reductions to sequential SGD and FedAvg, the buffer across
 rounds, exact resume, and bad input."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from fltest import (build_server, linear_grad, make_args, random_dataset, run_main_two_rounds, run_round,
                     two_client_server)
 from fltest import one_thread  # noqa: F401  (fixture)
-from flcore.plugins.stragglers import awaited, delay_of
+from flcore.features.stragglers import awaited, delay_of
 from flcore.servers.serverfedasync import mix_uploads, staleness_weight
 from utils import checkpoint
 from utils.errors import FLError

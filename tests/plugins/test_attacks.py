@@ -1,4 +1,4 @@
-"""Attacks (flcore/plugins/attacks.py): who attacks (seeded, fixed or per round), each model attack
+"""Attacks (flcore/features/attacks.py): who attacks (seeded, fixed or per round), each model attack
 against a hand computation, label flipping equal to training on flipped labels, the results'
 series, and the one-line refusals."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 
 from fltest import build_server, image_dataset, make_args, random_dataset, run_main_two_rounds
 from fltest import one_thread  # noqa: F401  (fixture)
-from flcore.plugins import attacks
+from flcore.features import attacks
 from flcore.protocol import ClientUpdate, RoundPackage
 from utils.data_utils import ClientData
 from utils.errors import FLError

@@ -1,4 +1,4 @@
-"""Robust aggregation (flcore/plugins/robust.py): each rule against a hand computation on small
+"""Robust aggregation (flcore/features/robust.py): each rule against a hand computation on small
 vectors, the reduction to FedAvg, filtering's precision/recall, exact resume, and the one-line
 refusals."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 import main
 from fltest import build_server, make_args, random_dataset, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
-from flcore.plugins import robust
+from flcore.features import robust
 from toydata import make_dataset
 from utils import checkpoint
 from utils.errors import FLError
@@ -278,8 +278,8 @@ def test_a_late_upload_is_judged_by_the_round_it_was_trained_in():
     """With attackers drawn anew each round and uploads arriving late, an upload counts as an attacker's
     by the round it was trained (and poisoned) in, not by the round it reaches the server (as Sageflow's
     filter counts it)."""
-    from flcore.plugins.attacks import attacker_mask
-    from flcore.plugins.stragglers import delay_of
+    from flcore.features.attacks import attacker_mask
+    from flcore.features.stragglers import delay_of
     defended = server(robust="multi_krum", attack="sign_flip", attack_fraction=0.25, attack_scale=50,
                       attack_resample=True, straggler_delay=1, global_rounds=6, clients=16)
     robust_plugin = defended.plugin("robust")

@@ -1,5 +1,5 @@
 """Busy stragglers (``--straggler_busy``) and the official Sageflow delay draw (``--straggler_delays
-each``) of flcore/plugins/stragglers.py: busy rounds against a hand computation, the trimmed and the
+each``) of flcore/features/stragglers.py: busy rounds against a hand computation, the trimmed and the
 restricted cohort, every delay 0..S in a round, the defaults unchanged, exact resume, bad input."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 import main
 from fltest import run_main_two_rounds, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
-from flcore.plugins.stragglers import delay_of, round_delays
+from flcore.features.stragglers import delay_of, round_delays
 from flcore.servers.serverbase import record_round
 from test_async import CLIENTS, server
 from toydata import make_dataset

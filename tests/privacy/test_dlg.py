@@ -19,7 +19,7 @@ from torch import nn
 import main
 from conftest import MNIST_RAW
 from fltest import build_server, dataset_from_arrays, make_args, one_thread  # noqa: F401 - fixture
-from flcore.plugins.dlg import idlg_label, match_order, psnr, reconstruct, ssim, to_unit_range
+from flcore.features.dlg import idlg_label, match_order, psnr, reconstruct, ssim, to_unit_range
 from flcore.flat import FlatModel
 from toydata import make_dataset
 from utils.result_utils import read_results

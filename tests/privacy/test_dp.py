@@ -20,8 +20,8 @@ from fltest import (assert_same_training, build_server, engine_run, image_datase
 from fltest import notices, one_thread  # noqa: E402,F401  (fixtures)
 from flcore.clients.clientbase import Client  # noqa: E402
 from flcore.flat import FlatModel  # noqa: E402
-from flcore.privacy import accounting  # noqa: E402
-from flcore.privacy.dpsgd import clip_factors, per_sample_gradients  # noqa: E402
+from flcore.features.privacy import accounting  # noqa: E402
+from flcore.features.privacy.dpsgd import clip_factors, per_sample_gradients  # noqa: E402
 from flcore.registry import MODELS  # noqa: E402
 from toydata import make_dataset  # noqa: E402
 from utils.errors import FLError  # noqa: E402

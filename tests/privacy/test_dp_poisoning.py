@@ -12,8 +12,8 @@ pytest.importorskip("opacus", reason="the DP accountant needs opacus (requiremen
 
 from fltest import build_server, make_args, random_dataset, run_main_two_rounds  # noqa: E402
 from fltest import one_thread  # noqa: E402,F401  (fixture)
-from flcore.plugins import attacks  # noqa: E402
-from flcore.privacy.dpsgd import DPSGD  # noqa: E402
+from flcore.features import attacks  # noqa: E402
+from flcore.features.privacy.dpsgd import DPSGD  # noqa: E402
 from utils.seeding import torch_generator  # noqa: E402
 
 CLIENTS, CLASSES, DIM = 4, 3, 4

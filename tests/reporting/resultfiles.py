@@ -82,7 +82,7 @@ def write_folder(folder: Path) -> Path:
     """The results folder the reporting tests share (see the constants above)."""
     folder.mkdir(parents=True, exist_ok=True)
     for run, acc in enumerate(FEDAVG):
-        # The virtual clock (flcore/plugins/clock.py) runs 2 s per round: rs_virtual_time is its reading.
+        # The virtual clock (flcore/features/clock.py) runs 2 s per round: rs_virtual_time is its reading.
         write_ours(folder, "MNIST", "FedAvg", "test", run, acc, bytes_up=1_000_000 * (run + 1),
                    extra_series={"rs_virtual_time": 2.0 * np.arange(1, len(acc))})
     for run, (acc, glob) in enumerate(zip(DITTO, DITTO_GLOBAL)):

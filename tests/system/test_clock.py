@@ -1,4 +1,4 @@
-"""The virtual clock (flcore/plugins/clock.py): round durations by hand, -tsr/-ssr, -ts/-tth, availability,
+"""The virtual clock (flcore/features/clock.py): round durations by hand, -tsr/-ssr, -ts/-tth, availability,
 determinism, and runs without clock flags training exactly as before."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 import main
 from fltest import build_server, make_args, one_thread, random_dataset, run_main_two_rounds  # noqa: F401
-from flcore.plugins.clock import drawn_profiles
+from flcore.features.clock import drawn_profiles
 from utils.errors import FLError
 
 #: TinyLinear(2, 2): a 2x2 weight and 2 biases, float32, so every package and upload is 24 bytes

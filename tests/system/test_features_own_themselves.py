@@ -10,7 +10,7 @@ import pytest
 
 import main
 from conftest import REPO
-from flcore.plugins import features
+from flcore.features import features
 from utils.cli import generic_parser
 
 SYSTEM = REPO / "system"
@@ -32,7 +32,7 @@ def test_no_feature_flag_is_read_outside_its_feature():
 
 
 def feature_modules() -> set[str]:
-    return {cls.__module__ for cls in features()} | {"flcore.plugins", "flcore.privacy"}
+    return {cls.__module__ for cls in features()} | {"flcore.features", "flcore.features.privacy"}
 
 
 def test_no_algorithm_imports_a_feature_module():

@@ -10,7 +10,7 @@ import torch
 from fltest import build_server, make_args, random_dataset
 from flcore.clients.localstep import PLAIN_SGD, LocalStepChain, compose
 from flcore.extension import LocalStep
-from flcore.plugins import attacks
+from flcore.features import attacks
 from utils.errors import FLError
 
 

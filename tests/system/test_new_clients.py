@@ -12,7 +12,7 @@ import torch
 import main
 from fltest import (TinyLinear, build_server, dataset_from_arrays, linear_grad, make_args, one_thread,  # noqa: F401
                     random_dataset)
-from flcore.plugins.newclients import hold_out
+from flcore.features.newclients import hold_out
 from utils.data_utils import load_federated_dataset
 from utils.errors import FLError
 from utils.result_utils import read_results

@@ -1,12 +1,12 @@
-"""Round plug-ins (flcore/plugins), capabilities, and the client-state contract."""
+"""Round plug-ins (flcore/features), capabilities, and the client-state contract."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from fltest import build_server, make_args, random_dataset
-from flcore.plugins import RoundPlugin, plugins_for
-from flcore.plugins.clock import SlowEpochs
+from flcore.features import RoundPlugin, plugins_for
+from flcore.features.clock import SlowEpochs
 from flcore.registry import PLUGINS, load_all
 from utils import checkpoint
 from utils.errors import FLError

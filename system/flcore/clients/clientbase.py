@@ -283,8 +283,8 @@ class Client:
         """The gradient local step ``step`` of the round of ``package`` uses, left in ``model.grad``
         (returns the loss), as the client's local-step strategies compute it
         (``flcore/clients/localstep.py``): ``compute_gradient``'s, or that of the minibatch an
-        attacker poisoned (``plugins/attacks.py``), with ``-dp`` clipped and noised per sample
-        (``flcore/privacy/dpsgd.py``); whoever replays a step (an attack on the uploads) gets what the
+        attacker poisoned (``features/attacks.py``), with ``-dp`` clipped and noised per sample
+        (``flcore/features/privacy/dpsgd.py``); whoever replays a step (an attack on the uploads) gets what the
         client used."""
         return self.local_step.gradient(self, model, idx, ctx, package, step)
 

@@ -11,9 +11,9 @@ has no branch for them.
 
   - ``"plan"``: which minibatches a round takes (``batch_plan``; DP-SGD's Poisson batches);
   - ``"data"``: what a minibatch holds (``transform_batch(client, x, y, package) -> (x, y)``; the
-    data attacks' poisoned labels and triggers, ``plugins/attacks.py``);
+    data attacks' poisoned labels and triggers, ``features/attacks.py``);
   - ``"gradient"``: how a step's gradient is computed from the minibatch (``batch_gradient``;
-    DP-SGD's clipping and noise per sample, ``flcore/privacy/dpsgd.py``);
+    DP-SGD's clipping and noise per sample, ``flcore/features/privacy/dpsgd.py``);
   - ``"term"``: a term added to the step's gradient once it is computed (``add_term``;
     :class:`WeightDecayStep`'s λ·w, ``--weight_decay``), before the algorithm's own term
     (``adjust_grad``) and ``--local_momentum``'s buffer.
@@ -136,6 +136,6 @@ def compose(steps: list[LocalStep]) -> LocalStep:
 
 def local_step_for(args: Namespace) -> LocalStep:
     """The local step the run's flags ask for: plain SGD, one strategy, or their chain."""
-    import_submodules("flcore.privacy")
-    import_submodules("flcore.plugins")  # data poisoning (plugins/attacks.py) is a local step too
+    import_submodules("flcore.features.privacy")
+    import_submodules("flcore.features")  # data poisoning (features/attacks.py) is a local step too
     return compose([LOCAL_STEPS.get(name).from_args(args) for name in LOCAL_STEPS if LOCAL_STEPS.get(name).wanted(args)])

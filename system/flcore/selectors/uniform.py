@@ -7,7 +7,7 @@ client-id order.
 
 A policy sees the run's :class:`~flcore.protocol.Runtime` (settings, clients, history, model), not
 the server. Each round the server hands it the clients the round plug-ins allow
-(``select(t, selectable)``: the virtual clock's availability and ``-ts``, ``flcore/plugins/clock.py``;
+(``select(t, selectable)``: the virtual clock's availability and ``-ts``, ``flcore/features/clock.py``;
 None when nothing restricts them), and after aggregation what the round sent and received with the
 new global model (``observe(t, package, updates, global_params)``: the sent model is
 ``package.global_params``). Under restrictions the draw is made among the allowed clients only

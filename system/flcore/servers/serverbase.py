@@ -14,7 +14,7 @@ One round (PFLlib's order), :meth:`Server.run_round`::
     after_round(t, package, updates)
     plug-ins: after_round(...)                 per-round series (ε of the privacy spent)
 
-Round plug-ins (``flcore/plugins``: the virtual clock, differential privacy) are built from the
+Round plug-ins (``flcore/features``: the virtual clock, differential privacy) are built from the
 flags through their registry, here, so every way of building a server gets the same ones.
 
 ``train`` runs it for every round and hands each :class:`RoundResult` to callbacks (history,
@@ -48,7 +48,7 @@ from flcore.clients.localstep import local_step_for
 from flcore.evaluation import Evaluator, resolve_eval_batch
 from flcore.flat import FlatModel
 from flcore.extension import RoundPlugin
-from flcore.plugins import plugins_for, split_for_features
+from flcore.features import plugins_for, split_for_features
 # RoundResult is the protocol's; importable from here as before
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, sample_weights, with_private_part  # noqa: F401
 from flcore.registry import ENGINES, SELECTORS

@@ -1,7 +1,7 @@
 """FedAsync (Xie, Koyejo & Gupta 2019, "Asynchronous Federated Optimization", arXiv:1903.03934), in rounds.
 
 Every upload that reaches the server is mixed into the global model on its own, in the order the
-server receives them (``plugins/stragglers.py``: oldest start round first, then by client)::
+server receives them (``features/stragglers.py``: oldest start round first, then by client)::
 
     x ← (1 − α_t) x + α_t x_new,      α_t = α · s(t − τ)
 

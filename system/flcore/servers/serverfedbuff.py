@@ -7,7 +7,7 @@ server step and empties it::
 
     Δ_i = (x_i − x_{τ_i}) / √(1 + t − τ_i),      x ← x + η_g · (1/K) Σ_{i in buffer} Δ_i
 
-η_g = ``-slr``. Uploads are received in the stragglers plug-in's order (``plugins/stragglers.py``;
+η_g = ``-slr``. Uploads are received in the stragglers plug-in's order (``features/stragglers.py``;
 ``--straggler_delay S`` makes them late); the buffer lives across rounds (it is server state, so
 checkpoints keep it). With K = the cohort size, no delay and equal client sizes, FedBuff is FedAvg.
 """

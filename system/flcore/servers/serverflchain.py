@@ -24,7 +24,7 @@ chain kept by edge nodes.
   ``--resume`` continues it; it is written with the finished results as ``<run>.ledger``, beside
   the ``.h5`` and the model, under a temporary name renamed into place with them.
   ``python ledger.py verify results/<run>.ledger`` re-checks it.
-* **Time.** On the virtual clock (``plugins/clock.py``) a round lasts its training and uploads as
+* **Time.** On the virtual clock (``features/clock.py``) a round lasts its training and uploads as
   in FedAvg, then the consensus: the pool reaches the edge nodes (its bytes over
   ``--flchain_node_bandwidth``) and two messages between nodes (proposal, vote) take
   ``--flchain_latency`` each; then block generation takes ``--flchain_block_time``. Series

@@ -2,7 +2,7 @@
 Stragglers and Adversaries"): the server. Clients are FedAvg's.
 
 In round t the server receives fresh uploads (trained from w_t) and late ones (trained from an older
-w_τ; stragglers come from ``--straggler_delay``, ``plugins/stragglers.py``). It scores every upload
+w_τ; stragglers come from ``--straggler_delay``, ``features/stragglers.py``). It scores every upload
 w_k on its own public data (``--public_data``, ``utils/public_data.py``): E_k, the mean prediction
 entropy −Σ_c p_c log p_c over the public samples, and ℓ_k, the mean cross-entropy loss on them. Then:
 

@@ -8,6 +8,6 @@ accounted with opacus's RDP or PRV accountant (imported only when a run uses DP)
 * :mod:`.server`: the server's checks, aggregation hook and per-round ε (``rs_dp_epsilon``,
   ``rs_dp_user_epsilon``).
 """
-from flcore.privacy.dpsgd import DPSGD, dp_sgd_config
+from flcore.features.privacy.dpsgd import DPSGD, dp_sgd_config
 
 __all__ = ["DPSGD", "dp_sgd_config"]

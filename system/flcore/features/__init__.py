@@ -3,7 +3,7 @@ differential privacy, attacks, robust aggregation, stragglers, DLG, new clients)
 
 A plug-in subclasses :class:`~flcore.extension.RoundPlugin` (the contract: its flags, start-up
 checks, warnings, compatibility and summary lines, ``flcore/extension.py``), registers with ``@register_plugin(name)`` in a module of
-this package (or of ``flcore/privacy``), and says from the flags whether a run uses it
+this package (or of ``flcore/features/privacy``), and says from the flags whether a run uses it
 (``wanted``). ``Server.__init__`` builds every wanted plug-in (:func:`plugins_for`), so ``main.py``,
 ``benchmark.py`` and the tests that build servers all get the same ones, and ``Server.run_round``
 calls them at fixed points, in ``order``::
@@ -52,8 +52,8 @@ __all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_fo
 def features() -> list[type[RoundPlugin]]:
     """Every registered feature class, in the order ``main.py -h`` lists their flags and start-up
     asks them (``flag_order``, then name)."""
-    import_submodules("flcore.plugins")
-    import_submodules("flcore.privacy")
+    import_submodules("flcore.features")
+    import_submodules("flcore.features.privacy")
     classes = [PLUGINS.get(name) for name in PLUGINS]
     return sorted(classes, key=lambda c: (c.flag_order, c.registered_name))
 

@@ -5,7 +5,7 @@ Where lateness comes from (one of the two):
 
 * ``--straggler_delay S`` > 0 (Sageflow's model, in rounds): the upload of client c trained in round
   t is ``d`` rounds late, d drawn uniformly from {0, ..., S} with (seed, "straggler-delay", t, c).
-* ``--straggler_clock`` (the virtual clock's device profiles, ``plugins/clock.py``): the upload
+* ``--straggler_clock`` (the virtual clock's device profiles, ``features/clock.py``): the upload
   takes its client's virtual seconds ``t_i`` (download, training, upload at the client's speeds) from
   the round's start.
 
@@ -130,7 +130,7 @@ def awaited(lateness: list[float], indices: list[int], share: float, at_least: i
 class Stragglers(RoundPlugin):
     """Holds late uploads back until the round they arrive in (module docstring)."""
 
-    flag_group = "stragglers (flcore/plugins/stragglers.py)"
+    flag_group = "stragglers (flcore/features/stragglers.py)"
     flag_order = 50
 
     @classmethod
@@ -141,7 +141,7 @@ class Stragglers(RoundPlugin):
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--straggler_delay", type=int, default=0, low=0,
                  help="stragglers: each upload arrives U{0..S} rounds late, drawn from the seed (0: none; "
-                      "flcore/plugins/stragglers.py)")
+                      "flcore/features/stragglers.py)")
         add_flag(parser, "--straggler_clock", type=bool, default=False,
                  help="stragglers: an upload is late by its client's virtual-clock time (device profiles, "
                       "--client_trace) instead of --straggler_delay's rounds")

@@ -438,7 +438,7 @@ ATTACKS = (*MODEL_ATTACKS, *DATA_ATTACKS)
 class AttackPlugin(RoundPlugin):
     """Chooses the attackers, poisons their uploads (model attacks) and records who attacked."""
 
-    flag_group = "attacks (flcore/plugins/attacks.py)"
+    flag_group = "attacks (flcore/features/attacks.py)"
     flag_order = 30
 
     @classmethod

@@ -89,7 +89,7 @@ class NewClientEvaluation(RoundPlugin):
     """``-nnc``: holds the last clients out of training (``split_dataset``), evaluates them after
     training (``finish``), and at every evaluation round with ``--new_clients_every_eval``."""
 
-    flag_group = "new clients (PFLlib's -nnc -ften; flcore/plugins/newclients.py)"
+    flag_group = "new clients (PFLlib's -nnc -ften; flcore/features/newclients.py)"
     flag_order = 70
     order = 210  # observes the round once every other plug-in has had it
 

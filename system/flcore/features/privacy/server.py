@@ -1,8 +1,8 @@
-"""The server's side of differential privacy, as a round plug-in (``flcore/plugins``): start-up
+"""The server's side of differential privacy, as a round plug-in (``flcore/features``): start-up
 checks, DP-FedAvg's aggregation, and the per-round ε recorded in the run's history.
 
 :class:`PrivacyPlugin` is wanted when a run uses ``-dp`` (DP-SGD, whose steps are the clients'
-local-step strategy, ``flcore/privacy/dpsgd.py``) or ``--dp_update_clip`` (DP-FedAvg, which then
+local-step strategy, ``flcore/features/privacy/dpsgd.py``) or ``--dp_update_clip`` (DP-FedAvg, which then
 takes over aggregation). What persists lives where a checkpoint finds it: each client's DP-SGD
 step count in ``client.dp_steps`` (carried client state, counted by the strategy) and the sampling
 rate of every DP-FedAvg round in this plug-in's ``state_dict``.
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from flcore.extension import RoundPlugin
-from flcore.privacy import accounting, dpfedavg, dpsgd
+from flcore.features.privacy import accounting, dpfedavg, dpsgd
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from utils.cli import add_flag
@@ -39,7 +39,7 @@ log = logging.getLogger("fl")
 class PrivacyPlugin(RoundPlugin):
     """DP-SGD's accounting and DP-FedAvg's aggregation for one run."""
 
-    flag_group = "differential privacy (PFLlib's -dp/-dps, plus ours; flcore/privacy)"
+    flag_group = "differential privacy (PFLlib's -dp/-dps, plus ours; flcore/features/privacy)"
     flag_order = 20
 
     @classmethod

@@ -248,7 +248,7 @@ class DLGAttack(RoundPlugin):
     ``dlg_ssim`` and ``dlg_label_acc`` (see the module docstring); pictures go to
     ``<Runtime.artifacts>_dlg_round<t>.png`` where the run has an artifacts stem."""
 
-    flag_group = "DLG privacy attack on the uploads (PFLlib's -dlg -dlgg -bnpc; flcore/plugins/dlg.py)"
+    flag_group = "DLG privacy attack on the uploads (PFLlib's -dlg -dlgg -bnpc; flcore/features/dlg.py)"
     flag_order = 60
     order = 200  # observes the round once every other plug-in has had it
 
@@ -256,7 +256,7 @@ class DLGAttack(RoundPlugin):
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "-dlg", "--dlg_eval", type=bool, default=False,
                  help="DLG/iDLG privacy attack on the uploads: records rs_dlg_psnr/ssim and saves "
-                      "results/<run>_dlg_round<t>.png (flcore/plugins/dlg.py)")
+                      "results/<run>_dlg_round<t>.png (flcore/features/dlg.py)")
         add_flag(parser, "-dlgg", "--dlg_gap", type=int, default=100, low=1, help="attack the rounds t with t %% dlgg == 0 (round 0 included)")
         add_flag(parser, "-bnpc", "--batch_num_per_client", type=int, default=2, low=1,
                  help="minibatches of each attacked client that DLG reconstructs (the first it trained on that round)")

@@ -82,7 +82,7 @@ Trace file (``--client_trace FILE.csv``): a header line, then one row per client
   ``(t + offset) mod period < duty · period``. A row uses one form or the other.
 A bad file is one line naming the file, the line and the column (exit status 2).
 
-The clock is a round plug-in (``flcore/plugins/__init__.py``), in every run. What persists across
+The clock is a round plug-in (``flcore/features/__init__.py``), in every run. What persists across
 rounds is its ``state_dict`` (the checkpoint keeps it): the cumulative virtual time ``now`` and each
 client's time cost, ``client_seconds``/``client_rounds``; the rest is what the seed and the trace
 determine. After each training round it records ``rs_virtual_time`` (virtual seconds at the end
@@ -319,7 +319,7 @@ def _parse_windows(text: str, fail) -> np.ndarray:
 class VirtualClock(RoundPlugin):
     """Speeds, availability and the timing of rounds (module docstring)."""
 
-    flag_group = "system heterogeneity and the virtual clock (PFLlib's -cdr -tsr -ssr -ts -tth; flcore/plugins/clock.py)"
+    flag_group = "system heterogeneity and the virtual clock (PFLlib's -cdr -tsr -ssr -ts -tth; flcore/features/clock.py)"
     flag_order = 10
 
     @classmethod
@@ -336,7 +336,7 @@ class VirtualClock(RoundPlugin):
                  help="fraction of clients that are slow trainers (they run 1..E//2 epochs)")
         add_flag(parser, "-ssr", "--send_slow_rate", type=float, default=0.0, low=0, high=1,
                  help="fraction of clients that are slow senders: links --clock_send_slow_factor times slower on the "
-                      "virtual clock (flcore/plugins/clock.py)")
+                      "virtual clock (flcore/features/clock.py)")
         add_flag(parser, "-ts", "--time_select", type=bool, default=False,
                  help="select only clients whose predicted round time on the virtual clock is at most -tth")
         add_flag(parser, "-tth", "--time_threthold", type=float, default=10000, above=0,
@@ -444,7 +444,7 @@ class VirtualClock(RoundPlugin):
 
     def retime_round(self, seconds: float, result: RoundResult) -> None:
         """Let the round last ``seconds`` from its start instead: a server that stops waiting for
-        stragglers, or waits longer for them (plugins/stragglers.py)."""
+        stragglers, or waits longer for them (features/stragglers.py)."""
         self.now = self.round_start + seconds
         result.virtual_seconds = self.now - self._round_began
 

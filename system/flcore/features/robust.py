@@ -71,7 +71,7 @@ import numpy as np
 import torch
 
 from flcore.extension import RoundPlugin, refused_by_changing_widths
-from flcore.plugins.attacks import AttackPlugin
+from flcore.features.attacks import AttackPlugin
 from flcore.protocol import (ClientUpdate, RoundPackage, RoundResult, Runtime, cohort_size, filter_precision_recall,
                              sample_weights)
 from flcore.registry import register_plugin
@@ -338,7 +338,7 @@ def fedavg_mean(updates: list[ClientUpdate], weights: np.ndarray) -> torch.Tenso
 class RobustAggregation(RoundPlugin):
     """The run's pre-aggregation steps and aggregator (module docstring)."""
 
-    flag_group = "robust aggregation (flcore/plugins/robust.py)"
+    flag_group = "robust aggregation (flcore/features/robust.py)"
     flag_order = 40
 
     @classmethod
