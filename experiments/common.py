@@ -61,7 +61,8 @@ def generate_data(generator: str, options: list[str]) -> None:
 class Run(NamedTuple):
     """A row's runs: the results files of the seeds that finished (seed order), when the row started
     (``time.perf_counter``), and the seeds that diverged, each as its results file (the curve up to
-    the divergence, marked unfinished by ``main``) and the round it diverged in, counted from 1 as
+    the divergence: under an attack ``main`` records the collapse as the run's outcome, ``diverged_round``;
+    otherwise it keeps the results marked unfinished) and the round it diverged in, counted from 1 as
     the evaluation after round r is (``main``'s messages count training rounds from 0): a seed
     that diverged in round r holds r evaluations, those after rounds 0..r-1."""
 
@@ -91,13 +92,16 @@ def run_index(path: Path) -> int:
 
 
 def diverged_round(path: Path) -> int | None:
-    """The round a run diverged in, counted from 1, when ``path`` holds the unfinished results ``main``
-    keeps of a diverged run (None: no such file, a finished run, or one stopped for another reason)."""
+    """The round a run diverged in, counted from 1, when ``path`` holds a diverged run's results: a
+    collapse under an attack (``diverged_round``) or the unfinished results ``main`` keeps of another
+    divergence (None: no such file, a run that did not diverge, or one stopped for another reason)."""
     try:
         with h5py.File(path, "r") as f:
+            if "diverged_round" in f.attrs:
+                return int(f.attrs["diverged_round"]) + 1  # main's training round index, from 0
             if bool(f.attrs.get("finished", True)) or "stopped_at_round" not in f.attrs:
                 return None
-            return int(f.attrs["stopped_at_round"]) + 1  # main's training round index, from 0
+            return int(f.attrs["stopped_at_round"]) + 1
     except OSError:
         return None
 
@@ -144,7 +148,8 @@ def run_variant(experiment: str, label: str, algo: str, flags: list[str], data: 
                 code = main.main([*argv, "-pv", str(first)])
         except SystemExit as exc:  # argparse rejects a flag the algorithm does not (yet) declare
             return f"failed: command line rejected (exit {exc.code})"
-        if code == 0:
+        if code == 0:  # seeds that collapsed under an attack are finished results that say so
+            diverged.update({f: r for f in files[first:] if (r := diverged_round(f)) is not None})
             break
         failed = next((i for i in range(first, args.times) if not is_finished(files[i])), None)
         stopped = diverged_round(files[failed]) if code == 2 and failed is not None else None

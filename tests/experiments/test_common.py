@@ -34,8 +34,8 @@ def test_a_diverged_seed_keeps_its_curve_and_the_seeds_after_it_still_run(tmp_pa
     assert dict(run.diverged) == {first: 1} and run.paths == [second]  # seed 5 ran after seed 4 diverged
     assert run.every_seed() == [first, second]
     assert run.note() == "diverged at round 1 in 1/2 seeds"
-    with h5py.File(first) as f:  # the curve up to the divergence: round 0's evaluation
-        assert not f.attrs["finished"] and f.attrs["seed"] == 4 and len(f["rs_test_acc"]) == 1
+    with h5py.File(first) as f:  # the curve up to the collapse (the run's outcome under the attack): round 0's evaluation
+        assert f.attrs["diverged_round"] == 0 and f.attrs["seed"] == 4 and len(f["rs_test_acc"]) == 1
     with h5py.File(second) as f:
         assert f.attrs["finished"] and f.attrs["seed"] == 5 and len(f["rs_test_acc"]) == 2
         assert np.isfinite(f["rs_test_acc"][()]).all()
