@@ -231,7 +231,9 @@ def test_run_round_reports_what_the_round_did_and_callbacks_can_stop_the_run():
     history = server.train(progress=False, callbacks=[stop_after_round_one])
     assert [r.round for r in seen] == [0, 1]
     assert all(r.trained and r.evaluation is not None and r.seconds >= r.eval_seconds for r in seen)
-    assert len(history.round_time) == 2 and len(history.test_acc) == 2
+    # two training rounds, and the model the run stops with is evaluated (round 2) as a 2-round run ends
+    assert len(history.round_time) == 2 and len(history.test_acc) == 3 and history.eval_rounds == [0, 1, 2]
+    assert history.stop_reason == "stopped after round 1: a callback stopped it"
     assert seen[0].cohort == seen[0].package.cohort and len(seen[0].updates) == len(seen[0].cohort)
 
 
