@@ -43,6 +43,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -584,7 +585,7 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle(f"{suite.title} (profile {profile})", fontsize=10)
+    fig.suptitle(textwrap.fill(f"{suite.title} (profile {profile})", width=50 * cols), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
