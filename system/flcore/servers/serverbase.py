@@ -74,6 +74,43 @@ def weighted_average(updates: list[ClientUpdate], weights: list[float] | np.ndar
     return total
 
 
+class LazyClients(Sequence):
+    """The server's clients, a sequence whose client ``i`` is built the first time it is read and kept
+    from then on: start-up does no Python work per client, and a round builds its cohort's clients.
+    Iterating builds them all. The client class's flags (``hp``) are read once for all of them."""
+
+    def __init__(self, client_cls: type[Client], data: Sequence, args: Namespace, state, task: Task,
+                 local_step) -> None:
+        self.client_cls, self.data, self.args, self.state, self.task, self.local_step = (
+            client_cls, data, args, state, task, local_step)
+        self.hp = hyperparameters(args, client_cls)
+        self._built: dict[int, Client] = {}
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"client {index} of {len(self)}")
+        index %= len(self)
+        client = self._built.get(index)
+        if client is None:
+            client = self._built[index] = self.client_cls(index, self.data[index], self.args, self.state, self.task,
+                                                          self.local_step, hp=self.hp)
+        return client
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def built(self) -> int:
+        """How many clients have been built so far."""
+        return len(self._built)
+
+
 class Server:
     """FedAvg's server; algorithms override hooks, never the loop."""
 
@@ -116,7 +153,11 @@ class Server:
         state = make_state_store(args, device)
         task = Task(dataset.num_classes, self.model.num_params)
         local_step = local_step_for(args)  # plain SGD, or the chain the flags ask for (DP-SGD, poisoning)
-        self.clients = [self.client_cls(i, data, args, state, task, local_step) for i, data in enumerate(dataset.clients)]
+        #: each client built the first time it is touched (LazyClients); the first now, so that what a
+        #: client class refuses of the flags is refused here
+        self.clients = LazyClients(self.client_cls, dataset.clients, args, state, task, local_step)
+        if len(self.clients):
+            self.clients[0]
         self.history = RunHistory()
         #: what the evaluator, the engine and the plug-ins need of the run (flcore/protocol.py)
         self.runtime = Runtime(args, dataset, device, self.model, self.clients, state, self.history, self.shared_mask,
