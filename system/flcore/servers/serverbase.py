@@ -56,7 +56,7 @@ from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
 from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset
-from utils.errors import Diverged
+from utils.errors import Diverged, FLError
 from utils.metrics import EvalResult
 from utils.public_data import PublicData, require_public_data
 from utils.result_utils import RunHistory
@@ -129,15 +129,31 @@ class Server:
     #: that replay the global model in the working widths or mix uploads refuse it (``compatible``)
     changes_widths: ClassVar[bool] = False
 
+    #: the population above which algorithms whose every round touches every client are refused
+    #: (``population_limit``): their memory or time per round grows with the population
+    ALL_CLIENTS_LIMIT: ClassVar[int] = 10_000
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.capabilities = Capabilities.of(cls, Server, SERVER_HOOKS)
+
+    @classmethod
+    def population_limit(cls, args: Namespace) -> tuple[int, str] | None:
+        """The most clients this algorithm runs on with these flags and why (None: any number): an
+        algorithm whose rounds need every client (all-pairs weights, every client trained) says so,
+        and a larger population is refused in one line when the server is built."""
+        return None
 
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
         self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
         # the clients features hold out (-nnc's new clients), unless main.py split them off already
         self.dataset = dataset = split_for_features(args, dataset)
+        limit = type(self).population_limit(args)
+        if limit is not None and len(dataset.clients) > limit[0]:
+            name = getattr(type(self), "registered_name", type(self).__name__)
+            raise FLError(f"{name} runs on at most {limit[0]:,} clients and the dataset has {len(dataset.clients):,}: "
+                          f"{limit[1]}; use a smaller population or another algorithm")
         if type(self).public_data_user(args):  # main.py refused it before any data was read; a server built directly
             self.public_data()  # is checked here
         self.device = device
