@@ -26,13 +26,13 @@ log = logging.getLogger("fl")
 
 @register_algorithm("APPLE")
 class APPLEServer(Server):
-    @classmethod
-    def population_limit(cls, args):
-        return cls.ALL_CLIENTS_LIMIT, "every round sends each selected client every client's core model"
-
     client_cls = APPLEClient
     personalized = True
     has_global_model = False
+
+    @classmethod
+    def population_limit(cls, args):
+        return cls.ALL_CLIENTS_LIMIT, "every round sends each selected client every client's core model"
 
     def setup(self) -> None:
         if self.hp.dr_learning_rate < 0 or self.hp.mu < 0 or self.hp.L <= 0:

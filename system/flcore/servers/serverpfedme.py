@@ -42,14 +42,14 @@ from utils.errors import FLError
 
 @register_algorithm("pFedMe")
 class PFedMeServer(Server):
+    client_cls = PFedMeClient
+    personalized = True
+
     @classmethod
     def population_limit(cls, args):
         if getattr(args, "pfedme_all_clients", False):
             return cls.ALL_CLIENTS_LIMIT, "--pfedme_all_clients trains every client every round"
         return None
-
-    client_cls = PFedMeClient
-    personalized = True
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
