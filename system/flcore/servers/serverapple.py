@@ -30,6 +30,10 @@ class APPLEServer(Server):
     personalized = True
     has_global_model = False
 
+    @classmethod
+    def population_limit(cls, args):
+        return cls.ALL_CLIENTS_LIMIT, "every round sends each selected client every client's core model"
+
     def setup(self) -> None:
         if self.hp.dr_learning_rate < 0 or self.hp.mu < 0 or self.hp.L <= 0:
             raise FLError("APPLE needs -dlr >= 0, -mu >= 0 and -L > 0")

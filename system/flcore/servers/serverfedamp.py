@@ -68,6 +68,12 @@ class FedAMPServer(Server):
     has_global_model = False
 
     @classmethod
+    def population_limit(cls, args):
+        if getattr(args, "fedamp_pool", "previous") == "all":
+            return cls.ALL_CLIENTS_LIMIT, "with --fedamp_pool all each selected client's cloud model mixes every client's latest model every round"
+        return None
+
+    @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         # -alk is declared by FedAMPClient, whose proximal coefficient λ/α_K reads it too.
         add_flag(parser, "-sg", "--sigma", type=float, default=1.0, above=0, help="σ of the attention function exp(−d²/σ)/σ")

@@ -37,6 +37,10 @@ class FedFomoServer(Server):
     has_global_model = False
 
     @classmethod
+    def population_limit(cls, args):
+        return cls.ALL_CLIENTS_LIMIT, "it keeps an affinity between every pair of clients (N x N) and ranks every candidate each round"
+
+    @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--fedfomo_epsilon", type=float, default=0.0, low=0, high=1,
                  help="ε: probability that a client's M models are drawn at random instead of the top M "

@@ -46,6 +46,12 @@ class PFedMeServer(Server):
     personalized = True
 
     @classmethod
+    def population_limit(cls, args):
+        if getattr(args, "pfedme_all_clients", False):
+            return cls.ALL_CLIENTS_LIMIT, "--pfedme_all_clients trains every client every round"
+        return None
+
+    @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "-bt", "--beta", type=float, default=1.0, low=0,
                  help="pFedMe: server step β in w ← (1−β)w + β·mean(w_i); 1 = averaging "
