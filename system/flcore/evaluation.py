@@ -193,9 +193,10 @@ class Evaluator:
         self._pool_workers = 0
 
     # ------------------------------------------------------------ public
-    def at_round(self, rnd: int) -> None:
+    def at_round(self, rnd: int, record: bool = True) -> None:
         """The evaluations that follow are round ``rnd``'s: with ``--eval_clients`` they take its
-        sample, which is recorded in the run's history once."""
+        sample, which is recorded in the run's history once (``record`` False: a second evaluator of
+        the same run, FedMA's at the matched widths, whose sample the server's evaluator records)."""
         if rnd == self._round:
             return
         self._round, self._sample = rnd, None
@@ -203,7 +204,8 @@ class Evaluator:
         if 0 < self.sample_size < population:
             rng = numpy_rng(int(self.runtime.args.seed), "eval_clients", int(rnd))
             self._sample = np.sort(rng.choice(population, self.sample_size, replace=False))
-            self.runtime.history.add_series("eval_clients", self._sample.copy())
+            if record:
+                self.runtime.history.add_series("eval_clients", self._sample.copy())
 
     def evaluated_clients(self) -> np.ndarray | None:
         """The clients the current round's evaluations take (None: every client)."""

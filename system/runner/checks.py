@@ -6,6 +6,8 @@ import argparse
 import logging
 import math
 
+import numpy as np
+
 from utils.data_utils import FederatedDataset
 from utils.errors import FLError
 
@@ -27,14 +29,14 @@ def validate_with_data(args: argparse.Namespace, dataset: FederatedDataset) -> N
         if not len(dataset.split(split)[1]):
             raise FLError(f"no client of dataset {args.dataset} has {split} samples ({dataset.path / split}); "
                           "regenerate the dataset")
-    sizes = [client.num_train for client in dataset.clients]
-    idle = [c.cid for c, n in zip(dataset.clients, sizes) if n == 0 or (args.drop_last and n < args.batch_size)]
+    sizes = np.diff(dataset.bounds("train"))  # each client's training samples, without building the clients
+    idle = np.flatnonzero(sizes < (args.batch_size if args.drop_last else 1))  # positions of clients that take no step
     if len(idle) == clients:
-        raise FLError(f"-lbs {args.batch_size} is larger than every client's training set (largest: {max(sizes)} "
+        raise FLError(f"-lbs {args.batch_size} is larger than every client's training set (largest: {sizes.max()} "
                       f"samples) and --drop_last skips the partial batch, so no client would train; "
-                      f"pass -lbs {max(sizes)} or less, or --drop_last False")
-    if idle:
-        named = ", ".join(map(str, idle[:5])) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
+                      f"pass -lbs {sizes.max()} or less, or --drop_last False")
+    if len(idle):
+        named = ", ".join(str(dataset.clients[i].cid) for i in idle[:5]) + (f" and {len(idle) - 5} more" if len(idle) > 5 else "")
         reason = f"fewer training samples than -lbs {args.batch_size}, with --drop_last" if args.drop_last else "no training samples"
         log.warning("warning: %d of %d clients take no local step (%s): %s", len(idle), clients, reason, named)
 

@@ -238,6 +238,29 @@ def test_drawn_speeds_depend_on_the_seed_and_client_only():
     assert not np.array_equal(a.compute, other.compute)
 
 
+def test_speeds_are_drawn_when_a_round_first_needs_them_with_the_values_a_full_draw_gives(monkeypatch):
+    import flcore.plugins.clock as clock_module
+    drawn: list[int] = []
+    real = clock_module.drawn_speeds
+    monkeypatch.setattr(clock_module, "drawn_speeds", lambda args, cids: (drawn.extend(cids), real(args, cids))[1])
+    flags = dict(sizes=[4, 6, 8, 10, 12], join_ratio=0.4, train_slow_rate=0.4, send_slow_rate=0.4, local_epochs=2)
+    server = clock_server(None, **flags)
+    clock = server.plugin("clock")
+    assert drawn == [], "building the clock draws no client's speeds"
+    result = server.run_round(0, evaluate=False)
+    assert sorted(drawn) == sorted(result.cohort) and len(drawn) == 2
+    full = drawn_profiles(server.args, range(5))  # every client at once, the slow factors applied by hand
+    for i in range(5):
+        compute = full.compute[i] / (10.0 if clock.train_slow[i] else 1.0)
+        links = 10.0 if clock.send_slow[i] else 1.0
+        assert clock.speeds_of(i) == (compute, full.down[i] / links, full.up[i] / links)
+    assert np.array_equal(clock.profiles.compute, full.compute)
+    # and the round's times equal those of a clock that drew every client up front (-ts draws them all)
+    eager = clock_server(None, "-ts", "True", time_threthold=1e9, **flags)
+    eager.run_round(0, evaluate=False)
+    assert np.array_equal(eager.plugin("clock").client_seconds, clock.client_seconds)
+
+
 def test_virtual_times_do_not_depend_on_the_engine():
     runs = {}
     for engine in ("sequential", "threaded"):

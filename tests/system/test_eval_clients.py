@@ -68,3 +68,16 @@ def test_the_sample_is_saved_in_the_results_file_and_named_in_the_summary(tmp_pa
     for rnd, row in zip(rounds, saved):
         assert np.array_equal(row, np.sort(numpy_rng(7, "eval_clients", int(rnd)).choice(4, 2, replace=False)))
     assert "evaluated: a seeded sample of 2 clients at each evaluation" in capsys.readouterr().out
+
+
+def test_fedma_evaluates_its_matched_model_on_the_sample():
+    from flcore.trainmodel.models import SplitModel
+    from torch import nn
+    torch_module = SplitModel(nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.ReLU()), nn.Linear(6, 3))
+    server = build_server(make_args("FedMA", global_rounds=2, join_ratio=0.5, batch_size=4, eval_clients=3, seed=5),
+                          random_dataset(**DATA), torch_module)
+    server.train(progress=False)
+    samples = server.history.extra_series["eval_clients"]
+    assert len(samples) == len(server.history.eval_rounds) == 3, "one sample recorded per evaluation"
+    assert all(len(acc) == 3 for acc in server.history.client_acc), "the matched model is evaluated on the sample"
+    assert np.array_equal(server.matched.evaluator.evaluated_clients(), samples[-1])

@@ -99,13 +99,14 @@ class Client:
         cls.capabilities = Capabilities.of(cls, Client, CLIENT_HOOKS)
 
     def __init__(self, index: int, data: ClientData, args: Namespace, state: ClientStateStore,
-                 task: Task | None = None, local_step: LocalStep = PLAIN_SGD):
+                 task: Task | None = None, local_step: LocalStep = PLAIN_SGD, hp: Any = None):
         self.index = index
         self.task = task
         self.cid = data.cid
         self.data = data
         self.args = args
-        self.hp = hyperparameters(args, type(self))  # typed, frozen: the flags this client class declares
+        #: typed, frozen: the flags this client class declares (``hp``: computed once for all clients)
+        self.hp = hyperparameters(args, type(self)) if hp is None else hp
         self.state = state
         self.batch_size = int(args.batch_size)
         self.local_epochs = int(args.local_epochs)

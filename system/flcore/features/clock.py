@@ -39,14 +39,16 @@ The restrictions reach the selection through :meth:`VirtualClock.selectable` (vi
 ``Server.selectable``), which every policy in ``flcore/selectors/`` honours: without availability
 limits and ``-ts`` it is None and selection is exactly what it was.
 
-Speeds without a trace (``--client_trace``) are drawn once per client from the seed, log-normal
+Speeds without a trace (``--client_trace``) are drawn per client from the seed, log-normal
 (a common model of device and bandwidth heterogeneity: the log of a speed is normal)::
 
     compute_c = --clock_compute_speed · exp(--clock_compute_spread · z1)
     down_c    = --clock_link_speed    · exp(--clock_link_spread · z2),   up_c = down_c · --clock_uplink_ratio
 
 with z1, z2 standard normals from (seed, "clock-speeds", client), so the same seed gives the same
-speeds whatever the engine, cohort or round. ``--clock_avail_period P`` with ``--clock_avail_duty D``
+speeds whatever the engine, cohort or round. A client's speeds are drawn the first time a round
+times it (the same values whenever they are drawn), so building the clock costs nothing per client
+unless ``-ts`` needs every client's prediction; ``--clock_avail_period`` draws every client's phase. ``--clock_avail_period P`` with ``--clock_avail_duty D``
 makes every client available a fraction D of each period of P virtual seconds, from a phase drawn
 from (seed, "clock-phase", client); the default (P = 0) keeps every client always available.
 
@@ -93,6 +95,7 @@ from __future__ import annotations
 from argparse import ArgumentParser
 
 import csv
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,8 +121,8 @@ class Profiles:
     compute: np.ndarray  # samples per second
     down: np.ndarray  # bytes per second, server -> client
     up: np.ndarray  # bytes per second, client -> server
-    #: per client, an (k, 2) array of [start, end) windows, or None (not limited by windows)
-    windows: list[np.ndarray | None]
+    #: client position -> an (k, 2) array of [start, end) windows, for the clients windows limit
+    windows: dict[int, np.ndarray]
     period: np.ndarray  # duty cycle length; 0 = no duty cycle
     duty: np.ndarray
     offset: np.ndarray
@@ -131,9 +134,8 @@ class Profiles:
         if cycled.any():
             phase = np.mod(t + self.offset[cycled], self.period[cycled])
             ok[cycled] = phase < self.duty[cycled] * self.period[cycled]
-        for i, win in enumerate(self.windows):
-            if win is not None:
-                ok[i] = bool(((win[:, 0] <= t) & (t < win[:, 1])).any())
+        for i, win in self.windows.items():
+            ok[i] = bool(((win[:, 0] <= t) & (t < win[:, 1])).any())
         return ok
 
     def next_available(self, t: float, among: np.ndarray) -> float | None:
@@ -141,7 +143,7 @@ class Profiles:
         (None: never)."""
         times = []
         for i in np.flatnonzero(among):
-            if self.windows[i] is not None:
+            if i in self.windows:
                 starts = self.windows[i][:, 0]
                 later = starts[starts > t]
                 if later.size:
@@ -156,21 +158,29 @@ class Profiles:
     @property
     def limited(self) -> bool:
         """Whether any client is ever unavailable."""
-        return bool((self.period > 0).any()) or any(w is not None for w in self.windows)
+        return bool((self.period > 0).any()) or bool(self.windows)
 
 
-def drawn_profiles(args, cids: Sequence[int]) -> Profiles:
-    """Log-normal speeds and the seeded duty cycle (module docstring), one stream per client."""
-    n = len(cids)
-    z = np.stack([numpy_rng(args.seed, "clock-speeds", cid).standard_normal(2) for cid in cids]) if n else np.zeros((0, 2))
+def drawn_speeds(args, cids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(compute, down, up) of the clients ``cids``: log-normal speeds (module docstring), one stream per
+    client, so a client's speeds are the same whichever others are drawn with it."""
+    z = np.stack([numpy_rng(args.seed, "clock-speeds", cid).standard_normal(2) for cid in cids]) if len(cids) else np.zeros((0, 2))
     compute = args.clock_compute_speed * np.exp(args.clock_compute_spread * z[:, 0])
     down = args.clock_link_speed * np.exp(args.clock_link_spread * z[:, 1])
+    return compute, down, down * args.clock_uplink_ratio
+
+
+def drawn_profiles(args, cids: Sequence[int], speeds: bool = True) -> Profiles:
+    """Log-normal speeds and the seeded duty cycle (module docstring), one stream per client; with
+    ``speeds`` False the speeds are left NaN, to be drawn (``drawn_speeds``) when first needed."""
+    n = len(cids)
+    compute, down, up = drawn_speeds(args, cids) if speeds else (np.full(n, np.nan) for _ in range(3))
     period = np.full(n, float(args.clock_avail_period))
     duty = np.full(n, float(args.clock_avail_duty))
     offset = np.zeros(n)
     if args.clock_avail_period > 0:
         offset = np.asarray([numpy_rng(args.seed, "clock-phase", cid).uniform(0, args.clock_avail_period) for cid in cids])
-    return Profiles(compute, down, down * args.clock_uplink_ratio, [None] * n, period, duty, offset)
+    return Profiles(compute, down, up, {}, period, duty, offset)
 
 
 def slow_clients(seed: int, rate: float, num_clients: int, purpose: str) -> np.ndarray:
@@ -235,7 +245,7 @@ def read_trace(path: str | Path, num_clients: int) -> Profiles:
     nan = float("nan")
     compute, down, up = np.full(num_clients, nan), np.full(num_clients, nan), np.full(num_clients, nan)
     period, duty, offset = np.zeros(num_clients), np.ones(num_clients), np.zeros(num_clients)
-    windows: list[np.ndarray | None] = [None] * num_clients
+    windows: dict[int, np.ndarray] = {}
     seen: dict[int, int] = {}
     for line, row in enumerate(rows, start=2):
         if not any(cell.strip() for cell in row):
@@ -370,54 +380,90 @@ class VirtualClock(RoundPlugin):
         super().__init__(runtime, server_cls)
         args = runtime.args
         clients = runtime.clients
+        n = len(clients)
         trace = getattr(args, "client_trace", None)
         if trace:
-            self.profiles = read_trace(trace, len(clients))
-        else:
-            self.profiles = drawn_profiles(args, [c.cid for c in clients])
+            self._profiles = read_trace(trace, n)
+        else:  # speeds drawn when first needed (speeds_of); phases, where there are any, now
+            cids = [c.cid for c in clients] if args.clock_avail_period > 0 else range(n)
+            self._profiles = drawn_profiles(args, cids, speeds=False)
         self.batch_size = int(args.batch_size)
         #: -tsr slow trainers and -ssr slow senders (boolean masks over client positions)
-        self.train_slow = slow_clients(args.seed, args.train_slow_rate, len(clients), "slow-clients")
-        self.send_slow = slow_clients(args.seed, args.send_slow_rate, len(clients), "slow-senders")
+        self.train_slow = slow_clients(args.seed, args.train_slow_rate, n, "slow-clients")
+        self.send_slow = slow_clients(args.seed, args.send_slow_rate, n, "slow-senders")
         if self.train_slow.any():  # they also train fewer epochs (module docstring)
             schedule = SlowEpochs(int(args.seed), int(args.local_epochs))
             for i in np.flatnonzero(self.train_slow):
                 clients[i].configure(epoch_schedule=schedule)
         self.drop_rate = float(args.client_drop_rate)
-        # the slow factors are applied here once, so every formula below reads effective speeds
-        self.compute = np.where(self.train_slow, self.profiles.compute / args.clock_train_slow_factor,
-                                self.profiles.compute)
-        self.down = np.where(self.send_slow, self.profiles.down / args.clock_send_slow_factor, self.profiles.down)
-        self.up = np.where(self.send_slow, self.profiles.up / args.clock_send_slow_factor, self.profiles.up)
+        #: effective speeds (the slow factors applied once, so every formula reads them), per client
+        #: position: compute, down, up; NaN until the client's speeds are first needed (speeds_of)
+        self._speeds = np.full((3, n), np.nan)
+        if trace:
+            self._effective(np.arange(n))
         self.time_select = bool(args.time_select)
         self.threshold = float(args.time_threthold)
         #: whether -tth discards uploads (module docstring: PFLlib's default alone does not)
         self.drops_late = self.time_select or self.threshold != PFLLIB_DEFAULT_THRESHOLD
-        self.predicted = self._predicted_seconds(runtime)
-        self.fast_enough = self.predicted <= self.threshold if self.time_select else np.ones(len(clients), dtype=bool)
+        self.fast_enough = self.predicted <= self.threshold if self.time_select else np.ones(n, dtype=bool)
         if not self.fast_enough.any():
             raise FLError(
                 f"-ts: no client's predicted round time is at most -tth {self.threshold:g} virtual seconds "
                 f"(the fastest needs {self.predicted.min():.4g}); raise -tth"
             )
-        self.restricts_selection = self.time_select or self.profiles.limited
+        self.restricts_selection = self.time_select or self._profiles.limited
         #: virtual seconds since the start of training
         self.now = 0.0
         #: each client's virtual seconds over the rounds it trained in, and their number (-tth)
-        self.client_seconds = np.zeros(len(clients))
-        self.client_rounds = np.zeros(len(clients), dtype=np.int64)
+        self.client_seconds = np.zeros(n)
+        self.client_rounds = np.zeros(n, dtype=np.int64)
         self._round_began = 0.0
         #: the virtual time the round's training began (after any wait), and each upload's seconds from it
         self._round_start = 0.0
         self.upload_seconds: dict[int, float] = {}
 
-    def _predicted_seconds(self, runtime: Runtime) -> np.ndarray:
-        """Each client's expected round time from what the server knows in advance (docstring)."""
+    def _effective(self, positions: np.ndarray) -> None:
+        """Fill the effective speeds of the clients at ``positions`` (drawing what is not drawn yet)."""
+        args, p = self.args, self._profiles
+        if np.isnan(p.compute[positions]).any():
+            clients = self.runtime.clients
+            p.compute[positions], p.down[positions], p.up[positions] = drawn_speeds(args, [clients[i].cid for i in positions])
+        slow_train, slow_send = self.train_slow[positions], self.send_slow[positions]
+        self._speeds[0, positions] = np.where(slow_train, p.compute[positions] / args.clock_train_slow_factor, p.compute[positions])
+        for row, speed in ((1, p.down), (2, p.up)):
+            self._speeds[row, positions] = np.where(slow_send, speed[positions] / args.clock_send_slow_factor, speed[positions])
+
+    def speeds_of(self, index: int) -> tuple[float, float, float]:
+        """Client ``index``'s effective (compute, down, up) speeds, drawn the first time they are needed."""
+        if math.isnan(self._speeds[0, index]):
+            self._effective(np.asarray([index]))
+        compute, down, up = self._speeds[:, index]
+        return float(compute), float(down), float(up)
+
+    def _all_speeds(self) -> np.ndarray:
+        """Every client's effective speeds (3, N), drawing those not drawn yet."""
+        missing = np.flatnonzero(np.isnan(self._speeds[0]))
+        if missing.size:
+            self._effective(missing)
+        return self._speeds
+
+    @property
+    def profiles(self) -> Profiles:
+        """Every client's speeds (all drawn) and availability."""
+        self._all_speeds()
+        return self._profiles
+
+    @functools.cached_property
+    def predicted(self) -> np.ndarray:
+        """Each client's expected round time from what the server knows in advance (module docstring,
+        ``-ts``); computed once, for every client: speeds are fixed."""
+        runtime = self.runtime
         vector = runtime.model.vector
         shared = vector.numel() if runtime.shared is None else int(runtime.shared.sum())
         model_bytes = shared * vector.element_size()
         samples = [client.expected_gradient_samples() for client in runtime.clients]
-        return model_bytes / self.down + np.asarray(samples, dtype=np.float64) / self.compute + model_bytes / self.up
+        compute, down, up = self._all_speeds()
+        return model_bytes / down + np.asarray(samples, dtype=np.float64) / compute + model_bytes / up
 
     # ------------------------------------------------------------------ plug-in hooks
     def before_selection(self, rnd: int, selecting: bool) -> None:
@@ -472,13 +518,13 @@ class VirtualClock(RoundPlugin):
         restricts it."""
         if not self.restricts_selection:
             return None
-        return self.fast_enough & self.profiles.available(self.now)
+        return self.fast_enough & self._profiles.available(self.now)
 
     def wait_for_clients(self, now: float) -> float:
         """The round's start: ``now``, or the first later time a selectable client is available."""
-        if not self.restricts_selection or (self.fast_enough & self.profiles.available(now)).any():
+        if not self.restricts_selection or (self.fast_enough & self._profiles.available(now)).any():
             return now
-        start = self.profiles.next_available(now, self.fast_enough)
+        start = self._profiles.next_available(now, self.fast_enough)
         if start is None or math.isinf(start):
             raise FLError(
                 f"no client is available at or after virtual time {now:.6g} s (their availability windows "
@@ -507,8 +553,9 @@ class VirtualClock(RoundPlugin):
         self.upload_seconds = {}
         for update in trained:
             i = update.index
-            down_and_train = float(package.nbytes(i) / self.down[i] + update.samples_processed / self.compute[i])
-            seconds = down_and_train + float(update.nbytes() / self.up[i])
+            compute, down, up = self.speeds_of(i)
+            down_and_train = float(package.nbytes(i) / down + update.samples_processed / compute)
+            seconds = down_and_train + float(update.nbytes() / up)
             self.upload_seconds[i] = seconds
             self.client_seconds[i] += seconds
             self.client_rounds[i] += 1

@@ -26,6 +26,10 @@ log = logging.getLogger("fl")
 
 @register_algorithm("APPLE")
 class APPLEServer(Server):
+    @classmethod
+    def population_limit(cls, args):
+        return cls.ALL_CLIENTS_LIMIT, "every round sends each selected client every client's core model"
+
     client_cls = APPLEClient
     personalized = True
     has_global_model = False

@@ -56,7 +56,7 @@ from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
 from utils.cli import hyperparameters
 from utils.data_utils import FederatedDataset
-from utils.errors import Diverged
+from utils.errors import Diverged, FLError
 from utils.metrics import EvalResult
 from utils.public_data import PublicData, require_public_data
 from utils.result_utils import RunHistory
@@ -72,6 +72,43 @@ def weighted_average(updates: list[ClientUpdate], weights: list[float] | np.ndar
     for update, weight in zip(updates, weights):
         total.add_(update.params, alpha=float(weight))
     return total
+
+
+class LazyClients(Sequence):
+    """The server's clients, a sequence whose client ``i`` is built the first time it is read and kept
+    from then on: start-up does no Python work per client, and a round builds its cohort's clients.
+    Iterating builds them all. The client class's flags (``hp``) are read once for all of them."""
+
+    def __init__(self, client_cls: type[Client], data: Sequence, args: Namespace, state, task: Task,
+                 local_step) -> None:
+        self.client_cls, self.data, self.args, self.state, self.task, self.local_step = (
+            client_cls, data, args, state, task, local_step)
+        self.hp = hyperparameters(args, client_cls)
+        self._built: dict[int, Client] = {}
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"client {index} of {len(self)}")
+        index %= len(self)
+        client = self._built.get(index)
+        if client is None:
+            client = self._built[index] = self.client_cls(index, self.data[index], self.args, self.state, self.task,
+                                                          self.local_step, hp=self.hp)
+        return client
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    @property
+    def built(self) -> int:
+        """How many clients have been built so far."""
+        return len(self._built)
 
 
 class Server:
@@ -92,15 +129,31 @@ class Server:
     #: that replay the global model in the working widths or mix uploads refuse it (``compatible``)
     changes_widths: ClassVar[bool] = False
 
+    #: the population above which algorithms whose every round touches every client are refused
+    #: (``population_limit``): their memory or time per round grows with the population
+    ALL_CLIENTS_LIMIT: ClassVar[int] = 10_000
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.capabilities = Capabilities.of(cls, Server, SERVER_HOOKS)
+
+    @classmethod
+    def population_limit(cls, args: Namespace) -> tuple[int, str] | None:
+        """The most clients this algorithm runs on with these flags and why (None: any number): an
+        algorithm whose rounds need every client (all-pairs weights, every client trained) says so,
+        and a larger population is refused in one line when the server is built."""
+        return None
 
     def __init__(self, args: Namespace, dataset: FederatedDataset, module: nn.Module, device: torch.device):
         self.args = args
         self.hp = hyperparameters(args, type(self), self.client_cls)  # typed, frozen: this algorithm's own flags
         # the clients features hold out (-nnc's new clients), unless main.py split them off already
         self.dataset = dataset = split_for_features(args, dataset)
+        limit = type(self).population_limit(args)
+        if limit is not None and len(dataset.clients) > limit[0]:
+            name = getattr(type(self), "registered_name", type(self).__name__)
+            raise FLError(f"{name} runs on at most {limit[0]:,} clients and the dataset has {len(dataset.clients):,}: "
+                          f"{limit[1]}; use a smaller population or another algorithm")
         if type(self).public_data_user(args):  # main.py refused it before any data was read; a server built directly
             self.public_data()  # is checked here
         self.device = device
@@ -116,7 +169,11 @@ class Server:
         state = make_state_store(args, device)
         task = Task(dataset.num_classes, self.model.num_params)
         local_step = local_step_for(args)  # plain SGD, or the chain the flags ask for (DP-SGD, poisoning)
-        self.clients = [self.client_cls(i, data, args, state, task, local_step) for i, data in enumerate(dataset.clients)]
+        #: each client built the first time it is touched (LazyClients); the first now, so that what a
+        #: client class refuses of the flags is refused here
+        self.clients = LazyClients(self.client_cls, dataset.clients, args, state, task, local_step)
+        if len(self.clients):
+            self.clients[0]
         self.history = RunHistory()
         #: what the evaluator, the engine and the plug-ins need of the run (flcore/protocol.py)
         self.runtime = Runtime(args, dataset, device, self.model, self.clients, state, self.history, self.shared_mask,

@@ -63,6 +63,12 @@ def squared_distances(rows: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
 
 @register_algorithm("FedAMP")
 class FedAMPServer(Server):
+    @classmethod
+    def population_limit(cls, args):
+        if getattr(args, "fedamp_pool", "previous") == "all":
+            return cls.ALL_CLIENTS_LIMIT, "with --fedamp_pool all each selected client's cloud model mixes every client's latest model every round"
+        return None
+
     client_cls = FedAMPClient
     personalized = True
     has_global_model = False

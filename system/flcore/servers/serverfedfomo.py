@@ -32,6 +32,10 @@ from utils.seeding import numpy_rng
 
 @register_algorithm("FedFomo")
 class FedFomoServer(Server):
+    @classmethod
+    def population_limit(cls, args):
+        return cls.ALL_CLIENTS_LIMIT, "it keeps an affinity between every pair of clients (N x N) and ranks every candidate each round"
+
     client_cls = FedFomoClient
     personalized = True
     has_global_model = False

@@ -266,6 +266,11 @@ class FedMAServer(Server):
         super().after_round(rnd, package, updates)
 
     # -------------------------------------------------------------- evaluation, saving
+    def evaluate(self, rnd: int) -> EvalResult:
+        # the matched evaluator takes the round's --eval_clients sample too (the base one records it)
+        self.matched.evaluator.at_round(rnd, record=False)
+        return super().evaluate(rnd)
+
     def evaluate_models(self, params_for, train_loss: bool = True) -> EvalResult:
         return self.matched.evaluator.evaluate(params_for, train_loss)
 

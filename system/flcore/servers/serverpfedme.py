@@ -42,6 +42,12 @@ from utils.errors import FLError
 
 @register_algorithm("pFedMe")
 class PFedMeServer(Server):
+    @classmethod
+    def population_limit(cls, args):
+        if getattr(args, "pfedme_all_clients", False):
+            return cls.ALL_CLIENTS_LIMIT, "--pfedme_all_clients trains every client every round"
+        return None
+
     client_cls = PFedMeClient
     personalized = True
 
