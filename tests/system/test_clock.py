@@ -239,7 +239,7 @@ def test_drawn_speeds_depend_on_the_seed_and_client_only():
 
 
 def test_speeds_are_drawn_when_a_round_first_needs_them_with_the_values_a_full_draw_gives(monkeypatch):
-    import flcore.plugins.clock as clock_module
+    import flcore.features.clock as clock_module
     drawn: list[int] = []
     real = clock_module.drawn_speeds
     monkeypatch.setattr(clock_module, "drawn_speeds", lambda args, cids: (drawn.extend(cids), real(args, cids))[1])
