@@ -49,7 +49,7 @@ case "${1:-}" in
         cd "$ROOT/dataset"
         "$VENV/bin/python" generate_Digits.py noniid - dir --num-clients 10 --alpha 0.5
         cd "$ROOT/system"
-        exec "$VENV/bin/python" main.py -data Digits -m DNN -algo FedAvg -gr 30 -lbs 10 -lr 0.05 -dev cpu -go demo "$@"
+        exec "$VENV/bin/python" main.py -data Digits -m DNN -algo FedAvg -gr 30 -lbs 10 -lr 0.05 -dev cpu -go demo --overwrite "$@"
         ;;
     --test)
         shift
