@@ -23,8 +23,8 @@ sys.path.insert(0, str(REPO / "system"))
 
 import main  # noqa: E402
 from flcore.registry import ALGORITHMS  # noqa: E402
-from utils.result_utils import result_path  # noqa: E402
-from utils.run_control import is_finished  # noqa: E402
+from reporting.results import result_path  # noqa: E402
+from runner.run_control import is_finished  # noqa: E402
 
 OUT = REPO / "experiments" / "out"
 #: MNIST's four IDX files for the scripts that generate an MNIST partition: where

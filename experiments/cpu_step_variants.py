@@ -303,7 +303,7 @@ def evaluation_part(args) -> None:
     train loss), ``--eval_frozen`` True and False, interleaved; one intra-op thread."""
     import main as entry
     from flcore.registry import ALGORITHMS
-    from utils.data_utils import load_federated_dataset
+    from fldata.loading import load_federated_dataset
 
     servers = {}
     for frozen in (False, True):
@@ -338,7 +338,7 @@ def client_part(args) -> None:
     model, interleaved: the platform's per-step overhead."""
     import main as entry
     from flcore.registry import ALGORITHMS
-    from utils.data_utils import decode_inputs, load_federated_dataset
+    from fldata.loading import decode_inputs, load_federated_dataset
 
     argv = ["-algo", "FedAvg", "-m", "CNN", "-data", args.data, "-dev", "cpu", "--engine", "sequential",
             "-lbs", "10", "-lr", "0.005", "--progress", "False", "-q", "True"]

@@ -15,7 +15,7 @@ sys.path[:0] = ["tests/system", "system", "."]
 import torch
 from fltest import make_args, image_dataset, load_all
 from flcore.registry import ALGORITHMS, MODELS
-from utils.data_utils import ClientData, FederatedDataset
+from fldata.loading import ClientData, FederatedDataset
 
 dev = torch.device(sys.argv[1] if len(sys.argv) > 1 else "cuda")
 clients = int(os.environ.get("SB_CLIENTS", 20)); per = int(os.environ.get("SB_SAMPLES", 400))

@@ -37,7 +37,7 @@ import numpy as np
 
 from common import MNIST_RAW, OUT, add_training_flags, generate_data, mean_std, run_variant, write_table
 from flcore.registry import load_all  # importable once common has put system/ on the path
-from utils.result_utils import reach_target
+from reporting.results import reach_target
 
 FMNIST_RAW = Path("/usr/share/datasets/fashion-mnist")
 DATASETS = {"MNIST": ("generate_MNIST.py", MNIST_RAW), "FMNIST": ("generate_FashionMNIST.py", FMNIST_RAW)}

@@ -16,7 +16,7 @@ Run from ``system/``::
 Engines: ``sequential``, ``threaded``, ``batched``, ``auto``, ``ray`` (the platform's engines, see
 ``flcore/engines``; ``ray`` starts a local Ray instance in the warm-up round, whose start-up cost
 the JSON records as ``startup_s``, with the actors' state and peak memory) and ``pfllib``: PFLlib's FedAvg procedure re-implemented
-(``utils/pfllib_baseline.py``), run on the same data, initial model, seed and threads, so that the
+(``runner/pfllib_baseline.py``), run on the same data, initial model, seed and threads, so that the
 speed-up over PFLlib is measured in one run rather than against a figure from another day.
 
 Configurations:

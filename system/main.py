@@ -33,15 +33,15 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from runner.device import configure_backends, resolve_device, setup_logging
     from runner.model import build_model
     from runner.results import SAVE_MODEL_NEEDS_SAFETENSORS, model_paths, print_summary, staging_name, train_one
-    from utils.cli import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, SEED_HIGH, accept_other_flags, check_ranges,
+    from cli.flags import (IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, SEED_HIGH, accept_other_flags, check_ranges,
                            declare_flags, declared_actions, generic_parser, pfllib_algorithm_actions)
-    from utils.config_file import expand_config
-    from utils.data_utils import load_federated_dataset
-    from utils.public_data import public_data_needed, with_public_data
+    from cli.config_file import expand_config
+    from fldata.loading import load_federated_dataset
+    from fldata.public import public_data_needed, with_public_data
     from utils.errors import FLError
-    from utils.result_utils import read_results, result_path
+    from reporting.results import read_results, result_path
     from utils.interrupts import EXIT_STATUS, INTERRUPTS
-    from utils.run_control import Claim, RunInterrupted, claim_all
+    from runner.run_control import Claim, RunInterrupted, claim_all
     from utils.seeding import derive_seed, seed_everything
 except KeyboardInterrupt as exc:
     raise SystemExit(getattr(exc, "exit_status", 130)) from None
@@ -140,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 #: utils.seeding keeps 32 bits of a seed: -1 would be 4294967295's run under another name. The
-#: generators (dataset/datagen) take the same range (utils/cli.py declares it with --seed).
+#: generators (dataset/datagen) take the same range (cli/flags.py declares it with --seed).
 MAX_SEED = SEED_HIGH
 def validate(args: argparse.Namespace) -> None:
     """Reject settings that would silently do something else than asked (before any data is read);
@@ -252,7 +252,7 @@ def run_claimed(args: argparse.Namespace, claims: dict[int, Claim]) -> list[Path
             f"-ncl {args.num_classes} does not match dataset {args.dataset!r} ({dataset.num_classes} classes); drop -ncl"
         )
     dataset = split_for_features(args, dataset)  # before the public set is drawn from the training pool
-    dataset = with_public_data(args, dataset)  # --public_data: the server's public set (utils/public_data.py)
+    dataset = with_public_data(args, dataset)  # --public_data: the server's public set (fldata/public.py)
     validate_with_data(args, dataset)
     args.num_clients, args.num_classes = len(dataset.clients), dataset.num_classes
     server_cls = ALGORITHMS.get(args.algorithm)

@@ -55,7 +55,7 @@ from reporting.series import METRICS, X_MODES, metric_groups
 from reporting.settings import split_by_setting
 from reporting.stats import summarize_runs, unknown_personalization
 from reporting.tables import format_summary_table
-from utils.cli import generic_parser, pfllib_algorithm_actions
+from cli.flags import generic_parser, pfllib_algorithm_actions
 
 PROG = "plot.py"
 

@@ -36,7 +36,7 @@ from reporting.series import METRICS, X_LABELS, X_MODES, X_SERIES, metric_groups
 from reporting.stats import AlgorithmSummary
 from reporting.tables import column_header, shown_columns, summary_cells, table_title
 from summarize import add_selection_flags, load_tables
-from utils.cli import ExactParser
+from cli.flags import ExactParser
 
 PROG = "report.py"
 DPI = 90

@@ -60,8 +60,8 @@ import sweep  # noqa: E402
 from reporting.cli import one_line_errors  # noqa: E402
 from reporting.loading import RunResult, load_run  # noqa: E402
 from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
-from utils.cli import IGNORED_DEST  # noqa: E402
-from utils.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
+from cli.flags import IGNORED_DEST  # noqa: E402
+from cli.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 
 PROG = "suite.py"

@@ -39,7 +39,7 @@ from reporting.names import dataset_name
 from reporting.settings import split_by_setting
 from reporting.stats import AlgorithmSummary, summarize_runs, unknown_personalization
 from reporting.tables import format_summary_markdown, format_summary_table, summary_records
-from utils.cli import ExactParser
+from cli.flags import ExactParser
 
 PROG = "summarize.py"
 #: Per dataset: (the goal its title shows, row name -> the runs of that row).

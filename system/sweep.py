@@ -56,15 +56,15 @@ if str(SYSTEM) not in sys.path:  # also importable from the tests and from anoth
     sys.path.insert(0, str(SYSTEM))
 
 import main  # noqa: E402
-from utils.checkpoint import RESUMABLE_FLAGS  # noqa: E402
-from utils.cli import IGNORED_DEST  # noqa: E402
+from runner.checkpoint import RESUMABLE_FLAGS  # noqa: E402
+from cli.flags import IGNORED_DEST  # noqa: E402
 from utils.errors import FLError  # noqa: E402
 from reporting.loading import load_run  # noqa: E402
 from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
 from reporting.tables import format_summary_table  # noqa: E402
-from utils.result_utils import result_path  # noqa: E402
-from utils.checkpoint import checkpoint_path  # noqa: E402
-from utils.run_control import is_finished  # noqa: E402
+from reporting.results import result_path  # noqa: E402
+from runner.checkpoint import checkpoint_path  # noqa: E402
+from runner.run_control import is_finished  # noqa: E402
 
 PROG = "sweep.py"
 # Flags whose values are free text that may hold commas (device lists, paths): never split into axes.

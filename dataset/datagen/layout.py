@@ -183,7 +183,7 @@ WRITERS = {"npz": NpzWriter, "packed": PackedWriter}
 
 def open_packed(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Split -> (x, y, offsets) of a packed folder, mapped read-only (for the converter; the
-    simulator's reader, ``system/utils/data_utils.py``, checks every header against config.json)."""
+    simulator's reader, ``system/fldata/loading.py``, checks every header against config.json)."""
     out = {}
     for split in SPLITS:
         x, y, offsets = (np.load(folder / split / name, mmap_mode="r", allow_pickle=False)

@@ -2,7 +2,7 @@
 
 ``<folder>/.writing.lock`` holds the writer's pid, and the writer holds an exclusive ``flock`` on
 it from the moment it starts replacing files until ``config.json`` (written last) is in place;
-then the marker is removed. The simulator's loader (``system/utils/data_utils.py``,
+then the marker is removed. The simulator's loader (``system/fldata/loading.py``,
 ``check_not_being_written``) refuses a folder whose marker is locked ("being written by a
 generator (pid N)"), and, as the kernel drops the lock of a process however it ends, tells a
 marker left by a killed generator (lock free, no ``config.json``) from a live one. A generator
@@ -21,7 +21,7 @@ from typing import Iterator
 
 from .errors import DatasetError
 
-#: the marker's name (``system/utils/data_utils.py`` looks for the same name)
+#: the marker's name (``system/fldata/loading.py`` looks for the same name)
 LOCK_NAME = ".writing.lock"
 #: a reader checks the marker by taking a shared lock for an instant: retry that long before
 #: concluding that another generator holds it

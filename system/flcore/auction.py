@@ -34,7 +34,7 @@ from argparse import ArgumentParser
 
 import numpy as np
 
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

@@ -84,7 +84,7 @@ from torch.func import functional_call, vmap
 from flcore.frozen import MIN_ROWS as FROZEN_MIN_ROWS
 from flcore.frozen import FrozenCopy, close_enough, frozen_copy
 from flcore.trainmodel.layout import plain_convolutions
-from utils.data_utils import decode_inputs
+from fldata.loading import decode_inputs
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 from utils.mem_utils import OUT_OF_MEMORY, device_room

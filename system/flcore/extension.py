@@ -2,7 +2,7 @@
 attacks, robust aggregation, stragglers, DLG, new clients) tells the platform about itself.
 
 This module sits on the protocol's floor (``docs/architecture.md``, "Layers"): it imports the
-protocol types and the flag machinery only. ``main.py``, ``utils/cli.py``, the result files and
+protocol types and the flag machinery only. ``main.py``, ``cli/flags.py``, the result files and
 the base classes never name a feature; they ask every registered one (:func:`flcore.features.features`):
 
 Before any data is read (class level, from the flags):
@@ -51,14 +51,14 @@ import numpy as np
 import torch
 
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
-from utils.cli import declared_actions, hyperparameters
+from cli.flags import declared_actions, hyperparameters
 from utils.errors import FLError
 
 if TYPE_CHECKING:  # annotations only
     from flcore.flat import FlatModel
     from flcore.protocol import LocalJob
-    from utils.data_utils import FederatedDataset
-    from utils.result_utils import RunHistory
+    from fldata.loading import FederatedDataset
+    from reporting.results import RunHistory
 
 
 class Feature:

@@ -111,7 +111,7 @@ class FlatModel:
         self.grad.zero_()
 
     def checkpoint_state(self) -> dict[str, torch.Tensor | dict[str, torch.Tensor]]:
-        """What a checkpoint keeps (utils/checkpoint.py): the vector (parameters and float
+        """What a checkpoint keeps (runner/checkpoint.py): the vector (parameters and float
         buffers) and the integer buffers (BatchNorm's batch counts), which are not in it."""
         ints = {n: b.detach().clone() for n, b in self.module.named_buffers() if not b.is_floating_point()}
         return {"vector": self.vector.detach().clone(), "int_buffers": ints}

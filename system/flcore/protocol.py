@@ -33,9 +33,9 @@ import torch
 if TYPE_CHECKING:  # annotations only: these modules sit at or below this layer's users
     from flcore.flat import FlatModel
     from flcore.state import ClientStateStore
-    from utils.data_utils import FederatedDataset
+    from fldata.loading import FederatedDataset
     from utils.metrics import EvalResult
-    from utils.result_utils import RunHistory
+    from reporting.results import RunHistory
 
 
 def tensor_nbytes(tensors: dict[str, torch.Tensor]) -> int:

@@ -10,7 +10,7 @@ from typing import Callable
 
 from reporting.loading import PlotError
 from utils.errors import FLError
-from utils.result_utils import write_atomically
+from reporting.results import write_atomically
 
 
 def default_results_dir() -> str:

@@ -27,7 +27,7 @@ from matplotlib.figure import Figure
 
 from reporting.loading import PlotError, RunResult
 from reporting.settings import differing_flags
-from utils.result_utils import write_atomically
+from reporting.results import write_atomically
 
 #: the grid's metrics: the series whose last value a cell averages, and its title
 GRID_METRICS: dict[str, tuple[str, str]] = {

@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from reporting.series import METRICS, X_LABELS, GroupedSeries
-from utils.result_utils import write_atomically
+from reporting.results import write_atomically
 
 
 def plot_file_name(dataset: str, goal: str, metric: str, x_mode: str = "rounds") -> str:

@@ -2,7 +2,7 @@
 one table): each defined once, per run from its series, then mean ± population std over runs.
 
 Accuracies are fractions as stored; the tail means and the target figures are main.py's own
-definitions (:mod:`utils.result_utils`, which imports no torch), so the table and the run's
+definitions (:mod:`reporting.results`, which imports no torch), so the table and the run's
 printed summary agree.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from reporting.loading import RunResult
-from utils.result_utils import reach_target, tail_means
+from reporting.results import reach_target, tail_means
 
 MISSING = "–"  # a figure the files do not allow to compute (PFLlib's files lack most series)
 

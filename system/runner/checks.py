@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from utils.data_utils import FederatedDataset
+from fldata.loading import FederatedDataset
 from utils.errors import FLError
 
 log = logging.getLogger("fl")

@@ -9,8 +9,8 @@ import torch
 
 from flcore.registry import MODELS
 from flcore.trainmodel.checks import dry_run
-from utils.cli import PFLLIB_VOCAB_SIZE
-from utils.data_utils import FederatedDataset
+from cli.flags import PFLLIB_VOCAB_SIZE
+from fldata.loading import FederatedDataset
 from utils.errors import FLError
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import torch
 
-from utils.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
+from runner.checkpoint import load_checkpoint, load_server_state, save_checkpoint, server_state
 from utils.errors import Diverged, FLError
 from utils.interrupts import INTERRUPTS
 from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-from utils.result_utils import save_results, summarize, write_atomically
-from utils.run_control import Claim, RunInterrupted, StopOnSignal, is_finished
+from reporting.results import save_results, summarize, write_atomically
+from runner.run_control import Claim, RunInterrupted, StopOnSignal, is_finished
 
 log = logging.getLogger("fl")
 

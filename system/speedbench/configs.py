@@ -11,7 +11,7 @@ REPO = HERE.parent
 #: for the record only: this shared machine's speed has varied 3-4x between days, so speed-ups are
 #: computed against the same-run baseline (``--engines ... pfllib``) alone
 PFLLIB_P1 = {"s_per_round": 20.8, "eval_s_per_round": 7.9, "peak_rss_mb": 705.0}
-#: the engine name of PFLlib's procedure re-implemented (utils/pfllib_baseline.py)
+#: the engine name of PFLlib's procedure re-implemented (runner/pfllib_baseline.py)
 BASELINE = "pfllib"
 
 CONFIGS: dict[str, dict] = {

@@ -17,7 +17,7 @@ def _synthetic_clients(sizes_train, sizes_test, labels_of, shape, num_classes, s
     import numpy as np
     import torch
 
-    from utils.data_utils import ClientData, split_views
+    from fldata.loading import ClientData, split_views
 
     rng = np.random.default_rng(seed)
     prototypes = rng.normal(size=(num_classes, *shape)).astype(np.float32)
@@ -46,7 +46,7 @@ def synthetic_mnist(seed: int = 1):
     """Random data shaped like P1: 70,000 1x28x28 images over 20 clients by Dirichlet(0.1), 75% train."""
     import numpy as np
 
-    from utils.data_utils import FederatedDataset
+    from fldata.loading import FederatedDataset
 
     rng = np.random.default_rng(seed)
     num_clients, num_classes, total = 20, 10, 70_000
@@ -70,7 +70,7 @@ def synthetic_p2(seed: int = 2, num_clients: int = 1000, n_train: int = 50, n_te
     """Random CIFAR-10-shaped data: 1,000 clients with 50 train / 10 test samples, Dir(0.1) labels."""
     import numpy as np
 
-    from utils.data_utils import FederatedDataset
+    from fldata.loading import FederatedDataset
 
     rng = np.random.default_rng(seed)
     num_classes = 10
@@ -93,7 +93,7 @@ def _synthetic_data(cfg: dict, spec: dict):
 
 def _move_dataset(dataset, device) -> None:
     """Move the merged tensors to ``device`` and make the clients' tensors views of them again."""
-    from utils.data_utils import split_views
+    from fldata.loading import split_views
 
     dataset.merged = {split: tuple(t.to(device) for t in tensors) for split, tensors in dataset.merged.items()}
     for split, (all_x, all_y, _) in dataset.merged.items():

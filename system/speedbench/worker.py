@@ -64,7 +64,7 @@ def _build_server(spec: dict, engine: str, dataset=None):
 
     import main
     from flcore.registry import ALGORITHMS
-    from utils.data_utils import load_federated_dataset
+    from fldata.loading import load_federated_dataset
     from utils.seeding import derive_seed, seed_everything
 
     cfg = CONFIGS[spec["config"]]
@@ -194,14 +194,14 @@ class _Run:
 
 
 class _BaselineRun(_Run):
-    """``--engines pfllib``: PFLlib's FedAvg procedure (utils/pfllib_baseline.py) on the same data,
+    """``--engines pfllib``: PFLlib's FedAvg procedure (runner/pfllib_baseline.py) on the same data,
     initial model, seed and threads, timed like the engines."""
 
     def __init__(self, spec: dict):
         import main
         from flcore.registry import MODELS
-        from utils.data_utils import load_config
-        from utils.pfllib_baseline import PFLlibStyleFedAvg, memory_reader, npz_reader, npz_train_sizes
+        from fldata.loading import load_config
+        from runner.pfllib_baseline import PFLlibStyleFedAvg, memory_reader, npz_reader, npz_train_sizes
         from utils.seeding import derive_seed, seed_everything
 
         cfg = CONFIGS[spec["config"]]

@@ -1,4 +1,4 @@
-"""SIGINT and SIGTERM outside a run's training (``utils.run_control.StopOnSignal`` handles them during
+"""SIGINT and SIGTERM outside a run's training (``runner.run_control.StopOnSignal`` handles them during
 it): start-up (imports, the dataset, the model), between the ``-t`` repeats, and while the results
 are written.
 

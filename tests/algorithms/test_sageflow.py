@@ -14,7 +14,7 @@ from fltest import one_thread  # noqa: F401  (fixture: importing it switches it 
 from flcore.servers.serversageflow import group_weights, loss_weights, public_scores
 from knowledgetest import refusal
 from toydata import make_dataset
-from utils import checkpoint
+from runner import checkpoint
 
 CLIENTS, DIM, C = 6, 4, 3
 PUBLIC = ("--public_data", "0.2", "--public_data_withhold", "True")  # FedAvg beside it withholds the same rows

@@ -6,7 +6,7 @@ import torch
 from conftest import REPO
 from datagen_helpers import write_leaf_json
 
-from utils.data_utils import load_federated_dataset
+from fldata.loading import load_federated_dataset
 
 
 def test_natural_text_clients_in_either_layout_are_the_same_token_ids(tmp_path):

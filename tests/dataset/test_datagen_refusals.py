@@ -85,7 +85,7 @@ def test_the_scripts_refuse_to_write_among_themselves():
     """Run from dataset/ as the README says: neither "" nor "." writes next to the scripts. The
     refusal lists the folder's first entries by name, so it is checked without them: generated
     datasets (``dataset/Digits/`` of ``./prepare.sh --demo``) sort before README.md."""
-    before = files_of(DATASET / "datagen") | {p.name: p.read_bytes() for p in DATASET.glob("*.*")}
+    before = files_of(DATASET / "datagen") | {p.name: p.read_bytes() for p in DATASET.glob("*.*") if p.is_file()}
     for value, needle in (("", "--out-dir is empty"),
                           (".", f"--out-dir {DATASET} holds files no generator wrote (")):
         proc = subprocess.run([sys.executable, "generate_Digits.py", "--out-dir", value], cwd=DATASET,
@@ -95,7 +95,7 @@ def test_the_scripts_refuse_to_write_among_themselves():
         if value == ".":  # the entries it names are the folder's own
             shown = proc.stderr[len(f"error: {needle}"):].split(")")[0].split(" and ")[0]
             assert all((DATASET / name).exists() for name in shown.split(", ")), proc.stderr
-    after = files_of(DATASET / "datagen") | {p.name: p.read_bytes() for p in DATASET.glob("*.*")}
+    after = files_of(DATASET / "datagen") | {p.name: p.read_bytes() for p in DATASET.glob("*.*") if p.is_file()}
     assert after == before
     assert not (DATASET / "config.json").exists() and not (DATASET / "train").exists()
 

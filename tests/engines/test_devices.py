@@ -25,7 +25,7 @@ from flcore.engines.threaded import ThreadedEngine
 from flcore.registry import ALGORITHMS, MODELS
 from flcore.state import ClientStateStore, make_state_store
 from toydata import make_dataset
-from utils.data_utils import ClientData, FederatedDataset
+from fldata.loading import ClientData, FederatedDataset
 
 SYSTEM = Path(__file__).resolve().parents[2] / "system"
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")

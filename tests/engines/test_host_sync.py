@@ -22,7 +22,7 @@ from flcore.clients.clientbase import Client
 from flcore.registry import ALGORITHMS, MODELS
 from fltest import image_dataset, make_args
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
-from utils.data_utils import ClientData, FederatedDataset
+from fldata.loading import ClientData, FederatedDataset
 
 TRAIN_JOB = Client.train_job  # the base sequence's, wrapped by each count
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")

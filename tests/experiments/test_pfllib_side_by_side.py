@@ -137,7 +137,7 @@ def test_dnn_pfllib_is_pfllibs_dnn_as_its_main_splits_it():
 def test_capped_test_rows_keep_the_training_rows_and_say_so_in_the_config(tmp_path):
     import json
 
-    from utils.data_utils import load_federated_dataset
+    from fldata.loading import load_federated_dataset
 
     data = make_dataset(tmp_path / "data", num_clients=2, input_shape=(1, 28, 28), train_sizes=[7, 9])
     capped = sbs.cap_test_rows(data, tmp_path / "capped", 2)

@@ -12,7 +12,7 @@ import torch
 
 from test_main import run_main  # main.main on the CPU: (exit code, stdout, stderr)
 from toydata import make_dataset
-from utils.data_utils import load_federated_dataset
+from fldata.loading import load_federated_dataset
 
 
 def write_token_dataset(root: Path, name: str = "TinyText", num_clients: int = 3, length: int = 12,

@@ -72,10 +72,10 @@ def test_the_models_own_defaults_are_the_flags_defaults():
     """Text models built without flags use PFLlib's -vs and -fd, as the command line declares them
     (the model code does not import the command-line module)."""
     from flcore.trainmodel import text
-    from utils.cli import generic_parser
+    from cli.flags import generic_parser
 
     defaults = generic_parser().parse_args([])
     assert text.PFLLIB_VOCAB_SIZE == defaults.vocab_size or defaults.vocab_size is None
     assert text.PFLLIB_FEATURE_DIM == defaults.feature_dim
-    from utils.cli import PFLLIB_VOCAB_SIZE
+    from cli.flags import PFLLIB_VOCAB_SIZE
     assert text.PFLLIB_VOCAB_SIZE == PFLLIB_VOCAB_SIZE

@@ -15,9 +15,9 @@ from fltest import (build_server, linear_grad, make_args, random_dataset, run_ma
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.features.stragglers import awaited, delay_of
 from flcore.servers.serverfedasync import mix_uploads, staleness_weight
-from utils import checkpoint
+from runner import checkpoint
 from utils.errors import FLError
-from utils.result_utils import RunHistory, summarize
+from reporting.results import RunHistory, summarize
 
 CLIENTS = 6
 

@@ -14,7 +14,7 @@ from fltest import build_server, image_dataset, make_args, random_dataset, run_m
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.features import attacks
 from flcore.protocol import ClientUpdate, RoundPackage
-from utils.data_utils import ClientData
+from fldata.loading import ClientData
 from utils.errors import FLError
 from utils.seeding import torch_generator
 
@@ -145,7 +145,7 @@ def test_the_drawn_scope_is_the_cohort_scope_without_busy_clients_and_loses_busy
 
 def test_cohort_attackers_of_late_uploads_are_remembered_across_a_resume():
     """Sageflow's filter scores late uploads against the attackers of the round they were trained in."""
-    from utils import checkpoint
+    from runner import checkpoint
 
     def sageflow():
         args = make_args("Sageflow", engine="sequential", num_clients=CLIENTS, batch_size=4, global_rounds=6,

@@ -11,7 +11,7 @@ from reporting.loading import find_all_runs
 from reporting.stats import summarize_runs
 from reporting.tables import format_summary_table
 from toydata import make_dataset
-from utils.result_utils import read_results
+from reporting.results import read_results
 
 ATTACK = ["--attack", "sign_flip", "--attack_fraction", "0.34", "--attack_scale", "1e38"]
 

@@ -13,7 +13,7 @@ from fltest import build_server, make_args, random_dataset, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
 from flcore.features import robust
 from toydata import make_dataset
-from utils import checkpoint
+from runner import checkpoint
 from utils.errors import FLError
 
 

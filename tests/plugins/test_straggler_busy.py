@@ -17,7 +17,7 @@ from flcore.features.stragglers import delay_of, round_delays
 from flcore.servers.serverbase import record_round
 from test_async import CLIENTS, server
 from toydata import make_dataset
-from utils import checkpoint
+from runner import checkpoint
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

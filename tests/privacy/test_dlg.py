@@ -22,7 +22,7 @@ from fltest import build_server, dataset_from_arrays, make_args, one_thread  # n
 from flcore.features.dlg import idlg_label, match_order, psnr, reconstruct, ssim, to_unit_range
 from flcore.flat import FlatModel
 from toydata import make_dataset
-from utils.result_utils import read_results
+from reporting.results import read_results
 
 RECOVERED_DB = 30.0
 FAILED_DB = 12.0

@@ -14,7 +14,7 @@ import summarize
 from resultfiles import write_ours, write_pfllib
 from reporting.settings import RUN_ONLY_KEYS
 from utils.errors import FLError
-from utils.result_utils import write_atomically
+from reporting.results import write_atomically
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -165,7 +165,7 @@ def read_only(monkeypatch, code: int = errno.EROFS) -> None:
     """The results folder refuses new files, as a read-only mount does (chmod does not stop root)."""
     def refuse(*_args, **_kwargs):
         raise OSError(code, "refused")
-    monkeypatch.setattr("utils.result_utils.tempfile.mkstemp", refuse)
+    monkeypatch.setattr("reporting.results.tempfile.mkstemp", refuse)
 
 
 @pytest.mark.parametrize("code", [errno.EROFS, errno.EACCES])

@@ -19,8 +19,8 @@ from resultfiles import DITTO, DITTO_GLOBAL, FEDAVG, FEDPROX, write_folder, writ
 from toydata import make_dataset
 from reporting.loading import find_all_runs, load_algorithm_runs
 from reporting.stats import summarize_runs
-from utils.result_utils import RunHistory, tail_means
-from utils.result_utils import summarize as summarize_history
+from reporting.results import RunHistory, tail_means
+from reporting.results import summarize as summarize_history
 
 SYSTEM = Path(__file__).resolve().parents[2] / "system"
 

@@ -18,8 +18,8 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 from toydata import make_dataset
-from utils.data_utils import ClientData, FederatedDataset
-from utils.public_data import with_public_data
+from fldata.loading import ClientData, FederatedDataset
+from fldata.public import with_public_data
 
 
 def make_args(algorithm: str = "FedAvg", *extra: str, **flags) -> "main.argparse.Namespace":

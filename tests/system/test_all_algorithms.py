@@ -13,7 +13,7 @@ import main
 from flcore.registry import ALGORITHMS, list_algorithms
 from fltest import REQUIRED_FLAGS
 from toydata import make_dataset
-from utils.cli import IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS
+from cli.flags import IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS
 
 #: PFLlib's 40 ``-algo`` names (d832e76's main.py) -> the algorithm's own flags as a PFLlib user writes them
 #: (PFLlib's short spellings; every flag the algorithm's PFLlib code reads, with a value that switches

@@ -11,7 +11,7 @@ import main
 from fltest import REQUIRED_FLAGS, build_server, make_args, random_dataset
 from flcore.registry import ALGORITHMS, ENGINES, SELECTORS, load_all
 from toydata import make_dataset
-from utils.cli import IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, declared_actions, generic_parser, hyperparameters, str2bool
+from cli.flags import IGNORED_DEST, PFLLIB_ALGORITHM_FLAGS, declared_actions, generic_parser, hyperparameters, str2bool
 from utils.errors import FLError
 
 load_all()

@@ -8,7 +8,7 @@ from toydata import make_dataset
 
 from fltest import build_server, make_args
 from fltest import one_thread  # noqa: F401  (an autouse fixture: importing it switches it on here)
-from utils.data_utils import _InputCoder, decode_inputs, load_federated_dataset
+from fldata.loading import _InputCoder, decode_inputs, load_federated_dataset
 
 
 def _file(folder, split, cid):

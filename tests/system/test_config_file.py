@@ -9,7 +9,7 @@ import pytest
 
 import main
 from toydata import make_dataset
-from utils.config_file import expand_config
+from cli.config_file import expand_config
 from utils.errors import FLError
 
 

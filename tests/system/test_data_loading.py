@@ -8,7 +8,7 @@ import pytest
 import torch
 from toydata import make_dataset
 
-from utils.data_utils import load_federated_dataset
+from fldata.loading import load_federated_dataset
 from utils.errors import FLError
 
 
@@ -64,7 +64,7 @@ def test_input_shape_is_taken_from_the_files_when_config_lacks_it(tmp_path):
 
 
 def test_a_dataset_larger_than_the_gpus_free_memory_is_one_line_before_it_is_copied(tmp_path, monkeypatch):
-    import utils.data_utils as data_utils
+    import fldata.loading as data_utils
 
     folder = make_dataset(tmp_path, num_clients=2, input_shape=(1, 4, 4), train_sizes=[10, 6], test_size=4)
     # 24 samples of 16 float32 inputs plus 16 bytes of label and owner each: 1,920 bytes

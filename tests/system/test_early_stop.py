@@ -6,7 +6,7 @@ import numpy as np
 
 import main
 from toydata import make_dataset
-from utils.result_utils import read_results
+from reporting.results import read_results
 
 
 def run(folder, results, *flags):

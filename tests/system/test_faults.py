@@ -18,8 +18,9 @@ from toydata import make_dataset
 import main
 from conftest import REPO
 from datagen import lock
-from utils import data_utils, result_utils
-from utils.data_utils import load_federated_dataset
+from fldata import loading as data_utils
+from reporting import results as result_utils
+from fldata.loading import load_federated_dataset
 from utils.errors import FLError
 
 
@@ -402,7 +403,7 @@ def test_a_results_dir_that_is_a_file_or_too_long_a_name_is_one_line(capsys, toy
     def no_locks(*_):
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
-    monkeypatch.setattr("utils.run_control.fcntl.flock", no_locks)
+    monkeypatch.setattr("runner.run_control.fcntl.flock", no_locks)
     code, out, err = run_main(capsys, "-data", str(toy), "--results_dir", str(tmp_path / "res"))
     assert_refused(code, out, err, os.strerror(errno.ENOLCK), "--results_dir")
 

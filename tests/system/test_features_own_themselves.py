@@ -11,7 +11,7 @@ import pytest
 import main
 from conftest import REPO
 from flcore.features import features
-from utils.cli import generic_parser
+from cli.flags import generic_parser
 
 SYSTEM = REPO / "system"
 #: flags that belong to features (the grep of the contract: none of these is read where features are not)

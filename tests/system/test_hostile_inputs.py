@@ -199,14 +199,14 @@ def test_out_of_range_algorithm_flags_are_refused_up_front(toy, tmp_path, capsys
 
 def test_every_numeric_algorithm_flag_declares_a_range():
     from flcore.registry import ALGORITHMS, SELECTORS, load_all
-    from utils.cli import declared_actions
+    from cli.flags import declared_actions
 
     load_all()
     classes = [main._algorithm_classes(ALGORITHMS.get(name)) for name in ALGORITHMS.names()]
     classes += [(SELECTORS.get(name),) for name in SELECTORS.names()]
     missing = sorted({action.option_strings[0] for group in classes for action in declared_actions(*group)
                       if action.type in (int, float) and not action.choices and not hasattr(action, "allowed")})
-    assert missing == [], "declare each numeric flag's values: add_flag(..., low=/above=/high=/below=) (utils/cli.py)"
+    assert missing == [], "declare each numeric flag's values: add_flag(..., low=/above=/high=/below=) (cli/flags.py)"
 
 
 # ------------------------------------------------------------------ 2, 4: names that are not plain names

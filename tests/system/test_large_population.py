@@ -16,7 +16,7 @@ from fltest import build_server, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 from flcore.servers.serverbase import Server
 from runner.checks import validate_with_data
-from utils.data_utils import load_federated_dataset
+from fldata.loading import load_federated_dataset
 from utils.errors import FLError
 
 REPO = Path(__file__).resolve().parents[2]

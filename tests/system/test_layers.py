@@ -151,7 +151,7 @@ def test_the_check_reads_module_level_function_and_annotation_imports(tmp_path, 
 def test_an_upward_import_is_caught():
     table = layer_table()
     assert layer_of("flcore.protocol", table) < layer_of("flcore.servers.serverbase", table)
-    assert layer_of("flcore.trainmodel.text", table) < layer_of("utils.cli", table)
+    assert layer_of("flcore.trainmodel.text", table) < layer_of("cli.flags", table)
 
 
 def stale_patterns(table: list[tuple[int, list[str]]], modules: list[str]) -> list[str]:

@@ -182,7 +182,7 @@ def test_pfllib_pickle_files_need_the_explicit_opt_in(tmp_path, capsys):
 def test_legacy_label_counts_match_pfllib_config():
     import warnings
 
-    from utils.data_utils import load_federated_dataset
+    from fldata.loading import load_federated_dataset
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

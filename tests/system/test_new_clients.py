@@ -13,9 +13,9 @@ import main
 from fltest import (TinyLinear, build_server, dataset_from_arrays, linear_grad, make_args, one_thread,  # noqa: F401
                     random_dataset)
 from flcore.features.newclients import hold_out
-from utils.data_utils import load_federated_dataset
+from fldata.loading import load_federated_dataset
 from utils.errors import FLError
-from utils.result_utils import read_results
+from reporting.results import read_results
 
 
 def write_dataset(root, labels_per_client: list[list[int]], train: int = 24, test: int = 12, seed: int = 0):

@@ -15,7 +15,7 @@ from datagen.relayout import check_folder, convert_layout
 from datagen.errors import DatasetError
 from fltest import assert_same_training, engine_run
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
-from utils.data_utils import PackedClients, load_federated_dataset
+from fldata.loading import PackedClients, load_federated_dataset
 from utils.errors import FLError
 
 TINY = ["--dim", "6", "--num-classes", "3", "--size-log-mean", "2", "--size-log-std", "0.5", "--size-min", "6"]

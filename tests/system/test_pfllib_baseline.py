@@ -13,8 +13,8 @@ from toydata import make_dataset
 import main
 from flcore.flat import FlatModel
 from flcore.registry import ALGORITHMS, load_all
-from utils.data_utils import load_federated_dataset
-from utils.pfllib_baseline import PFLlibStyleFedAvg, memory_reader, npz_reader, npz_train_sizes
+from fldata.loading import load_federated_dataset
+from runner.pfllib_baseline import PFLlibStyleFedAvg, memory_reader, npz_reader, npz_train_sizes
 
 
 def _setup(tmp_path, sizes=(8, 8, 8)):

@@ -8,7 +8,7 @@ from fltest import build_server, make_args, random_dataset
 from flcore.features import RoundPlugin, plugins_for
 from flcore.features.clock import SlowEpochs
 from flcore.registry import PLUGINS, load_all
-from utils import checkpoint
+from runner import checkpoint
 from utils.errors import FLError
 
 

@@ -12,9 +12,9 @@ import torch
 import main
 from fltest import random_dataset
 from toydata import make_dataset
-from utils.data_utils import load_federated_dataset
+from fldata.loading import load_federated_dataset
 from utils.errors import FLError
-from utils.public_data import public_data_of, require_public_data, with_public_data
+from fldata.public import public_data_of, require_public_data, with_public_data
 
 
 def args_for(spec, seed=0):

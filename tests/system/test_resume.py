@@ -17,7 +17,7 @@ from fltest import ENGINE_EXTRA_FLAGS, one_thread  # noqa: F401 - fixture
 from flcore.registry import ALGORITHMS, load_all
 from flcore.servers.serverbase import Server
 from toydata import make_dataset
-from utils.checkpoint import RESUMABLE_FLAGS, checkpoint_path
+from runner.checkpoint import RESUMABLE_FLAGS, checkpoint_path
 
 load_all()
 ROUNDS = 4

@@ -27,7 +27,7 @@ import torch
 from flcore.clients.clientbase import Client
 from flcore.protocol import LocalJob
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class APFLClient(Client):

@@ -57,7 +57,7 @@ import torch
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def proximal_weight(rnd: int, horizon: int) -> float:

@@ -54,8 +54,8 @@ from flcore.extension import LocalStep
 from flcore.flat import FlatModel, Net
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part
 from flcore.state import ClientStateStore
-from utils.cli import hyperparameters
-from utils.data_utils import ClientData
+from cli.flags import hyperparameters
+from fldata.loading import ClientData
 from utils.errors import Diverged, FLError
 from utils.seeding import rng_state, scratch_generator, seed_global_rng, set_rng_state
 

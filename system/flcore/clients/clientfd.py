@@ -30,7 +30,7 @@ from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.common.labelmeans import accumulate, start_sums, upload
 from flcore.flat import Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class FDClient(Client):

@@ -14,7 +14,7 @@ import torch
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import RoundPackage
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class FedACSClient(Client):

@@ -45,7 +45,7 @@ import torch
 from flcore.clients.clientbase import Client
 from flcore.protocol import LocalJob
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.seeding import numpy_rng, seed_global_rng
 
 log = logging.getLogger("fl")

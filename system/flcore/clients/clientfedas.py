@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.seeding import torch_generator
 
 PROTOTYPE_CHUNK = 512  # rows per forward pass when the class means are computed (bounds the memory)

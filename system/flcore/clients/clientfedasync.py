@@ -19,7 +19,7 @@ from __future__ import annotations
 from argparse import ArgumentParser
 
 from flcore.clients.clientfedprox import ProximalClient
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 #: ρ of the paper's CIFAR-10 experiments
 PAPER_RHO = 0.005

@@ -23,7 +23,7 @@ import torch
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def critical_mask(sensitivity: torch.Tensor, bounds: list[int], tau: float) -> torch.Tensor:

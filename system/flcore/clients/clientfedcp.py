@@ -53,7 +53,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedphp import mmd  # the authors' MMD², as FedPHP uses it
 from flcore.flat import Net
 from flcore.trainmodel.fedcp import FedCPLayout, personal_condition
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.seeding import torch_generator
 
 class FedCPClient(Client):

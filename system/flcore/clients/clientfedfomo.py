@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class FedFomoClient(Client):

@@ -23,7 +23,7 @@ from torch.func import functional_call
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.seeding import torch_generator
 
 

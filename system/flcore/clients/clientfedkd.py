@@ -41,7 +41,7 @@ from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob
 from flcore.clients.clientfml import flat_gradient, kl_divergence, paired_batches
 from flcore.flat import FlatModel, Segment
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import Diverged
 from utils.seeding import torch_generator
 

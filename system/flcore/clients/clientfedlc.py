@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import RoundPackage
 from flcore.flat import Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def calibration_margins(counts: torch.Tensor, tau: float, dtype: torch.dtype) -> torch.Tensor:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.flat import Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.seeding import torch_generator
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import RoundPackage
 from flcore.flat import Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def not_true_logits(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

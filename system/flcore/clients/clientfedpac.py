@@ -30,7 +30,7 @@ from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob
 from flcore.common.labelmeans import body_class_sums, class_means, upload
 from flcore.flat import FlatModel, Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class FedPACClient(Client):

@@ -35,7 +35,7 @@ from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.common.labelmeans import body_class_sums, upload
 from flcore.flat import FlatModel, Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class FedPCLClient(Client):

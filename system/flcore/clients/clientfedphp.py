@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.flat import Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 KERNEL_SCALES = (10.0, 15.0, 20.0, 50.0)  # PFLlib's RBF bandwidths
 

@@ -20,7 +20,7 @@ import torch
 
 from flcore.protocol import RoundPackage
 from flcore.clients.clientfedavg import FedAvgClient
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class ProximalClient(FedAvgClient):

@@ -25,7 +25,7 @@ import torch
 from flcore.protocol import RoundPackage
 from flcore.clients.clientfedbabu import FedBABUClient
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def head_parameters(model: FlatModel) -> list[torch.Tensor] | None:

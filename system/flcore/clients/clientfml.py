@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel, Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def kl_divergence(log_q: torch.Tensor, target: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -58,7 +58,7 @@ from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.flat import Net
 from flcore.trainmodel.gpfl import GPFLLayout
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def label_shares(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:

@@ -38,7 +38,7 @@ import torch
 
 from flcore.clients.clientbase import Client
 from flcore.protocol import RoundPackage
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 #: ClientStateStore name of each client's last upload Δw_i (trainable parameters only)
 DELTA_KEY = "igfl_delta"

@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.flat import FlatModel
-from utils.cli import add_flag
-from utils.data_utils import decode_inputs
+from cli.flags import add_flag
+from fldata.loading import decode_inputs
 from utils.seeding import torch_generator
 
 

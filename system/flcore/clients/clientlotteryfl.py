@@ -32,7 +32,7 @@ from flcore.protocol import ClientUpdate, LocalJob, RoundPackage
 from flcore.clients.clientsparse import SparseClient, sparse_update
 from flcore.common.sparsemask import decode, encode, kept_count, keep_largest, weight_groups
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 EVAL_CHUNK = 1024  # samples per forward pass of the accuracy test
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.flat import Net
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def model_contrastive_loss(z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor,

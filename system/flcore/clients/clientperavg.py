@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from flcore.clients.clientbase import Client
 from flcore.protocol import LocalJob
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.seeding import seed_global_rng, torch_generator
 
 

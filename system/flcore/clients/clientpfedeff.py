@@ -34,7 +34,7 @@ import torch
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientsparse import SparseClient, sparse_update
 from flcore.common.sparsemask import decode, encode, keep_largest, param_groups
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 class PFedEffClient(SparseClient):

@@ -37,7 +37,7 @@ from flcore.clients.clientbase import Client
 from flcore.protocol import LocalJob
 from flcore.clients.clientfedrep import head_parameters
 from flcore.flat import FlatModel
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def penalty_gradient(diff: torch.Tensor, lam: float, kind: str) -> torch.Tensor:

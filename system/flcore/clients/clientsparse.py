@@ -13,7 +13,7 @@ import torch
 from flcore.clients.clientbase import Client
 from flcore.flat import Segment
 from flcore.protocol import ClientUpdate
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 def sparse_update(client: Client, steps: int, loss: float, message: dict[str, torch.Tensor],

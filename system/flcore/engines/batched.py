@@ -123,8 +123,8 @@ from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import Net
 from flcore.registry import register_engine
 from flcore.trainmodel.layout import plain_convolutions
-from utils.cli import add_flag
-from utils.data_utils import decode_inputs
+from cli.flags import add_flag
+from fldata.loading import decode_inputs
 from utils.errors import FLError
 from utils.mem_utils import OUT_OF_MEMORY
 from utils.seeding import set_rng_state

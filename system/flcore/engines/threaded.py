@@ -59,7 +59,7 @@ from flcore.engines.base import Engine, has_dropout
 from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import FlatModel
 from flcore.registry import register_engine
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 if TYPE_CHECKING:

@@ -109,7 +109,7 @@ from flcore.evaluation import Evaluator
 from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, cohort_size
 from flcore.registry import register_local_step, register_plugin
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng, torch_generator
 

@@ -106,7 +106,7 @@ import numpy as np
 from flcore.extension import RoundPlugin
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

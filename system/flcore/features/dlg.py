@@ -71,7 +71,7 @@ from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.flat import Segment
 from flcore.protocol import RoundResult, Runtime
 from flcore.registry import register_plugin
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import torch_generator
 

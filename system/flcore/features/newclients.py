@@ -43,8 +43,8 @@ from flcore.evaluation import Evaluator
 from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import RoundPackage, RoundResult, Runtime, Task
 from flcore.registry import register_plugin
-from utils.cli import add_flag
-from utils.data_utils import FederatedDataset
+from cli.flags import add_flag
+from fldata.loading import FederatedDataset
 from utils.errors import FLError
 from utils.metrics import EvalResult
 from utils.seeding import rng_state, seed_global_rng, set_rng_state

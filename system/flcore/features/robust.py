@@ -36,7 +36,7 @@ Aggregators:
   τ = ``--robust_clip``, or the median distance to the starting v (the paper weighs uniformly, we
   use the sample weights so that a large τ gives FedAvg's mean).
 * ``fltrust`` (Cao et al., NDSS 2021): the server trains the round's global model on its root data
-  (``--public_data``, utils/public_data.py) as a client would (``-ls`` epochs of minibatch SGD with
+  (``--public_data``, fldata/public.py) as a client would (``-ls`` epochs of minibatch SGD with
   ``-lbs`` and ``-lr``, batches shuffled from (seed, "fltrust", round), a trailing partial batch
   dropped under ``--drop_last`` unless it is the only one), which gives the root update g₀
   (restricted to the shared part). Each upload gets the trust score ``TS_i = ReLU(cos(x_i, g₀))``
@@ -75,9 +75,9 @@ from flcore.features.attacks import AttackPlugin
 from flcore.protocol import (ClientUpdate, RoundPackage, RoundResult, Runtime, cohort_size, filter_precision_recall,
                              sample_weights)
 from flcore.registry import register_plugin
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
-from utils.public_data import PublicData, require_public_data
+from fldata.public import PublicData, require_public_data
 from utils.seeding import torch_generator
 
 log = logging.getLogger("fl")

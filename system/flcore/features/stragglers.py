@@ -71,7 +71,7 @@ started from and the rounds until which clients are busy are this plug-in's stat
 
 Results: ``rs_staleness`` records, per round, the staleness of every upload aggregated (one row per
 round, NaN-padded); main.py writes its histogram as the attribute ``staleness_histogram`` (counts of
-staleness 0, 1, 2, ... rounds; utils/result_utils.py). Rounds are the server's aggregation steps.
+staleness 0, 1, 2, ... rounds; reporting/results.py). Rounds are the server's aggregation steps.
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ import torch
 from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

@@ -42,7 +42,7 @@ import torch
 
 from flcore.registry import register_selector
 from flcore.selectors.uniform import UniformSelector, allowed_pool
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from flcore.protocol import cohort_size
 from flcore.registry import register_selector
-from utils.cli import hyperparameters
+from cli.flags import hyperparameters
 from utils.seeding import numpy_rng
 
 if TYPE_CHECKING:

@@ -54,12 +54,12 @@ from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, Se
 from flcore.registry import ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
-from utils.cli import hyperparameters
-from utils.data_utils import FederatedDataset
+from cli.flags import hyperparameters
+from fldata.loading import FederatedDataset
 from utils.errors import Diverged, FLError
 from utils.metrics import EvalResult
-from utils.public_data import PublicData, require_public_data
-from utils.result_utils import RunHistory
+from fldata.public import PublicData, require_public_data
+from reporting.results import RunHistory
 
 log = logging.getLogger("fl")
 

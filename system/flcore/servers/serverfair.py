@@ -65,8 +65,8 @@ from flcore.clients.clientfedavg import FedAvgClient
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
-from utils.data_utils import decode_inputs
+from cli.flags import add_flag
+from fldata.loading import decode_inputs
 
 log = logging.getLogger("fl")
 

@@ -30,7 +30,7 @@ from flcore.clients.clientfd import FDClient
 from flcore.common.labelmeans import LABELS, uploaded
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 log = logging.getLogger("fl")

@@ -54,7 +54,7 @@ from flcore.protocol import ClientUpdate, RoundPackage, sample_weights
 from flcore.clients.clientfedacs import FedACSClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 

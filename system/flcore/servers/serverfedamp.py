@@ -36,7 +36,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedamp import FedAMPClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 log = logging.getLogger("fl")

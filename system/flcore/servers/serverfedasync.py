@@ -49,7 +49,7 @@ from flcore.clients.clientfedasync import FedAsyncClient
 from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 STALENESS_FUNCTIONS = ("constant", "polynomial", "hinge")

@@ -30,7 +30,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 @register_algorithm("FedAvgM")

@@ -33,7 +33,7 @@ import torch
 from flcore.clients.clientfedbabu import FedBABUClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.metrics import EvalResult
 

@@ -34,7 +34,7 @@ from argparse import ArgumentParser
 from flcore.clients.clientfedavg import FedAvgClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 
 @register_algorithm("FedBN")

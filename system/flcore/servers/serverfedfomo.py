@@ -25,7 +25,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedfomo import FedFomoClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

@@ -31,7 +31,7 @@ from flcore.clients.clientfedgc import FedGCClient
 from flcore.common.labelmeans import require_linear_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 log = logging.getLogger("fl")

@@ -43,7 +43,7 @@ from flcore.clients.clientfedgen import FedGenClient
 from flcore.flat import FlatModel
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import derive_seed, torch_generator
 

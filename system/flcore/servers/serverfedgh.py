@@ -34,7 +34,7 @@ from flcore.clients.clientfedgh import FedGHClient
 from flcore.common.labelmeans import LABELS, MEANS, require_body_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import torch_generator
 

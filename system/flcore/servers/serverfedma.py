@@ -58,7 +58,7 @@ from flcore.registry import register_algorithm
 from flcore.common.matching import match_units, matched_average
 from flcore.servers.serverbase import Server
 from flcore.trainmodel.widths import Chain, NotAChain, chain_of, gather, spread_inputs, with_widths
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.metrics import EvalResult
 from utils.seeding import numpy_rng

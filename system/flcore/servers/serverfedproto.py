@@ -42,7 +42,7 @@ from flcore.clients.clientfedproto import FedProtoClient
 from flcore.common.labelmeans import LABELS, average, require_body_head
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.metrics import EvalResult
 

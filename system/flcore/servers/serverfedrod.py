@@ -36,8 +36,8 @@ from flcore.protocol import RoundPackage
 from flcore.clients.clientfedrod import FedRoDClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
-from utils.data_utils import FederatedDataset
+from cli.flags import add_flag
+from fldata.loading import FederatedDataset
 from utils.errors import FLError
 
 

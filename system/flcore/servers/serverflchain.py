@@ -50,7 +50,7 @@ from flcore.clients.clientfedavg import FedAvgClient
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

@@ -53,7 +53,7 @@ from flcore.clients.clientfedavg import FedAvgClient
 from flcore.clients.clientigfl import DELTA_KEY, SERVER_STEP_KEY, IGFLClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 log = logging.getLogger("fl")

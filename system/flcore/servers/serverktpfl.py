@@ -1,7 +1,7 @@
 """KT-pFL: parameterized knowledge transfer for personalised FL (Zhang, Guo, Ma, Wang, Xu, Wu,
 NeurIPS 2021, arXiv:2111.02862); not in PFLlib.
 
-Needs a public dataset held by the server (``--public_data``, ``utils/public_data.py``). No model
+Needs a public dataset held by the server (``--public_data``, ``fldata/public.py``). No model
 weights travel: each selected client uploads its soft predictions s_m on the public inputs
 (``clientktpfl.py``), which the server keeps as that client's latest. The server learns a
 knowledge-coefficient matrix c (N x N, every entry 1/N at the start) and gives client n the
@@ -35,7 +35,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientktpfl import KTpFLClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 

@@ -36,7 +36,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientpfedme import PFedMeClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 

@@ -3,7 +3,7 @@ Stragglers and Adversaries"): the server. Clients are FedAvg's.
 
 In round t the server receives fresh uploads (trained from w_t) and late ones (trained from an older
 w_τ; stragglers come from ``--straggler_delay``, ``features/stragglers.py``). It scores every upload
-w_k on its own public data (``--public_data``, ``utils/public_data.py``): E_k, the mean prediction
+w_k on its own public data (``--public_data``, ``fldata/public.py``): E_k, the mean prediction
 entropy −Σ_c p_c log p_c over the public samples, and ℓ_k, the mean cross-entropy loss on them. Then:
 
 1. **Staleness-aware grouping**: the uploads of round t are grouped by the round τ they started from.
@@ -83,7 +83,7 @@ import torch.nn.functional as F
 from flcore.protocol import ClientUpdate, RoundPackage, filter_precision_recall
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from utils.cli import add_flag
+from cli.flags import add_flag
 
 log = logging.getLogger("fl")
 

@@ -38,7 +38,7 @@ from flcore.registry import register_model
 from flcore.trainmodel.models import SplitModel
 
 PADDING_ID = 0
-#: PFLlib's defaults of -vs and -fd, for a model built without flags (utils/cli.py declares the
+#: PFLlib's defaults of -vs and -fd, for a model built without flags (cli/flags.py declares the
 #: flags with the same values; tests/models/test_text_models.py checks that they agree)
 PFLLIB_VOCAB_SIZE = 80
 PFLLIB_FEATURE_DIM = 512

@@ -20,7 +20,7 @@ from flcore.engines.threaded import available_cores
 from flcore.protocol import ClientUpdate, RoundPackage, Runtime, Task
 from flcore.registry import register_engine
 from flcore.state import STATE_DTYPES
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import Diverged, FLError
 
 log = logging.getLogger("fl")

@@ -29,7 +29,7 @@ from flcore.extension import RoundPlugin
 from flcore.features.privacy import accounting, dpfedavg, dpsgd
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
-from utils.cli import add_flag
+from cli.flags import add_flag
 from utils.errors import FLError
 
 log = logging.getLogger("fl")

@@ -40,7 +40,7 @@ from typing import IO
 
 import h5py
 
-from utils.checkpoint import checkpoint_path
+from runner.checkpoint import checkpoint_path
 from utils.errors import FLError
 from utils.interrupts import EXIT_STATUS, INTERRUPTS
 

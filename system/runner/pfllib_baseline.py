@@ -36,7 +36,7 @@ from sklearn.preprocessing import label_binarize
 from torch import nn
 from torch.utils.data import DataLoader
 
-from utils.data_utils import FederatedDataset
+from fldata.loading import FederatedDataset
 
 
 #: reads one client's split: (index, "train" | "test") -> (float32 inputs, int64 labels) on the CPU

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from utils.data_utils import ClientData, FederatedDataset, decode_inputs, load_federated_dataset, split_views
+from fldata.loading import ClientData, FederatedDataset, decode_inputs, load_federated_dataset, split_views
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 

@@ -395,7 +395,7 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-ml", "--max_len", type=int, default=200, low=1, help="text length")
     add_flag(g, "-fs", "--few_shot", type=int, default=0, low=0, help="if > 0 keep at most fs training samples per label per client")
     add_flag(g, "--public_data", type=str, default=None, help="a public dataset the server holds (KT-pFL): a fraction "
-             "of the training pool, removed from the clients (e.g. 0.02), or a generated dataset folder (utils/public_data.py)")
+             "of the training pool, removed from the clients (e.g. 0.02), or a generated dataset folder (fldata/public.py)")
     add_flag(g, "--public_data_withhold", type=bool, default=False,
              help="draw --public_data's rows from the clients even where nothing in the run uses them, so that every "
                   "row of a comparison trains on the same data (without it such a run is refused)")
@@ -403,7 +403,7 @@ def generic_parser() -> argparse.ArgumentParser:
     o = parser.add_argument_group("platform")
     add_flag(o, "--config", type=str, default=None, metavar="FILE.toml",
              help="read flags from the [flags] table of a TOML file; flags on the command line override it "
-                  "(utils/config_file.py)")
+                  "(cli/config_file.py)")
     add_flag(o, "--seed", type=int, default=0, low=0, high=SEED_HIGH, help="seed of the run; run i of -t uses seed + i")
     add_flag(o, "--engine", type=str, default="auto",
              help="training engine: auto (batched on a GPU, threaded on a multi-core CPU, else sequential), "

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from utils.errors import FLError
-from utils.result_utils import write_atomically
+from reporting.results import write_atomically
 
 FORMAT = "fedcohort-checkpoint"
 #: 2: clients save their carried state only, plug-ins their state_dict (the clock's time moved there)
@@ -98,7 +98,7 @@ def encode(value: Any, where: str) -> Any:
         return {"__kind__": "dataclass", "fields": encode(vars(value), where)}
     raise CheckpointError(
         f"cannot checkpoint {where} of type {type(value).__name__}: keep per-round state in tensors, "
-        "arrays or plain data (see utils/checkpoint.py)"
+        "arrays or plain data (see runner/checkpoint.py)"
     )
 
 
@@ -187,7 +187,7 @@ def set_global_rng_state(state: dict[str, Any]) -> None:
 # ----------------------------------------------------------------------------- the run's state
 def comparable_config(args: Any) -> dict[str, str]:
     """The flags that decide a run's numbers, as strings (for the resume check)."""
-    from utils.cli import IGNORED_DEST
+    from cli.flags import IGNORED_DEST
 
     return {k: json.dumps(v, default=str) for k, v in sorted(vars(args).items())
             if k not in RESUMABLE_FLAGS and k != IGNORED_DEST}
