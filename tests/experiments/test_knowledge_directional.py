@@ -11,7 +11,7 @@ import knowledge_directional as kd  # noqa: E402
 from flcore.registry import ALGORITHMS, load_all  # noqa: E402
 
 
-def test_rows_are_issue_24s_seven_against_local_and_fedavg_and_all_registered():
+def test_rows_are_the_seven_knowledge_transfer_methods_against_local_and_fedavg_and_all_registered():
     load_all()
     assert set(kd.ROWS) == {"Local", "FedAvg", "FedProto", "FD", "FedPCL", "FedGH", "FedPAC", "FML", "FedKD"}
     assert all(algo in ALGORITHMS for algo, _ in kd.ROWS.values())

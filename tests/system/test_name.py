@@ -5,6 +5,7 @@ FL-bench is an established peer (KarhouTam's); a line that names that repository
 from __future__ import annotations
 
 import re
+from pathlib import Path
 import shutil
 import subprocess
 
@@ -27,16 +28,21 @@ def tracked_text_files() -> list[str]:
     return [name for name in listing.stdout.decode().split("\0") if name]
 
 
+def text_lines(path: Path) -> list[str]:
+    """The lines of a tracked text file; none for a binary one or one deleted in the working tree (not yet
+    committed)."""
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    if b"\0" in raw:  # binary
+        return []
+    return raw.decode("utf-8", errors="replace").splitlines()
+
+
 def test_no_tracked_file_uses_the_old_name():
     offenders = []
     for name in tracked_text_files():
-        path = REPO / name
-        if not path.is_file():  # deleted in the working tree, not yet committed
-            continue
-        raw = path.read_bytes()
-        if b"\0" in raw:  # binary
-            continue
-        for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        for number, line in enumerate(text_lines(REPO / name), 1):
             if OLD_NAME.search(line) and PEER_OWNER not in line.lower():
                 offenders.append(f"{name}:{number}: {line.strip()}")
     assert not offenders, "the old platform name is still used:\n" + "\n".join(offenders)
