@@ -13,9 +13,11 @@ class FLError(Exception):
 class Diverged(FLError):
     """Training produced NaN/inf (a client's loss or the aggregated model) in round ``round``;
     the results up to the round before are still worth keeping. ``collapse``: why the collapse is
-    the run's measured outcome rather than a setting to fix (an attack it faces; None: a setting)."""
+    the run's measured outcome rather than a setting to fix (an attack it faces; None: a setting).
+    ``what`` is what happened and ``advice`` what to change; the message is both."""
 
-    def __init__(self, message: str, round: int, collapse: str | None = None):
-        super().__init__(message)
+    def __init__(self, what: str, round: int, collapse: str | None = None, advice: str | None = None):
+        super().__init__(f"{what}; {advice}" if advice else what)
+        self.what = what
         self.round = round
         self.collapse = collapse

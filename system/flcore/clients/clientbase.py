@@ -294,10 +294,8 @@ class Client:
         a float already (an engine that reads all its clients' sums back in one transfer)."""
         mean_loss = float(loss_sum) / steps if steps else 0.0
         if not math.isfinite(mean_loss):  # (np.isfinite costs ~1 us a call, math's ~20 ns)
-            raise Diverged(
-                f"training loss became {mean_loss} on client {self.cid} in round {rnd}; "
-                f"lower the learning rate (-lr, now {self.learning_rate()})", rnd
-            )
+            raise Diverged(f"training loss became {mean_loss} on client {self.cid} in round {rnd}", rnd,
+                           advice=f"lower the learning rate (-lr, now {self.learning_rate()})")
         return mean_loss
 
     def sgd(

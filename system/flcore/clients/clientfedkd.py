@@ -153,8 +153,8 @@ class FedKDClient(Client):
         mean_loss = self.check_loss(loss_sum, len(job.plan), rnd)
         update = mentee - received
         if not bool(torch.isfinite(update).all()):  # the SVD would fail with a traceback
-            raise Diverged(f"FedKD's mentee update became non-finite on client {self.cid} in round {rnd}; "
-                           f"lower the learning rates (-lr, now {self.learning_rate()}; -mlr)", rnd)
+            raise Diverged(f"FedKD's mentee update became non-finite on client {self.cid} in round {rnd}", rnd,
+                           advice=f"lower the learning rates (-lr, now {self.learning_rate()}; -mlr)")
         energy = energy_threshold(rnd, int(self.args.global_rounds), self.hp.T_start, self.hp.T_end)
         job.ctx.update(upload=compress(update, model.segments, energy), projection=projection)
         return model.snapshot(), mean_loss

@@ -315,7 +315,7 @@ class Server:
             try:
                 trained = self.engine.train([self.clients[i] for i in result.cohort], package)
             except Diverged as exc:  # a client's loss became NaN/inf
-                self._diverged(rnd, str(exc).split(";")[0], exc)
+                self._diverged(exc)
             updates = list(trained)  # those that arrive: the plug-ins say (the clock's -cdr drop-outs)
             for plugin in plugins:
                 updates = plugin.after_training(package, trained, updates, result)
@@ -395,17 +395,16 @@ class Server:
         if not bool(torch.isfinite(self.global_params).all()):
             culprits = [u.index for u in updates if not bool(torch.isfinite(u.params).all())]
             which = f" (non-finite uploads from client(s) {', '.join(map(str, culprits[:5]))})" if culprits else ""
-            self._diverged(rnd, f"the global model has NaN/inf values after round {rnd}{which}",
-                           Diverged(f"the global model has NaN/inf values after round {rnd}{which}; "
-                                    "lower the learning rate (-lr)", rnd))
+            self._diverged(Diverged(f"the global model has NaN/inf values after round {rnd}{which}", rnd,
+                                    advice="lower the learning rate (-lr)"))
 
-    def _diverged(self, rnd: int, what: str, error: Diverged) -> None:
-        """Training diverged in round ``rnd``: under a feature that explains it (an attack), the
-        collapse is what the run measured (``Diverged.collapse``); otherwise ``error``, with its advice."""
+    def _diverged(self, error: Diverged) -> None:
+        """Training diverged: under a feature that explains it (an attack), the collapse is what the run
+        measured (``Diverged.collapse``, without the advice); otherwise ``error``, with its advice."""
         note = next((p.divergence_note for p in self.plugins.values() if p.divergence_note), None)
         if note is None:
             raise error
-        raise Diverged(f"{what}: {note}", rnd, collapse=note) from None
+        raise Diverged(f"{error.what}: {note}", error.round, collapse=note) from None
 
     # --------------------------------------------------------- evaluation
     def evaluate_models(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
