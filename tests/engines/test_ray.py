@@ -21,6 +21,7 @@ import torch
 
 import main
 from flcore.engines.ray import RayEngine, assign_by_samples, first_line, start_local_ray
+from flcore.engines.ray.warm import WARM, keep_actors_warm
 from fltest import ENGINE_SIZES, assert_same_training, build_server, engine_run, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 from raycrash import crashing_worker
@@ -41,7 +42,9 @@ def local_ray():
     if ray.is_initialized():
         ray.shutdown()
     start_local_ray(2, extra_paths=(HELPERS,))
+    keep_actors_warm()  # one test's actors serve the next (a test of their own checks they change nothing)
     yield ray
+    keep_actors_warm(False)
     ray.shutdown()
 
 
@@ -291,6 +294,45 @@ def test_driver_memory_does_not_grow_with_the_stateful_clients():
         server.close()
 
 
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_kept_actors_serve_the_next_run_with_the_same_numbers(monkeypatch, tmp_path):
+    """With keep_actors_warm (the module's fixture turns it on), a run's actors are emptied and kept,
+    the next run rebuilds them in place (the same processes) with the same numbers as new actors;
+    an actor that died while idle is replaced, and a run of another kind of actor ends the kept ones."""
+    import ray
+
+    ref = engine_run("SCAFFOLD", "sequential")
+    first = engine_run("SCAFFOLD", "ray", ray_workers=2)
+    ids = {a._actor_id for a in first.engine.actors}
+    first.close()
+    assert {a._actor_id for a in WARM.idle} >= ids
+    again = engine_run("SCAFFOLD", "ray", ray_workers=2)
+    try:
+        assert {a._actor_id for a in again.engine.actors} == ids and not WARM.idle
+        assert_same_training(ref, again, exact=True)
+        assert sum(again.engine.actor_state_nbytes()) == ref.state.nbytes()  # nothing of the first run is left
+    finally:
+        again.close()
+    ray.kill(WARM.idle[0])  # dies while idle
+    survivor = WARM.idle[1]._actor_id
+    out = engine_run("SCAFFOLD", "ray", ray_workers=2)
+    try:
+        fresh = {a._actor_id for a in out.engine.actors}
+        assert survivor in fresh and len(fresh - ids) == 1
+        assert_same_training(ref, out, exact=True)
+    finally:
+        out.close()
+    monkeypatch.setattr(RayEngine, "worker_cls", crashing_worker(99, 0, tmp_path / "never"))
+    other = engine_run("SCAFFOLD", "ray", ray_workers=2)
+    try:
+        assert not {a._actor_id for a in other.engine.actors} & fresh and not WARM.idle
+        assert_same_training(ref, other, exact=True)
+    finally:
+        other.close()
+    assert len(WARM.idle) == 2 and WARM.key[1] is RayEngine.worker_cls
+
+
 # ---------------------------------------------------------------- a two-node cluster on this machine
 @pytest.mark.ray
 @pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (./prepare.sh --ray)")
@@ -298,7 +340,8 @@ def test_two_node_cluster_on_loopback_gives_the_sequential_numbers(local_ray, tm
     from flcore.engines.ray import actor_path_env, use_loopback
 
     ray = local_ray
-    ray.shutdown()  # the module's instance is replaced by the cluster (it is the module's last test)
+    keep_actors_warm(False)  # the kept actors end with the module's instance,
+    ray.shutdown()  # which the cluster replaces (it is the module's last test)
     use_loopback()
     from ray.cluster_utils import Cluster
 

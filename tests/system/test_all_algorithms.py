@@ -82,12 +82,15 @@ HELPERS = str(Path(__file__).resolve().parent)
 def local_ray():
     """One Ray instance (127.0.0.1 only, 2 CPUs) for this module's ``--engine ray`` runs."""
     from flcore.engines.ray import start_local_ray
+    from flcore.engines.ray.warm import keep_actors_warm
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
     start_local_ray(2, extra_paths=(HELPERS,))
+    keep_actors_warm()  # one algorithm's actors serve the next (tests/engines/test_ray.py: no change in numbers)
     yield
+    keep_actors_warm(False)
     ray.shutdown()
 
 

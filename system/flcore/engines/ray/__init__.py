@@ -54,14 +54,20 @@ sequential engine's on the CPU (``tests/engines/test_ray.py`` compares every arr
   2.60.0, ``_node_ip_address`` alone did not move the GCS), without the dashboard, with an object
   store sized to the data. ``auto`` or ``ray://host:port`` attach to a running cluster
   (``docs/scale-out.md``); the code must be at the same path on every node.
+* **Kept actors** (opt-in, :func:`~flcore.engines.ray.warm.keep_actors_warm`): a process that runs
+  many short runs on a Ray instance it started itself (a notebook's sweep, the test suite) keeps a
+  finished run's actors, emptied, and rebuilds them in place for the next run instead of starting
+  new processes; the numbers are those of new actors (``tests/engines/test_ray.py``).
 * **Testing faults.** The actors are instances of ``RayEngine.worker_cls``
   (:class:`~flcore.engines.ray.worker.TrainingWorker`); the tests replace it with a subclass that
   exits mid-round (``tests/system/raycrash.py``), so production code holds no fault injection.
 
 The package, by concern: ``cluster`` (starting or attaching to Ray, on loopback), ``transfer``
 (what travels between driver and actors, and the two state stores), ``worker`` (the actor's
-body), ``engine`` (the driver: assignment, rounds, replacement of failed actors).
+body), ``engine`` (the driver: assignment, rounds, replacement of failed actors), ``warm`` (actors
+kept between runs).
 """
 from flcore.engines.ray.cluster import (actor_path_env, check_ray_installed, first_line, import_ray,  # noqa: F401
                                        start_local_ray, use_loopback)
 from flcore.engines.ray.engine import RayEngine, WorkersLost, assign_by_samples  # noqa: F401
+from flcore.engines.ray.warm import keep_actors_warm, release_warm_actors  # noqa: F401

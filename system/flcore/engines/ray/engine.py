@@ -15,6 +15,7 @@ from flcore.engines.base import Engine
 from flcore.engines.precision import check_precision
 from flcore.engines.ray.cluster import actor_path_env, check_ray_installed, first_line, import_ray, start_local_ray, use_loopback
 from flcore.engines.ray.transfer import DriverStateStore, standalone_data, update_on
+from flcore.engines.ray.warm import WARM, kill
 from flcore.engines.ray.worker import TrainingWorker
 from flcore.engines.threaded import available_cores
 from flcore.protocol import ClientUpdate, RoundPackage, Runtime, Task
@@ -172,12 +173,31 @@ class RayEngine(Engine):
         log.info("engine ray: %d actors on %d node(s), started in %.1f s", workers, len(set(self.nodes)),
                  self.startup_seconds)
 
-    def _spawn(self, slot: int):
-        """A new actor for ``slot`` holding its clients (data, settings, carried state and state as
-        the driver has them); returns the reference of its loading call."""
-        actor = self._remote_cls.options(
+    def _warm_key(self) -> tuple:
+        """The kind of actor this run builds (:mod:`flcore.engines.ray.warm`): the Ray instance,
+        the actor class, CPUs and GPUs per actor."""
+        return import_ray().get_runtime_context().get_node_id(), self.worker_cls, self.cpus, self.gpus
+
+    def _actor(self):
+        """An actor built with this run's model and flags: a kept idle one rebuilt in place when
+        :func:`~flcore.engines.ray.warm.keep_actors_warm` is on and one is alive, else a new one."""
+        from ray.exceptions import RayError
+
+        built = (self._module_ref, self.runtime.args, self.gpus > 0, max(1, int(self.cpus)))
+        while (actor := WARM.take(self._warm_key())) is not None:
+            try:
+                import_ray().get(actor.reset.remote(*built))
+                return actor
+            except RayError:
+                kill(actor)  # it died while idle
+        return self._remote_cls.options(
             num_cpus=self.cpus, num_gpus=self.gpus, max_restarts=0, scheduling_strategy="SPREAD",
-        ).remote(self._module_ref, self.runtime.args, self.gpus > 0, max(1, int(self.cpus)))
+        ).remote(*built)
+
+    def _spawn(self, slot: int):
+        """An actor for ``slot`` holding its clients (data, settings, carried state and state as
+        the driver has them); returns the reference of its loading call."""
+        actor = self._actor()
         self.actors[slot] = actor
         members = self.members[slot]
         clients = self.runtime.clients
@@ -190,10 +210,7 @@ class RayEngine(Engine):
 
     def _replace(self, slot: int) -> None:
         ray = import_ray()
-        try:
-            ray.kill(self.actors[slot])
-        except Exception:  # noqa: BLE001 - it is dead already
-            pass
+        kill(self.actors[slot])
         self.stats["restarts"] += 1
         self.nodes[slot] = ray.get(self._spawn(slot))
 
@@ -296,11 +313,18 @@ class RayEngine(Engine):
         if self.actors is None:
             return
         ray = import_ray()
+        from ray.exceptions import RayError
+
+        keep = WARM.enabled and not self._started_ray
         for actor in self.actors:
-            try:
-                ray.kill(actor)
-            except Exception:  # noqa: BLE001 - a dead actor needs no killing
-                pass
+            if keep:
+                try:
+                    ray.get(actor.release.remote())
+                    WARM.give(self._warm_key(), actor)
+                    continue
+                except RayError:
+                    pass
+            kill(actor)
         self.actors = None
         if self._started_ray:
             ray.shutdown()

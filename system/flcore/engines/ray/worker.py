@@ -31,6 +31,19 @@ class TrainingWorker:
         shim = SimpleNamespace(model=self.model, args=SimpleNamespace(**{**vars(args), "workers": threads}))
         self.engine = ThreadedEngine(shim) if threads > 1 and not use_gpu else SequentialEngine(shim)
 
+    def reset(self, module: torch.nn.Module, args, use_gpu: bool, threads: int) -> None:
+        """Rebuild this actor in place for another run, as a new actor is built (a kept actor:
+        :mod:`flcore.engines.ray.warm`)."""
+        self.release()
+        self.__init__(module, args, use_gpu, threads)
+
+    def release(self) -> None:
+        """Drop the clients, their data and state, and the working model (the run has ended)."""
+        state = getattr(self, "state", None)
+        if state is not None:
+            state.inner.close()
+        self.clients, self.state, self.model, self.engine = {}, None, None, None
+
     def load(self, data: list, task: Task, clients: dict[int, tuple[type, dict, dict]], states: dict) -> str:
         """Build this actor's clients from their data (from the object store), the task, and the
         driver's ``(class, settings, carried state)`` of each (the client-state contract), and
