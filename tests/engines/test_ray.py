@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,11 +42,30 @@ def local_ray():
 
     if ray.is_initialized():
         ray.shutdown()
+    own = signal.signal(signal.SIGTERM, stop_after_the_round)  # the handler a run has when Ray starts
     start_local_ray(2, extra_paths=(HELPERS,))
+    HANDLER_AFTER_START.append(signal.getsignal(signal.SIGTERM))
+    signal.signal(signal.SIGTERM, own)
     keep_actors_warm()  # one test's actors serve the next (a test of their own checks they change nothing)
     yield ray
     keep_actors_warm(False)
     ray.shutdown()
+
+
+def stop_after_the_round(signum, frame) -> None:
+    """Stands for a run's SIGTERM handler (runner.run_control.StopOnSignal)."""
+
+
+#: the SIGTERM handler the process had after ``start_local_ray`` (filled by ``local_ray``)
+HANDLER_AFTER_START: list = []
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_starting_ray_keeps_the_processs_signal_handlers():
+    """ray.init replaces the SIGTERM handler with one that exits where the process stands; the run's
+    own (stop after the round, keep the results) must stay in place when the engine starts Ray."""
+    assert HANDLER_AFTER_START == [stop_after_the_round]
 
 
 def private_memory_bytes() -> int:

@@ -1,12 +1,16 @@
 """Starting a local Ray instance on loopback, or attaching to a cluster; one-line errors."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Iterator
 
 from utils.errors import FLError
 
@@ -50,6 +54,31 @@ def use_loopback() -> None:
         constants.ENABLE_RAY_CLUSTER = False
 
 
+@contextlib.contextmanager
+def signal_handlers_kept() -> Iterator[None]:
+    """``ray.init`` puts its own SIGTERM handler in place of the process's (ray 2.60.0: one that
+    exits where the process stands) and leaves it after ``ray.shutdown``; the platform's handlers
+    (``utils.interrupts``, ``runner.run_control.StopOnSignal``: SIGTERM stops a run after its round,
+    keeping its results) are put back when Ray has started."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers belong to the main thread
+        return
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            if handler is not None:
+                signal.signal(signum, handler)
+
+
+def ray_init(**kwargs) -> None:
+    """``ray.init`` without taking the process's signal handlers (:func:`signal_handlers_kept`)."""
+    ray = import_ray()
+    with signal_handlers_kept():
+        ray.init(**kwargs)
+
+
 def start_local_ray(num_cpus: int, object_store_bytes: int = MIN_OBJECT_STORE, num_gpus: int | None = None,
                     extra_paths: tuple[str, ...] = (), **init_kwargs) -> None:
     """A Ray instance on this machine, bound to 127.0.0.1 only, without the dashboard.
@@ -57,8 +86,7 @@ def start_local_ray(num_cpus: int, object_store_bytes: int = MIN_OBJECT_STORE, n
     ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is what makes Ray 2.60 bind its services (GCS, raylet,
     object manager) to loopback instead of the machine's interface address."""
     use_loopback()
-    ray = import_ray()
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+    ray_init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
              object_store_memory=max(int(object_store_bytes), MIN_OBJECT_STORE), runtime_env=actor_path_env(extra_paths),
              logging_level=logging.WARNING, **init_kwargs)
 

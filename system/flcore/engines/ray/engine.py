@@ -13,7 +13,8 @@ import torch
 from flcore.clients.clientbase import Client
 from flcore.engines.base import Engine
 from flcore.engines.precision import check_precision
-from flcore.engines.ray.cluster import actor_path_env, check_ray_installed, first_line, import_ray, start_local_ray, use_loopback
+from flcore.engines.ray.cluster import (actor_path_env, check_ray_installed, first_line, import_ray, ray_init,
+                                       start_local_ray, use_loopback)
 from flcore.engines.ray.transfer import DriverStateStore, standalone_data, update_on
 from flcore.engines.ray.warm import WARM, kill
 from flcore.engines.ray.worker import TrainingWorker
@@ -118,7 +119,7 @@ class RayEngine(Engine):
                             num_gpus=torch.cuda.device_count() if self.gpus > 0 else None)
         else:
             try:
-                ray.init(address=self.address, runtime_env=actor_path_env(), logging_level=logging.WARNING)
+                ray_init(address=self.address, runtime_env=actor_path_env(), logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise FLError(f"--ray_address {self.address}: cannot attach to a Ray cluster ({first_line(exc)})") from None
         self._started_ray = True
