@@ -279,6 +279,12 @@ class LocalStep:
         from the client's hooks."""
         return not self.links
 
+    @property
+    def l2_term(self) -> float | None:
+        """λ when this step is plain SGD whose gradient carries λ·w and nothing else (0.0 for plain
+        SGD), which an engine that computes plain SGD its own way adds itself; None when it does more."""
+        return 0.0 if self.plain else None
+
     # ------------------------------------------------------------------ the client's calls
     def prepare(self, client: "Learner") -> None:
         """Give a new client the starting values of the attributes this strategy carries."""

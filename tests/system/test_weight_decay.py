@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fltest import build_server, engine_run, linear_grad, make_args, random_dataset, run_round
+from fltest import assert_same_training, build_server, engine_run, linear_grad, make_args, random_dataset, run_round
 from fltest import one_thread  # noqa: F401  (fixture)
 from utils.errors import FLError
 
@@ -33,12 +33,16 @@ def test_three_steps_by_hand_match_torch_sgd(beta):
     assert (without.global_params.double() - w.detach()).abs().max() > 1e-3  # the term changed the result
 
 
-def test_batched_engine_trains_decayed_clients_sequentially_with_the_same_result():
-    ref = engine_run("FedProx", "sequential", weight_decay=0.01)
-    out = engine_run("FedProx", "batched", weight_decay=0.01)
-    assert out.engine.stats["batched_clients"] == 0 and out.engine.stats["sequential_clients"] > 0
-    assert torch.equal(ref.global_params, out.global_params)
-    assert not torch.equal(ref.global_params, engine_run("FedProx", "sequential").global_params)
+@pytest.mark.parametrize("algo, beta", [("FedAvg", 0.0), ("FedAvg", 0.9), ("FedProx", 0.9)])  # per-parameter; flat adjust_grad
+def test_batched_engine_adds_the_decay_itself(algo, beta):
+    """The batched engine trains decayed clients (it adds λ·w to its per-client gradients), with the
+    sequential engine's results to its usual tolerance, and not the undecayed ones."""
+    ref = engine_run(algo, "sequential", weight_decay=0.05, local_momentum=beta)
+    out = engine_run(algo, "batched", weight_decay=0.05, local_momentum=beta)
+    assert out.engine.stats["batched_clients"] > 0 and out.engine.stats["sequential_clients"] == 0
+    assert_same_training(ref, out, atol=2e-5, rtol=1e-4)  # the batched engine's tolerance (tests/engines)
+    undecayed = engine_run(algo, "sequential", local_momentum=beta)
+    assert (undecayed.global_params - out.global_params).abs().max() > 1e-3
 
 
 def test_own_optimiser_is_refused_in_one_line():

@@ -53,9 +53,9 @@ class WeightDecayStep(LocalStep):
     """Plain SGD whose gradient carries L2 weight decay λ·w over every trainable parameter, as
     ``torch.optim.SGD(weight_decay=λ)``: the term is added to the loss gradient before the
     algorithm's own term (``adjust_grad``) and before ``--local_momentum``'s buffer (NIID-Bench and
-    its Flower baseline train with λ = 1e-5). It is not ``plain``: the batched engine trains such
-    clients sequentially rather than dropping the term. Clients with their own optimiser (those
-    ``--local_momentum`` does not reach) are refused."""
+    its Flower baseline train with λ = 1e-5). It is not ``plain`` but declares its ``l2_term``, which
+    the batched engine adds to its per-client gradients itself. Clients with their own optimiser
+    (those ``--local_momentum`` does not reach) are refused."""
 
     name: ClassVar[str] = "weight_decay"
     transforms: ClassVar[frozenset[str]] = frozenset({"term"})
@@ -76,6 +76,10 @@ class WeightDecayStep(LocalStep):
         if not type(client).uses_local_momentum():
             raise FLError(f"--weight_decay: {type(client).__name__} trains with its own optimiser, not the base "
                           "client's SGD; run it without --weight_decay")
+
+    @property
+    def l2_term(self) -> float | None:
+        return self.weight_decay
 
     def add_term(self, client: "Learner", model: "FlatModel") -> None:
         model.grad.add_(model.params, alpha=self.weight_decay)

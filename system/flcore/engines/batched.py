@@ -49,7 +49,8 @@ Design (what a reader should know before changing it):
   per client (``-ld`` decays them with each client's own participations); equal rates use a
   scalar ``add_`` (the sequential arithmetic), different ones an ``addcmul_`` with a ``[K, 1]``
   rate tensor. With ``--local_momentum`` each client's momentum buffer is a row of a ``[K, P]``
-  tensor, zero at the chunk's start, updated by the sequential rule (``_update``). When one client is left (the tail of a ragged cohort) the same function runs
+  tensor, zero at the chunk's start, updated by the sequential rule (``_update``); ``--weight_decay``'s
+  λ·w (the local step's ``l2_term``) is added to each client's gradient first. When one client is left (the tail of a ragged cohort) the same function runs
   without vmap, which only adds overhead for K = 1.
 * **Speed.** On a GPU the sequential engine is launch-bound (batch 10) and batching K clients
   multiplies the work per kernel; replaying the step from a CUDA graph removes the launches and
@@ -193,7 +194,7 @@ def leaves_rng_alone(client: Client) -> bool:
     ``seed_round`` leaves wherever the sequence resumes it, so a job this engine trains may be planned
     lean (:func:`lean_job`) and only the cohort's last client seeded at the end, which leaves the RNG
     as the sequential engine does."""
-    return (type(client).capabilities.rng_free_sequence and client.local_step.plain
+    return (type(client).capabilities.rng_free_sequence and client.local_step.l2_term is not None
             and client.__dict__.keys().isdisjoint(RNG_FREE_SEQUENCE))
 
 
@@ -251,7 +252,7 @@ class BatchedEngine(Engine):
     def client_fallback_reason(self, client: Client) -> str | None:
         if not keeps_base_training(client):
             return "is not vectorisable"
-        if not client.local_step.plain:
+        if client.local_step.l2_term is None:
             return f"trains with {client.local_step.name}, which the batched step does not compute"
         caps = type(client).capabilities
         if caps.own_loss:
@@ -591,9 +592,9 @@ class BatchedEngine(Engine):
         adjust = owner.adjust_grad if "adjust_grad" in cls.capabilities.overrides else None
         dims_key = tuple(sorted(ctx_dims.items()))
         x_all, y_all, _ = self.runtime.dataset.split("train")
-        beta = owner.local_momentum
+        beta, decay = owner.local_momentum, owner.local_step.l2_term
         key = ("cohort", cls if (own_loss or adjust) else Client, masked, batched, dims_key, retire, self.precision,
-               x_all.data_ptr(), y_all.data_ptr(), beta)
+               x_all.data_ptr(), y_all.data_ptr(), beta, decay)
         fn = self._step_fns.get(key)
         if fn is not None:
             return fn
@@ -635,12 +636,14 @@ class BatchedEngine(Engine):
                 # the algorithm's term works on flat vectors: one [n, P] gradient, one fused update
                 flat_grad = torch.cat([grads[s.name].reshape(n, -1) for s in segments], dim=1)
                 del grads  # peak memory: the per-name gradients are no longer needed
+                if decay:  # --weight_decay's λ·w, before the algorithm's term (as the sequential chain)
+                    flat_grad.add_(params, alpha=decay)
                 direction = vadjust(params, flat_grad, ctx) if batched else vadjust(params[0], flat_grad[0], ctx).unsqueeze(0)
                 _update(params, lr, direction.to(params.dtype), keep, velocity, beta)
             else:
                 # plain SGD: update each parameter's view in place (no flat gradient copy)
                 for s in segments:
-                    g = grads[s.name]
+                    g = grads[s.name] if not decay else grads[s.name].add(views[s.name], alpha=decay)
                     buffer = None if velocity is None else velocity[:, s.start : s.stop].view(n, *s.shape)
                     _update(views[s.name], lr.view(n, *([1] * (g.dim() - 1))), g, keep, buffer, beta)
             loss = loss.to(losses.dtype)
