@@ -90,6 +90,12 @@ class ClientData:
         x = getattr(self, f"{split}_x")
         return decode_inputs(x if idx is None else x[idx], self.table)
 
+    def owned(self) -> "ClientData":
+        """A copy whose tensors are its own (a client's tensors are views of the merged or mapped
+        splits, and serialising a view would send the whole split): what goes to another process."""
+        return ClientData(self.cid, *(getattr(self, k).clone() for k in ("train_x", "train_y", "test_x", "test_y")),
+                          table=self.table)
+
     @property
     def num_train(self) -> int:
         return int(self.train_y.shape[0])
@@ -828,6 +834,12 @@ class PackedClientData(ClientData):
     def inputs(self, split: str, idx: torch.Tensor | slice | None = None) -> torch.Tensor:
         self._clients.check(self.cid, split)
         return super().inputs(split, idx)
+
+    def owned(self) -> ClientData:
+        """The copy, checked as a first use checks (its holder reads plain tensors, unchecked)."""
+        for split in ("train", "test"):
+            self._clients.check(self.cid, split)
+        return super().owned()
 
     @property
     def num_train(self) -> int:

@@ -353,6 +353,27 @@ def test_kept_actors_serve_the_next_run_with_the_same_numbers(monkeypatch, tmp_p
     assert len(WARM.idle) == 2 and WARM.key[1] is RayEngine.worker_cls
 
 
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_a_packed_folder_trains_as_its_npz_twin(tmp_path):
+    """The actors get a packed client's rows (its tensors are views of the mapped splits) as they
+    get an npz client's: the same run, bit for bit, as the sequential engine on the npz folder."""
+    from datagen import dataset_utils
+    from fldata.loading import PackedClients, load_federated_dataset
+
+    tiny = ["--num-clients", "6", "--dim", "6", "--num-classes", "3", "--size-log-mean", "2", "--size-min", "6"]
+    for layout in ("npz", "packed"):
+        assert dataset_utils.main_synthetic([*tiny, "--layout", layout, "--out-dir", str(tmp_path / layout)], tmp_path) == 0
+    packed = load_federated_dataset(str(tmp_path / "packed"))
+    assert isinstance(packed.clients, PackedClients)
+    ref = engine_run("SCAFFOLD", "sequential", load_federated_dataset(str(tmp_path / "npz")), global_rounds=2)
+    out = engine_run("SCAFFOLD", "ray", packed, global_rounds=2, ray_workers=2)
+    try:
+        assert_same_training(ref, out, exact=True)
+    finally:
+        out.close()
+
+
 # ---------------------------------------------------------------- a two-node cluster on this machine
 @pytest.mark.ray
 @pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (./prepare.sh --ray)")

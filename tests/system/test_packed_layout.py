@@ -169,6 +169,10 @@ def test_nan_inputs_are_refused_when_the_client_is_first_used(folders, tmp_path)
     dataset = load_federated_dataset(str(folder))  # start-up reads no inputs
     client = dataset.clients[3]
     client.inputs("test"), dataset.clients[2].inputs("train")
+    # the copy sent to another process (a Ray actor) is checked as a first use is
+    assert torch.equal(dataset.clients[2].owned().train_x, dataset.clients[2].train_x)
+    with pytest.raises(FLError, match="client 3 has 1 NaN or infinite train input values"):
+        client.owned()
     with pytest.raises(FLError, match="client 3 has 1 NaN or infinite train input values") as info:
         client.inputs("train", slice(0, 2))
     assert "\n" not in str(info.value)

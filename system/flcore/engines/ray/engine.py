@@ -15,7 +15,7 @@ from flcore.engines.base import Engine
 from flcore.engines.precision import check_precision
 from flcore.engines.ray.cluster import (actor_path_env, check_ray_installed, first_line, import_ray, ray_init,
                                        start_local_ray, use_loopback)
-from flcore.engines.ray.transfer import DriverStateStore, standalone_data, update_on
+from flcore.engines.ray.transfer import DriverStateStore, update_on
 from flcore.engines.ray.warm import WARM, kill
 from flcore.engines.ray.worker import TrainingWorker
 from flcore.engines.threaded import available_cores
@@ -206,7 +206,7 @@ class RayEngine(Engine):
         task = Task(self.runtime.num_classes, self.flat.num_params)
         # the data go through the object store once per actor; the reference is dropped once loaded
         # (a replacement puts them again from the driver's dataset, which holds them anyway)
-        data = import_ray().put([(i, standalone_data(clients[i].data)) for i in members])
+        data = import_ray().put([(i, clients[i].data.owned()) for i in members])
         return actor.load.remote(data, task, contract, self.store.entries_of(members))
 
     def _replace(self, slot: int) -> None:

@@ -11,12 +11,6 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.state import DiskStateStore
 
 
-def standalone_data(data):
-    """A copy of a client's data that owns its tensors: the clients' tensors are views of the merged
-    splits, and serialising a view would send the whole merged split."""
-    return dataclasses.replace(data, **{k: getattr(data, k).clone() for k in ("train_x", "train_y", "test_x", "test_y")})
-
-
 def package_on(package: RoundPackage, device: torch.device) -> RoundPackage:
     """``package`` with its tensors on ``device`` (the package itself when they are there)."""
     if package.global_params.device == device:
