@@ -440,11 +440,16 @@ class VirtualClock(RoundPlugin):
         compute, down, up = self._speeds[:, index]
         return float(compute), float(down), float(up)
 
-    def _all_speeds(self) -> np.ndarray:
-        """Every client's effective speeds (3, N), drawing those not drawn yet."""
-        missing = np.flatnonzero(np.isnan(self._speeds[0]))
+    def _draw_missing(self, positions: np.ndarray) -> None:
+        """Fill, at once, the effective speeds of those of ``positions`` not drawn yet (a cohort of
+        new clients: one vectorised fill instead of one per client)."""
+        missing = positions[np.isnan(self._speeds[0, positions])]
         if missing.size:
             self._effective(missing)
+
+    def _all_speeds(self) -> np.ndarray:
+        """Every client's effective speeds (3, N), drawing those not drawn yet."""
+        self._draw_missing(np.arange(self._speeds.shape[1]))
         return self._speeds
 
     @property
@@ -551,6 +556,7 @@ class VirtualClock(RoundPlugin):
         duration = 0.0
         kept = []
         self.upload_seconds = {}
+        self._draw_missing(np.fromiter((u.index for u in trained), dtype=np.int64, count=len(trained)))
         for update in trained:
             i = update.index
             compute, down, up = self.speeds_of(i)
