@@ -277,7 +277,7 @@ class Evaluator:
         indices, one per row) under client ``i``'s model ``params_for(i)`` is their label (NaN
         without test rows)."""
         dataset = self.runtime.dataset
-        x, y, _ = dataset.split("test")
+        x, y = dataset.split("test")
         correct = 0
         for i in range(len(self.runtime.clients)):
             rows = self._rows("test", [i])
@@ -315,7 +315,7 @@ class Evaluator:
     def _evaluate_shared(self, params: torch.Tensor, clients: list[int], splits: tuple[str, ...], totals: _Totals) -> None:
         """One model on the concatenated rows of ``clients`` (ascending), in the working module."""
         for split in splits:
-            x, y, _ = self.runtime.dataset.split(split)
+            x, y = self.runtime.dataset.split(split)
             rows = self._rows(split, clients)
             if rows.total == len(y):  # every row: the merged tensors themselves, no copy
                 xs, ys = x, y
@@ -332,7 +332,7 @@ class Evaluator:
         loaded once and its few rows make fewer, fuller batches than split by split."""
         parts = []
         for split in splits:
-            x, y, _ = self.runtime.dataset.split(split)
+            x, y = self.runtime.dataset.split(split)
             rows = self._rows(split, [client])
             start, stop = rows.starts[0], rows.starts[0] + rows.total
             parts.append((split, rows, x[start:stop], y[start:stop]))
@@ -464,7 +464,7 @@ class Evaluator:
         client order. Step ``s`` runs rows ``s*B .. s*B+B-1`` of every client that still has some."""
         runtime = self.runtime
         device = runtime.device
-        x, _, _ = runtime.dataset.split(split)
+        x, _ = runtime.dataset.split(split)
         table = runtime.dataset.input_table
         lens = torch.tensor(rows.lens, dtype=torch.long, device=device)
         starts = torch.tensor(rows.starts, dtype=torch.long, device=device)
@@ -552,7 +552,7 @@ class Evaluator:
         """Bytes of every leaf module's output for one sample (eval mode), with a margin."""
         runtime = self.runtime
         for split in ("test", "train"):
-            x, _, _ = runtime.dataset.split(split)
+            x, _ = runtime.dataset.split(split)
             if len(x):
                 break
         else:

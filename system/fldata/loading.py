@@ -113,8 +113,8 @@ class FederatedDataset:
     #: the clients' data: a list, or for the packed layout a :class:`PackedClients` that makes a
     #: client's views when it is asked for
     clients: Sequence[ClientData] = field(default_factory=list)
-    #: split -> (x, y, owner index) over all clients; the clients' tensors are views into it
-    merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    #: split -> (x, y) over all clients, client by client; the clients' tensors are views into it
+    merged: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     #: float32 value of each uint8 input code when the inputs are stored compactly (else None)
     input_table: torch.Tensor | None = None
     #: whether every input was checked for NaN and infinity when loaded (a packed folder's are
@@ -129,17 +129,23 @@ class FederatedDataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(int(s) for s in self.config["input_shape"])
 
-    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(x, y, owner client) of split ``name`` over all clients, client by client in order.
+    def split(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) of split ``name`` over all clients, client by client in order (``bounds`` says
+        whose rows are where).
 
         The loader's merged tensors are returned as they are (the clients' tensors are views of
         them); a dataset assembled without them gets them concatenated once."""
         if name not in self.merged:
             xs = [getattr(c, f"{name}_x") for c in self.clients]
             ys = [getattr(c, f"{name}_y") for c in self.clients]
-            owner = torch.cat([torch.full((len(y),), i, dtype=torch.long, device=y.device) for i, y in enumerate(ys)])
-            self.merged[name] = (torch.cat(xs), torch.cat(ys), owner)
+            self.merged[name] = (torch.cat(xs), torch.cat(ys))
         return self.merged[name]
+
+    def owners(self, name: str) -> torch.Tensor:
+        """int64, one per row of ``split(name)``: the position of the client that holds it. Made
+        from ``bounds`` when asked (a row index over a large population is large: 8 bytes a row)."""
+        bounds = self.bounds(name)
+        return torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.from_numpy(np.diff(bounds)))
 
     def fingerprint(self) -> str:
         """A BLAKE2 digest of every client's train and test inputs and labels (dtypes, shapes and
@@ -576,7 +582,7 @@ def load_federated_dataset(
             labels[split].append(y)
     shape = tuple(config["input_shape"]) if config.get("input_shape") is not None else None
     shape_source = "config.json says"
-    merged: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    merged: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     coder = _InputCoder() if compact else None
     #: integer inputs are token ids (text) or category codes: kept as int64 (embeddings index with
     #: them), never coded or converted to floats; decided by the first file's dtype
@@ -585,7 +591,6 @@ def load_federated_dataset(
     for split in ("train", "test"):
         sizes = [len(y) for y in labels[split]]
         all_y = torch.as_tensor(np.concatenate(labels[split]), dtype=torch.int64).to(device)
-        owner = torch.repeat_interleave(torch.arange(len(ids), device=device), torch.tensor(sizes, device=device))
         all_x = None
         start = 0
         for cid, size in zip(ids, sizes):
@@ -629,7 +634,7 @@ def load_federated_dataset(
         if all_x is None:  # no client has a sample of this split
             dtype = torch.int64 if integer_inputs else torch.uint8 if coder else torch.float32
             all_x = torch.empty((0, *(shape or ())), dtype=dtype, device=device)
-        merged[split] = (all_x, all_y, owner)
+        merged[split] = (all_x, all_y)
     # Compared last, so that a file of the wrong shape or length is reported as such.
     for cid in ids:
         _check_sample_counts(config, config_file, cid, rows["train", cid], rows["test", cid])
@@ -638,7 +643,7 @@ def load_federated_dataset(
     if _config_identity(path) != identity:
         raise FLError(f"dataset {name} was rewritten while it was being loaded (a generator ran); run again")
     # the clients' tensors are views of the merged ones (made last: a fallback to float32 replaces them)
-    views = {split: split_views(all_x, all_y, map(len, labels[split])) for split, (all_x, all_y, _) in merged.items()}
+    views = {split: split_views(all_x, all_y, map(len, labels[split])) for split, (all_x, all_y) in merged.items()}
     table = torch.as_tensor(coder.table, device=device) if coder is not None else None
     clients = [
         ClientData(cid=cid, train_x=tx, train_y=ty, test_x=vx, test_y=vy, table=table)
@@ -662,7 +667,7 @@ def _check_fits(name: str, device, labels: dict[str, list[np.ndarray]], shape: t
     if room is None:
         return
     rows = sum(len(y) for split in labels.values() for y in split)
-    need = rows * (int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + 16)  # inputs; labels and owner (int64)
+    need = rows * (int(np.prod(shape, dtype=np.int64)) * dtype.itemsize + 8)  # inputs; labels (int64)
     if need > room[0]:
         gib = 1024**3
         raise FLError(f"dataset {name} needs {need / gib:.1f} GiB on {device} ({rows} samples, loaded whole onto the "
@@ -684,7 +689,7 @@ def _decode_all(all_x: torch.Tensor, merged: dict, table: np.ndarray, written: i
     floats = torch.empty(all_x.shape, dtype=torch.float32, device=all_x.device)
     if written:
         floats[:written] = decode_inputs(all_x[:written], values)
-    done = {split: (decode_inputs(x, values), y, owner) for split, (x, y, owner) in merged.items()}
+    done = {split: (decode_inputs(x, values), y) for split, (x, y) in merged.items()}
     return floats, done, None
 
 
@@ -878,8 +883,7 @@ def load_packed(path: Path, name: str, config: dict, device: torch.device | str 
         files[split] = path / split / "x.npy"
         xt = torch.from_numpy(x) if x.size else torch.zeros(x.shape, dtype=torch.float32 if x.dtype == np.float32 else torch.int64)
         yt = torch.from_numpy(y) if y.size else torch.zeros(0, dtype=torch.int64)
-        owner = torch.repeat_interleave(torch.arange(len(offsets[split]) - 1), torch.from_numpy(np.diff(offsets[split])))
-        merged[split] = (xt, yt, owner)
+        merged[split] = (xt, yt)
     if shapes["train"] != shapes["test"] and min(len(merged[s][1]) for s in merged):
         raise FLError(f"{files['train']} holds {shapes['train'][0]} inputs of shape {list(shapes['train'][1])}, "
                       f"{files['test']} {shapes['test'][0]} of shape {list(shapes['test'][1])}; {REGENERATE}")

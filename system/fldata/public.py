@@ -94,7 +94,7 @@ def with_public_data(args: Namespace, dataset: FederatedDataset) -> FederatedDat
 
 def _draw_from_pool(dataset: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:
     """The dataset without round(fraction · pool) training samples drawn from all clients, and those."""
-    x, y, _ = dataset.split("train")
+    x, y = dataset.split("train")
     total = len(y)
     count = int(round(fraction * total))
     if count < 1:
@@ -107,10 +107,9 @@ def _draw_from_pool(dataset: FederatedDataset, fraction: float, seed: int) -> Fe
     kept = torch.from_numpy(np.flatnonzero(keep)).to(y.device)
     drawn_rows = torch.from_numpy(drawn).to(y.device)
     train_x, train_y = x[kept], y[kept]
-    owner = torch.cat([torch.full((n,), i, dtype=torch.long, device=y.device) for i, n in enumerate(sizes)])
     clients = [ClientData(c.cid, cx, cy, c.test_x, c.test_y, c.table)
                for c, (cx, cy) in zip(dataset.clients, split_views(train_x, train_y, sizes))]
-    merged = {"train": (train_x, train_y, owner)}
+    merged = {"train": (train_x, train_y)}
     if "test" in dataset.merged:
         merged["test"] = dataset.merged["test"]
     out = FederatedDataset(name=dataset.name, path=dataset.path, config=dict(dataset.config), clients=clients,
@@ -127,7 +126,7 @@ def _from_folder(folder: Path, dataset: FederatedDataset, args: Namespace) -> Pu
         raise FLError(f"--public_data {folder}: neither a fraction in (0, 1) nor a dataset folder with config.json")
     other = load_federated_dataset(str(folder), dataset.split("train")[1].device,
                                    legacy_pickle=bool(getattr(args, "legacy_pickle", False)))
-    x, y, _ = other.split("train")
+    x, y = other.split("train")
     if tuple(x.shape[1:]) != tuple(dataset.split("train")[0].shape[1:]):
         raise FLError(f"--public_data {folder}: inputs of shape {tuple(x.shape[1:])}, the task's are "
                       f"{tuple(dataset.split('train')[0].shape[1:])}")

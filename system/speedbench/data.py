@@ -25,19 +25,18 @@ def _synthetic_clients(sizes_train, sizes_test, labels_of, shape, num_classes, s
     merged = {}
     for split, counts in sizes.items():
         total = int(sum(counts))
-        merged[split] = (torch.empty((total, *shape)), torch.empty(total, dtype=torch.long),
-                         torch.repeat_interleave(torch.arange(len(counts)), torch.as_tensor(counts, dtype=torch.long)))
+        merged[split] = (torch.empty((total, *shape)), torch.empty(total, dtype=torch.long))
     starts = {"train": 0, "test": 0}
     for cid, (n_train, n_test) in enumerate(zip(sizes_train, sizes_test)):
         for split, n in (("train", n_train), ("test", n_test)):
             y = labels_of(cid, n, rng)
             x = prototypes[y] + rng.normal(scale=1.0, size=(n, *shape)).astype(np.float32)
-            all_x, all_y, _ = merged[split]
+            all_x, all_y = merged[split]
             lo, hi = starts[split], starts[split] + n
             all_x[lo:hi].copy_(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
             all_y[lo:hi].copy_(torch.from_numpy(y.astype(np.int64)))
             starts[split] = hi
-    views = {split: split_views(x, y, sizes[split]) for split, (x, y, _) in merged.items()}
+    views = {split: split_views(x, y, sizes[split]) for split, (x, y) in merged.items()}
     clients = [ClientData(cid, *views["train"][cid], *views["test"][cid]) for cid in range(len(sizes_train))]
     return clients, merged
 
@@ -96,7 +95,7 @@ def _move_dataset(dataset, device) -> None:
     from fldata.loading import split_views
 
     dataset.merged = {split: tuple(t.to(device) for t in tensors) for split, tensors in dataset.merged.items()}
-    for split, (all_x, all_y, _) in dataset.merged.items():
+    for split, (all_x, all_y) in dataset.merged.items():
         sizes = [len(getattr(c, f"{split}_y")) for c in dataset.clients]
         for client, (x, y) in zip(dataset.clients, split_views(all_x, all_y, sizes)):
             setattr(client, f"{split}_x", x)

@@ -41,7 +41,7 @@ def cos(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def test_each_recorded_number_by_hand():
     srv = sageflow(True)
-    x, y, _ = srv.dataset.split("test")
+    x, y = srv.dataset.split("test")
     models = {}  # round -> the global model it started from
     checked, without_fresh = 0, 0
     for rnd in range(4):

@@ -22,6 +22,6 @@ def test_natural_text_clients_in_either_layout_are_the_same_token_ids(tmp_path):
         assert proc.returncode == 0, proc.stderr
         loaded.append(load_federated_dataset(str(out)))
     for split in ("train", "test"):
-        (xa, ya, _), (xb, yb, _) = loaded[0].split(split), loaded[1].split(split)
+        (xa, ya), (xb, yb) = loaded[0].split(split), loaded[1].split(split)
         assert xa.dtype == xb.dtype == torch.int64 and torch.equal(xa, xb) and torch.equal(ya, yb)
     assert loaded[1].config["client_names"] == loaded[0].config["client_names"]

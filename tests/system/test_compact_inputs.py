@@ -18,7 +18,7 @@ def _file(folder, split, cid):
 
 def _assert_inputs_equal_files(dataset, folder):
     for split in ("train", "test"):
-        x_all, _, _ = dataset.merged[split]
+        x_all, _ = dataset.merged[split]
         start = 0
         for client in dataset.clients:
             x, _ = _file(folder, split, client.cid)

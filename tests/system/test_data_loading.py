@@ -21,7 +21,7 @@ def test_clients_are_views_of_the_merged_split_and_equal_their_files(tmp_path):
     folder = make_dataset(tmp_path, num_clients=3, input_shape=(1, 4, 4), train_sizes=[5, 0, 9], test_size=4)
     dataset = load_federated_dataset(str(folder))
     for split in ("train", "test"):
-        x_all, y_all, owner = dataset.merged[split]
+        (x_all, y_all), owner = dataset.merged[split], dataset.owners(split)
         start = 0
         for index, client in enumerate(dataset.clients):
             x, y = _file(folder, split, client.cid)

@@ -78,9 +78,9 @@ def test_hold_out_takes_the_last_clients_as_views():
     assert [c.cid for c in train.clients] == [0, 1, 2] and [c.cid for c in new.clients] == [3, 4]
     assert train.config["num_clients"] == 3 and new.config["num_clients"] == 2
     for split in ("train", "test"):
-        x, y, owner = data.split(split)
+        x, owner = data.split(split)[0], data.owners(split)
         for part, first in ((train, 0), (new, 3)):
-            px, py, powner = part.split(split)
+            (px, py), powner = part.split(split), part.owners(split)
             rows = sum(len(getattr(c, f"{split}_y")) for c in data.clients[:first])
             assert torch.equal(px, x[rows : rows + len(py)]) and px.data_ptr() == x[rows:].data_ptr()
             assert torch.equal(powner, owner[rows : rows + len(py)] - first)

@@ -56,7 +56,7 @@ def test_generator_writes_the_same_arrays_in_either_layout(folders):
     npz, packed = (load_federated_dataset(str(folders[k])) for k in ("npz", "packed"))
     assert isinstance(packed.clients, PackedClients) and isinstance(npz.clients, list)
     for split in ("train", "test"):
-        for a, b in zip(npz.split(split), packed.split(split)):
+        for a, b in zip((*npz.split(split), npz.owners(split)), (*packed.split(split), packed.owners(split))):
             assert a.dtype == b.dtype and torch.equal(a, b)
         assert npz.offsets(split) == packed.offsets(split)
         assert np.array_equal(npz.bounds(split), packed.bounds(split))

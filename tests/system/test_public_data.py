@@ -37,7 +37,7 @@ def test_a_fraction_is_drawn_without_overlap_and_removed_from_the_clients():
     for client, test_x in zip(out.clients, tests):
         assert torch.equal(client.test_x, test_x)
     # the clients' tensors are the merged split's rows, at the dataset's offsets
-    x, y, owner = out.split("train")
+    x, owner = out.split("train")[0], out.owners("train")
     for i, (client, start) in enumerate(zip(out.clients, out.offsets("train"))):
         assert torch.equal(client.train_x, x[start : start + client.num_train])
         assert bool((owner[start : start + client.num_train] == i).all())
@@ -50,7 +50,7 @@ def test_eight_bit_inputs_stay_codes_with_their_table(tmp_path):
     task = load_federated_dataset(str(make_dataset(tmp_path, "Bytes", num_clients=3, input_shape=(1, 4, 4),
                                                    eight_bit=True)))
     assert task.input_table is not None
-    x, _, _ = task.split("train")
+    x, _ = task.split("train")
     public = public_data_of(with_public_data(args_for("0.25"), task))
     assert public.x.dtype == torch.uint8 and public.table is task.input_table
     assert public.inputs().dtype == torch.float32 and rows(public.inputs()) <= rows(task.input_table[x.long()])

@@ -350,7 +350,7 @@ class BatchedEngine(Engine):
         """(x, y, row offset of each client) covering ``clients``' training data: the dataset's
         merged training split, which the clients' tensors are views of."""
         dataset = self.runtime.dataset
-        x, y, _ = dataset.split("train")
+        x, y = dataset.split("train")
         offsets = dataset.offsets("train")
         return x, y, [offsets[c.index] for c in clients]
 
@@ -591,7 +591,7 @@ class BatchedEngine(Engine):
         own_loss = cls.capabilities.own_loss
         adjust = owner.adjust_grad if "adjust_grad" in cls.capabilities.overrides else None
         dims_key = tuple(sorted(ctx_dims.items()))
-        x_all, y_all, _ = self.runtime.dataset.split("train")
+        x_all, y_all = self.runtime.dataset.split("train")
         beta, decay = owner.local_momentum, owner.local_step.l2_term
         key = ("cohort", cls if (own_loss or adjust) else Client, masked, batched, dims_key, retire, self.precision,
                x_all.data_ptr(), y_all.data_ptr(), beta, decay)

@@ -593,7 +593,7 @@ class AttackPlugin(RoundPlugin):
         """The share of the test images of the other classes, trigger stamped (DBA: the global trigger),
         classified as the target."""
         dataset = self.runtime.dataset
-        x, y, _ = dataset.split("test")
+        x, y = dataset.split("test")
         target, value, trigger = int(self.args.backdoor_target), float(self.args.backdoor_value), TEST_TRIGGERS[self.name]
         rows = torch.nonzero(y != target).flatten()
         if not len(rows):

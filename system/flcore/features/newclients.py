@@ -76,10 +76,10 @@ def _part(dataset: FederatedDataset, first: int, stop: int) -> FederatedDataset:
     """Clients ``first .. stop-1`` of ``dataset`` as a dataset of their own (views, no copies)."""
     merged = {}
     for split in ("train", "test"):
-        x, y, owner = dataset.split(split)
+        x, y = dataset.split(split)
         offsets = [*dataset.offsets(split), len(y)]
         rows = slice(offsets[first], offsets[stop])
-        merged[split] = (x[rows], y[rows], owner[rows] - first if first else owner[rows])
+        merged[split] = (x[rows], y[rows])
     return FederatedDataset(name=dataset.name, path=dataset.path, config=dict(dataset.config, num_clients=stop - first),
                             clients=dataset.clients[first:stop], merged=merged, input_table=dataset.input_table)
 
