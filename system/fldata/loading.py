@@ -745,7 +745,7 @@ def _packed_split(path: Path, split: str, config: dict, config_file: Path) -> tu
     if offsets.dtype != np.int64 or offsets.shape != (total + 1,):
         raise FLError(f"{files['offsets.npy']} holds {offsets.dtype} {list(offsets.shape)}, expected int64 "
                       f"[{total + 1}] ({total} clients, config.json); {REGENERATE}")
-    offsets = np.array(offsets)  # small: one number per client, read once
+    # kept mapped (8 bytes a client: file pages, not this process's memory)
     rows = len(y)
     steps = np.diff(offsets)
     if offsets[0] != 0 or offsets[-1] != rows or (steps < 0).any() or (offsets > rows).any():

@@ -175,9 +175,10 @@ def drawn_profiles(args, cids: Sequence[int], speeds: bool = True) -> Profiles:
     ``speeds`` False the speeds are left NaN, to be drawn (``drawn_speeds``) when first needed."""
     n = len(cids)
     compute, down, up = drawn_speeds(args, cids) if speeds else (np.full(n, np.nan) for _ in range(3))
-    period = np.full(n, float(args.clock_avail_period))
-    duty = np.full(n, float(args.clock_avail_duty))
-    offset = np.zeros(n)
+    # one value for every client: read-only views of it, no memory per client
+    period = np.broadcast_to(float(args.clock_avail_period), (n,))
+    duty = np.broadcast_to(float(args.clock_avail_duty), (n,))
+    offset = np.broadcast_to(0.0, (n,))
     if args.clock_avail_period > 0:
         offset = np.asarray([numpy_rng(args.seed, "clock-phase", cid).uniform(0, args.clock_avail_period) for cid in cids])
     return Profiles(compute, down, up, {}, period, duty, offset)
