@@ -34,8 +34,9 @@ calls them at fixed points, in ``order``::
 
 A plug-in gets the run's :class:`~flcore.protocol.Runtime` (model, data, device, flags, clients,
 state, history) and the algorithm's server class (for start-up checks on its ``capabilities``),
-never the server object. What it keeps across rounds it returns from ``state_dict`` (plain data,
-tensors, arrays) and takes back in ``load_state_dict``: checkpoints save it under its name.
+never the server object. What it keeps across rounds it names in ``carried`` (the persistence
+contract, :class:`~flcore.extension.Carries`: plain data, tensors, arrays); checkpoints save its
+``state_dict()`` under its name.
 """
 from __future__ import annotations
 

@@ -440,6 +440,8 @@ class AttackPlugin(RoundPlugin):
 
     flag_group = "attacks (flcore/features/attacks.py)"
     flag_order = 30
+    #: what persists (checkpoints): each round's attackers of the cohort, for its late uploads
+    carried = ("cohort_attackers",)
 
     @classmethod
     def compatible(cls, server_cls: type) -> str | None:
@@ -607,13 +609,6 @@ class AttackPlugin(RoundPlugin):
         history = self.runtime.history
         history.add_series("attack_uploads", len(self.last_attackers))
         history.add_series("attackers", list(self.last_attackers))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cohort_attackers": {rnd: list(indices) for rnd, indices in self.cohort_attackers.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cohort_attackers = {int(rnd): [int(i) for i in indices]
-                                 for rnd, indices in state.get("cohort_attackers", {}).items()}
 
     def summary(self) -> dict[str, object]:
         fixed = self.args.attack_resample or self.args.attack_scope in PER_COHORT

@@ -85,7 +85,7 @@ Trace file (``--client_trace FILE.csv``): a header line, then one row per client
 A bad file is one line naming the file, the line and the column (exit status 2).
 
 The clock is a round plug-in (``flcore/features/__init__.py``), in every run. What persists across
-rounds is its ``state_dict`` (the checkpoint keeps it): the cumulative virtual time ``now`` and each
+rounds is what it names ``carried`` (the checkpoint keeps it): the cumulative virtual time ``now`` and each
 client's time cost, ``client_seconds``/``client_rounds``; the rest is what the seed and the trace
 determine. After each training round it records ``rs_virtual_time`` (virtual seconds at the end
 of the round) and ``rs_virtual_round_time`` (the round's duration, waits included).
@@ -99,7 +99,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -331,6 +331,8 @@ class VirtualClock(RoundPlugin):
 
     flag_group = "system heterogeneity and the virtual clock (PFLlib's -cdr -tsr -ssr -ts -tth; flcore/features/clock.py)"
     flag_order = 10
+    #: what persists (checkpoints): the virtual time and each client's time cost so far
+    carried = ("now", "client_seconds", "client_rounds")
 
     @classmethod
     def check(cls, args) -> None:
@@ -503,14 +505,6 @@ class VirtualClock(RoundPlugin):
     def record(self, result: RoundResult) -> None:
         self.runtime.history.add_series("virtual_time", self.now)
         self.runtime.history.add_series("virtual_round_time", result.virtual_seconds)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"now": self.now, "client_seconds": self.client_seconds.copy(), "client_rounds": self.client_rounds.copy()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.now = float(state["now"])
-        self.client_seconds = np.asarray(state["client_seconds"], dtype=np.float64).copy()
-        self.client_rounds = np.asarray(state["client_rounds"], dtype=np.int64).copy()
 
     # ------------------------------------------------------------------- selection
     def selectable(self, rnd: int) -> np.ndarray | None:

@@ -65,7 +65,7 @@ from argparse import ArgumentParser
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -340,6 +340,8 @@ class RobustAggregation(RoundPlugin):
 
     flag_group = "robust aggregation (flcore/features/robust.py)"
     flag_order = 40
+    #: what persists (checkpoints): centered clipping's last center
+    carried = ("center",)
 
     @classmethod
     def compatible(cls, server_cls: type) -> str | None:
@@ -459,13 +461,6 @@ class RobustAggregation(RoundPlugin):
         self._filter_scores = None  # a round without uploads filters nothing
         self.runtime.history.add_series("robust_precision", precision)
         self.runtime.history.add_series("robust_recall", recall)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"center": None if self.center is None else self.center.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        center = state["center"]
-        self.center = None if center is None else torch.as_tensor(center).clone()
 
     def summary(self) -> dict[str, object]:
         return {"robust": [*self.pre, self.aggregator], "robust_f": self.f}

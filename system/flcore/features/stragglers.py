@@ -132,6 +132,8 @@ class Stragglers(RoundPlugin):
 
     flag_group = "stragglers (flcore/features/stragglers.py)"
     flag_order = 50
+    #: what persists (checkpoints): the uploads in flight, the models they started from, who is busy
+    carried = ("pending", "origins", "busy_until")
 
     @classmethod
     def compatible(cls, server_cls: type) -> str | None:
@@ -269,15 +271,6 @@ class Stragglers(RoundPlugin):
             clock.retime_round((clock.now - clock.round_start) * (1 + waited), result)
         late = [(u, now + d - waited) for u, d in zip(arrived, delays) if d > waited]
         return [u for u, d in zip(arrived, delays) if d <= waited], late
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"pending": [dict(p) for p in self.pending], "origins": dict(self.origins),
-                "busy_until": dict(self.busy_until)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = [dict(p) for p in state["pending"]]
-        self.origins = {int(k): v for k, v in state["origins"].items()}
-        self.busy_until = {int(c): int(last) for c, last in state["busy_until"].items()}
 
     def summary(self) -> dict[str, object]:
         return {"straggler_delay": self.most, "straggler_clock": self.by_clock, "straggler_policy": self.policy,

@@ -63,6 +63,9 @@ def squared_distances(rows: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
 
 @register_algorithm("FedAMP")
 class FedAMPServer(Server):
+    #: what persists across rounds (checkpoints): who uploaded in the last round (the pool of cloud models), and the warning said once
+    carried = ("previous_uploads", "_warned_negative")
+
     client_cls = FedAMPClient
     personalized = True
     has_global_model = False

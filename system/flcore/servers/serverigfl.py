@@ -128,6 +128,9 @@ def attention_weights(
 class IGFLBaseServer(Server):
     """Shared IGFL server: plain-mean or attention aggregation, Δw_ps broadcast, Δw_i store."""
 
+    #: what persists across rounds (checkpoints): the server's step count
+    carried = ("server_step",)
+
     #: broadcast Δw_ps for IGFL's client rule
     use_client_rule: ClassVar[bool] = False
     #: aggregate with Algorithm 3's attention instead of the plain mean

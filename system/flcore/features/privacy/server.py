@@ -21,7 +21,6 @@ from argparse import ArgumentParser
 
 import logging
 import math
-from typing import Any
 
 import torch
 
@@ -41,6 +40,8 @@ class PrivacyPlugin(RoundPlugin):
 
     flag_group = "differential privacy (PFLlib's -dp/-dps, plus ours; flcore/features/privacy)"
     flag_order = 20
+    #: what persists (checkpoints): DP-FedAvg's sampling rate of every round so far
+    carried = ("user_rates",)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -132,12 +133,6 @@ class PrivacyPlugin(RoundPlugin):
     def user_epsilon(self) -> float:
         steps = accounting.compress(self.user_rates)
         return accounting.epsilon(self.accountant, self.central.sigma, steps, self.delta)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"user_rates": list(self.user_rates)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.user_rates = [float(q) for q in state["user_rates"]]
 
     def results(self, history) -> dict[str, float]:
         """The final ε of each DP series of the run and its δ (for the summary and the h5 attributes)."""
