@@ -25,6 +25,11 @@ Before any data is read (class level, from the flags):
                                       (``-nnc``), so it checks ``-nc`` itself
     split_dataset(args, dataset) -> (dataset, reserved)
                                       the clients it holds out, before the others are built
+    summarize_series(history, target_acc) -> dict
+                                      the summary's figures read off the series the feature
+                                      records (the clock's virtual time to the target, the
+                                      stragglers' staleness histogram): from a history alone,
+                                      so ``reporting`` names no feature (``run_summary``)
 
 While the run goes (instance level; a :class:`RoundPlugin` is built from the run's
 :class:`~flcore.protocol.Runtime`): the round hooks (``flcore/features/__init__.py``), then
@@ -182,6 +187,12 @@ class Feature:
         """(the dataset the federation trains on, what this feature keeps apart); called once,
         before the clients are built, for a wanted feature that ``takes_clients``."""
         return dataset, None
+
+    @classmethod
+    def summarize_series(cls, history: "RunHistory", target_acc: float | None) -> dict[str, Any]:
+        """Summary fields this feature reads off the series it records in ``history`` (``target_acc``:
+        the run's ``--target_acc``, None without); {} when the history holds none of them."""
+        return {}
 
 
 class RoundPlugin(Carries, Feature):

@@ -42,12 +42,15 @@ from __future__ import annotations
 
 from argparse import Namespace
 
+from typing import Any
+
 from flcore.extension import RoundPlugin
 from flcore.protocol import Runtime
 from flcore.registry import PLUGINS, import_submodules
+from reporting.results import RunHistory, summarize
 from utils.errors import FLError
 
-__all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_for_features"]
+__all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_for_features", "run_summary"]
 
 
 def features() -> list[type[RoundPlugin]]:
@@ -101,3 +104,13 @@ def plugins_for(runtime: Runtime, server_cls: type) -> dict[str, RoundPlugin]:
     if len(takers) > 1:
         raise FLError(f"these options each replace the aggregation and exclude each other: {', '.join(takers)}")
     return built
+
+
+def run_summary(history: RunHistory, avg_last: int, target_acc: float | None, model_bytes: int) -> dict[str, Any]:
+    """The headline figures of the run ``history`` recorded: the platform's (``summarize``) and
+    those every feature reads off its own series (``summarize_series``); {} before any evaluation."""
+    summary = summarize(history, avg_last, target_acc, model_bytes)
+    if summary:
+        for cls in features():
+            summary.update(cls.summarize_series(history, target_acc))
+    return summary

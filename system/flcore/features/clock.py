@@ -99,7 +99,7 @@ import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -107,6 +107,7 @@ from flcore.extension import RoundPlugin
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from cli.flags import add_flag
+from reporting.results import RunHistory, rounds_to_target
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
@@ -505,6 +506,26 @@ class VirtualClock(RoundPlugin):
     def record(self, result: RoundResult) -> None:
         self.runtime.history.add_series("virtual_time", self.now)
         self.runtime.history.add_series("virtual_round_time", result.virtual_seconds)
+
+    @classmethod
+    def summarize_series(cls, history: RunHistory, target_acc: float | None) -> dict[str, Any]:
+        """With ``--target_acc``: ``virtual_time_to_target``, the clock's reading after the training
+        rounds before the evaluation that reached the target (0 for the untrained model; None when no
+        evaluation reached it)."""
+        clock = history.extra_series.get("virtual_time")  # the clock after each training round
+        if target_acc is None or clock is None:
+            return {}
+        reached = rounds_to_target(history, target_acc)
+        if reached is None:
+            return {"virtual_time_to_target": None}
+        rounds = reached[0]
+        if rounds > len(clock):
+            return {}
+        return {"virtual_time_to_target": float(clock[rounds - 1]) if rounds else 0.0}
+
+    def lines(self, results: dict[str, Any]) -> list[str]:
+        seconds = results.get("virtual_time_to_target")
+        return [] if seconds is None else [f"  target reached after {seconds:.1f} virtual s"]
 
     # ------------------------------------------------------------------- selection
     def selectable(self, rnd: int) -> np.ndarray | None:

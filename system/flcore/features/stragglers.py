@@ -70,8 +70,8 @@ oldest start round first, then by client. The uploads still in flight, the globa
 started from and the rounds until which clients are busy are this plug-in's state (checkpointed).
 
 Results: ``rs_staleness`` records, per round, the staleness of every upload aggregated (one row per
-round, NaN-padded); main.py writes its histogram as the attribute ``staleness_histogram`` (counts of
-staleness 0, 1, 2, ... rounds; reporting/results.py). Rounds are the server's aggregation steps.
+round, NaN-padded); its histogram is the summary's and the h5's attribute ``staleness_histogram``
+(counts of staleness 0, 1, 2, ... rounds; ``summarize_series``). Rounds are the server's aggregation steps.
 """
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from cli.flags import add_flag
+from reporting.results import RunHistory
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
@@ -271,6 +272,17 @@ class Stragglers(RoundPlugin):
             clock.retime_round((clock.now - clock.round_start) * (1 + waited), result)
         late = [(u, now + d - waited) for u, d in zip(arrived, delays) if d > waited]
         return [u for u, d in zip(arrived, delays) if d <= waited], late
+
+    @classmethod
+    def summarize_series(cls, history: RunHistory, target_acc: float | None) -> dict[str, Any]:
+        """``staleness_histogram``: how many aggregated uploads were 0, 1, 2, ... rounds stale."""
+        staleness = [int(v) for row in history.extra_series.get("staleness", []) for v in row if v == v]  # NaN: padding
+        return {"staleness_histogram": np.bincount(staleness).tolist()} if staleness else {}
+
+    def lines(self, results: dict[str, Any]) -> list[str]:
+        if "staleness_histogram" not in results:
+            return []
+        return [f"  staleness histogram (uploads received 0, 1, ... rounds late): {results['staleness_histogram']}"]
 
     def summary(self) -> dict[str, object]:
         return {"straggler_delay": self.most, "straggler_clock": self.by_clock, "straggler_policy": self.policy,
