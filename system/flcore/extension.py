@@ -150,10 +150,10 @@ class Feature:
                 if action.dest not in besides and getattr(args, action.dest, action.default) != action.default]
 
     @classmethod
-    def refuse_flags_without(cls, args: Namespace, switch: str, dest: str) -> None:
-        """One line when flags of this feature are given while its switch (``dest``, spelt ``switch``)
-        is off: they would change nothing."""
-        given = cls.changed_flags(args, besides=(dest,))
+    def refuse_flags_without(cls, args: Namespace, switch: str, *dests: str) -> None:
+        """One line when flags of this feature are given while its switch (the flag ``dests``, or one of
+        them, spelt ``switch``) is off: they would change nothing."""
+        given = cls.changed_flags(args, besides=dests)
         if given:
             raise FLError(f"{', '.join(given)} {'acts' if len(given) == 1 else 'act'} on {switch}, which is not given: "
                           f"add {switch} or drop {'it' if len(given) == 1 else 'them'}")

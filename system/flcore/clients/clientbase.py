@@ -121,7 +121,7 @@ class Client:
         local_step.prepare(self)
         self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
         #: heavy-ball momentum β of the local SGD (``--local_momentum``, a generic flag; 0 = plain SGD)
-        self.local_momentum = float(getattr(args, "local_momentum", 0.0) or 0.0)
+        self.local_momentum = float(args.local_momentum)
         if self.local_momentum and not type(self).uses_local_momentum():
             raise FLError(f"--local_momentum: {type(self).__name__} trains with its own optimiser, not the base "
                           "client's SGD; run it without --local_momentum")

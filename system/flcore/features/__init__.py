@@ -40,6 +40,7 @@ contract, :class:`~flcore.extension.Carries`: plain data, tensors, arrays); chec
 """
 from __future__ import annotations
 
+import functools
 from argparse import Namespace
 
 from typing import Any
@@ -53,13 +54,24 @@ from utils.errors import FLError
 __all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_for_features", "run_summary"]
 
 
-def features() -> list[type[RoundPlugin]]:
-    """Every registered feature class, in the order ``main.py -h`` lists their flags and start-up
-    asks them (``flag_order``, then name)."""
+@functools.cache
+def _import_features() -> None:
+    """Import every feature module once, so that their decorators fill the plug-in registry."""
     import_submodules("flcore.features")
     import_submodules("flcore.features.privacy")
-    classes = [PLUGINS.get(name) for name in PLUGINS]
-    return sorted(classes, key=lambda c: (c.flag_order, c.registered_name))
+
+
+@functools.lru_cache(maxsize=None)
+def _in_flag_order(classes: tuple[type[RoundPlugin], ...]) -> tuple[type[RoundPlugin], ...]:
+    return tuple(sorted(classes, key=lambda c: (c.flag_order, c.registered_name)))
+
+
+def features() -> list[type[RoundPlugin]]:
+    """Every registered feature class, in the order ``main.py -h`` lists their flags and start-up
+    asks them (``flag_order``, then name). The packages are walked and the order computed once
+    (again only for a registry that changed since: a test's own plug-in)."""
+    _import_features()
+    return list(_in_flag_order(tuple(PLUGINS.get(name) for name in PLUGINS)))
 
 
 def wanted_plugins(args: Namespace) -> list[type[RoundPlugin]]:

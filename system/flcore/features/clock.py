@@ -384,7 +384,7 @@ class VirtualClock(RoundPlugin):
         args = runtime.args
         clients = runtime.clients
         n = len(clients)
-        trace = getattr(args, "client_trace", None)
+        trace = self.flags(args).client_trace
         if trace:
             self._profiles = read_trace(trace, n)
         else:  # speeds drawn when first needed (speeds_of); phases, where there are any, now

@@ -376,7 +376,7 @@ class RobustAggregation(RoundPlugin):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return bool(getattr(args, "robust", None))
+        return bool(cls.flags(args).robust)
 
     @classmethod
     def public_data_user(cls, args) -> str | None:
@@ -398,11 +398,6 @@ class RobustAggregation(RoundPlugin):
             raise FLError(f"--robust {self.aggregator} needs {rule.requirement} uploads for f = {self.f} attackers, "
                           f"but a round has n = {cohort} (-jr {args.join_ratio} of {num_clients} clients); "
                           f"select more clients or lower --robust_f")
-        for name, value in (("--robust_clip", args.robust_clip), ("--robust_keep", args.robust_keep)):
-            if value < 0:
-                raise FLError(f"{name} must be >= 0, got {value}")
-        if int(args.robust_iters) < 1:
-            raise FLError(f"--robust_iters must be >= 1, got {args.robust_iters}")
         #: FLTrust's root data: the server's public set
         needs_public = self.public_data_user(args)
         self.root = require_public_data(runtime.dataset, needs_public) if needs_public else None

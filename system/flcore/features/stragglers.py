@@ -151,12 +151,12 @@ class Stragglers(RoundPlugin):
         add_flag(parser, "--straggler_wait", type=float, default=0.0, low=0, high=1,
                  help="share of a round's uploads the server waits for, the fastest first (1: wait for all; "
                       "0: rounds: only the on-time ones, clock: the fastest one)")
-        add_flag(parser, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
+        add_flag(parser, "--straggler_policy", type=str, default="stale", choices=POLICIES,
                  help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
-        add_flag(parser, "--straggler_busy", type=str, default="train", choices=["train", "skip", "unselectable"],
+        add_flag(parser, "--straggler_busy", type=str, default="train", choices=BUSY,
                  help="a client drawn while its late upload is in flight: trains again (train), sits the round out "
                       "(skip: the official Sageflow code) or cannot be drawn (unselectable); --straggler_delay only")
-        add_flag(parser, "--straggler_delays", type=str, default="uniform", choices=["uniform", "each"],
+        add_flag(parser, "--straggler_delays", type=str, default="uniform", choices=DELAY_DRAWS,
                  help="delays: each U{0..S} (uniform) or, as the official Sageflow code, S+1 of the round's trainers "
                       "get 0, 1, ..., S and the others U{0..S} (each)")
 
@@ -164,42 +164,33 @@ class Stragglers(RoundPlugin):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return (int(getattr(args, "straggler_delay", 0) or 0) != 0 or bool(getattr(args, "straggler_clock", False))
-                or float(getattr(args, "straggler_wait", 0) or 0) != 0
-                or getattr(args, "straggler_policy", "stale") != "stale"  # to refuse them alone
-                or getattr(args, "straggler_busy", "train") != "train"
-                or getattr(args, "straggler_delays", "uniform") != "uniform")
+        flags = cls.flags(args)
+        return flags.straggler_delay > 0 or flags.straggler_clock
+
+    @classmethod
+    def check(cls, args) -> None:
+        """Lateness in rounds and by the clock at once, the round-counting flags with the clock's, or
+        this feature's flags without lateness (the ranges and choices are declared with the flags)."""
+        flags = cls.flags(args)
+        if flags.straggler_clock and flags.straggler_delay:
+            raise FLError("--straggler_delay (Sageflow's delays in rounds) and --straggler_clock (the clock's device "
+                          "times) are two models of lateness; give one of them")
+        if not flags.straggler_clock and not flags.straggler_delay:
+            cls.refuse_flags_without(args, "--straggler_delay S or --straggler_clock True", "straggler_delay",
+                                     "straggler_clock")
+        if flags.straggler_clock and (flags.straggler_busy != "train" or flags.straggler_delays != "uniform"):
+            raise FLError("--straggler_busy and --straggler_delays count rounds: use them with --straggler_delay S, "
+                          "or keep --straggler_busy train and --straggler_delays uniform with --straggler_clock")
 
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
-        args = runtime.args
-        self.most = int(args.straggler_delay)
-        if self.most < 0:
-            raise FLError(f"--straggler_delay must be >= 0 rounds, got {self.most}")
-        self.by_clock = bool(args.straggler_clock)
-        if self.by_clock and self.most:
-            raise FLError("--straggler_delay (Sageflow's delays in rounds) and --straggler_clock (the clock's device "
-                          "times) are two models of lateness; give one of them")
-        if not self.by_clock and not self.most:
-            raise FLError("--straggler_wait, --straggler_policy, --straggler_busy and --straggler_delays act on late "
-                          "uploads: give --straggler_delay S (Sageflow's delays in rounds) or --straggler_clock True "
-                          "(the clock's device times)")
-        self.policy = str(args.straggler_policy)
-        if self.policy not in POLICIES:
-            raise FLError(f"--straggler_policy {self.policy}: choose one of {', '.join(POLICIES)}")
-        self.busy = str(args.straggler_busy)
-        if self.busy not in BUSY:
-            raise FLError(f"--straggler_busy {self.busy}: choose one of {', '.join(BUSY)}")
-        self.delay_draw = str(args.straggler_delays)
-        if self.delay_draw not in DELAY_DRAWS:
-            raise FLError(f"--straggler_delays {self.delay_draw}: choose one of {', '.join(DELAY_DRAWS)}")
-        if self.by_clock and (self.busy != "train" or self.delay_draw != "uniform"):
-            raise FLError("--straggler_busy and --straggler_delays count rounds: use them with --straggler_delay S, "
-                          "or keep --straggler_busy train and --straggler_delays uniform with --straggler_clock")
-        self.share = float(args.straggler_wait)
-        if not 0 <= self.share <= 1:
-            raise FLError(f"--straggler_wait must be in [0, 1] (the share of uploads the server waits for), "
-                          f"got {self.share:g}")
+        flags = self.flags(runtime.args)
+        self.most = flags.straggler_delay
+        self.by_clock = flags.straggler_clock
+        self.policy = flags.straggler_policy
+        self.busy = flags.straggler_busy
+        self.delay_draw = flags.straggler_delays
+        self.share = flags.straggler_wait
         #: uploads in flight: KEPT fields plus "start" and "due" (a round, or a virtual time with the clock)
         self.pending: list[dict[str, Any]] = []
         #: the global model of every start round an upload in flight began from

@@ -36,7 +36,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedamp import FedAMPClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from cli.flags import add_flag
+from cli.flags import add_flag, hyperparameters
 from utils.errors import FLError
 
 log = logging.getLogger("fl")
@@ -72,7 +72,7 @@ class FedAMPServer(Server):
 
     @classmethod
     def population_limit(cls, args):
-        if getattr(args, "fedamp_pool", "previous") == "all":
+        if hyperparameters(args, cls).fedamp_pool == "all":
             return cls.ALL_CLIENTS_LIMIT, "with --fedamp_pool all each selected client's cloud model mixes every client's latest model every round"
         return None
 

@@ -95,10 +95,10 @@ class PrivacyPlugin(RoundPlugin):
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
         args = runtime.args
-        self.sgd = dpsgd.dp_sgd_config(args)  # the local-step strategy every client holds
-        self.central = dpfedavg.dp_fedavg_config(args, runtime.clients)
-        self.takes_aggregation = self.central is not None
         flags = self.flags(args)
+        self.sgd = dpsgd.dp_sgd_config(args)  # the local-step strategy every client holds
+        self.central = dpfedavg.dp_fedavg_config(flags, runtime.clients)
+        self.takes_aggregation = self.central is not None
         self.accountant = flags.dp_accountant
         self.delta = flags.dp_delta
         self._epsilons: dict = {}  # a cache of ε per (q, steps): recomputed after a resume
