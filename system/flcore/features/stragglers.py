@@ -185,12 +185,10 @@ class Stragglers(RoundPlugin):
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
         flags = self.flags(runtime.args)
-        self.most = flags.straggler_delay
-        self.by_clock = flags.straggler_clock
-        self.policy = flags.straggler_policy
-        self.busy = flags.straggler_busy
-        self.delay_draw = flags.straggler_delays
-        self.share = flags.straggler_wait
+        #: lateness (rounds S, or the clock's) and the share of uploads waited for; what happens to late
+        #: uploads, to busy clients drawn again, and how a round's delays are drawn
+        self.most, self.by_clock, self.share = flags.straggler_delay, flags.straggler_clock, flags.straggler_wait
+        self.policy, self.busy, self.delay_draw = flags.straggler_policy, flags.straggler_busy, flags.straggler_delays
         #: uploads in flight: KEPT fields plus "start" and "due" (a round, or a virtual time with the clock)
         self.pending: list[dict[str, Any]] = []
         #: the global model of every start round an upload in flight began from
