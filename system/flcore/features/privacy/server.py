@@ -73,8 +73,12 @@ class PrivacyPlugin(RoundPlugin):
 
     @classmethod
     def check(cls, args) -> None:
-        """DP noise given without the mechanism it belongs to (the ranges are declared with the flags)."""
+        """DP noise given without the mechanism it belongs to, DP-SGD in another precision than fp32
+        (the ranges are declared with the flags)."""
         flags = cls.flags(args)
+        if flags.privacy and args.precision != "fp32":
+            raise FLError(f"--precision {args.precision} is not available with -dp (DP-SGD's clipping is checked in "
+                          "fp32 only); drop --precision or -dp")
         if flags.dp_sigma > 0 and not flags.privacy:
             raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
         if flags.dp_server_sigma > 0 and flags.dp_update_clip <= 0:
