@@ -97,7 +97,7 @@ def set_carried_values(obj: Any, names: tuple[str, ...], values: dict[str, Any],
 
 class Carries:
     """The persistence contract of what a run builds once and keeps across rounds: a server, a
-    selection policy, an engine, a round plug-in. A class names, in ``carried``, the attributes
+    selection policy, a round plug-in (engines keep nothing across rounds). A class names, in ``carried``, the attributes
     that change from one round to the next (its bases' names are kept: a subclass names only its
     own); ``state_dict`` returns exactly those and ``load_state_dict`` puts them back into a freshly
     built object of the same run. Checkpoints save that and nothing else (``runner/checkpoint.py``
