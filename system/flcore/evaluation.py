@@ -184,8 +184,8 @@ class Evaluator:
             raise FLError(f"--eval_group must be >= 0 (0 = auto), got {args.eval_group}")
         self._auto_group: int | None = None  # measured on first use (a GPU only)
         self._vmap_ok = True  # False once a forward failed under vmap
-        self._frozen_ok = bool(getattr(args, "eval_frozen", False))  # False once a frozen copy failed
-        self.sample_size = int(getattr(args, "eval_clients", 0) or 0)
+        self._frozen_ok = bool(args.eval_frozen)  # False once a frozen copy failed
+        self.sample_size = int(args.eval_clients)
         self._round: int | None = None  # the round being evaluated (at_round), for the sample
         self._sample: np.ndarray | None = None
         self._position: dict[int, int] | None = None  # client -> slot in the totals, for a sample

@@ -25,6 +25,11 @@ Before any data is read (class level, from the flags):
                                       (``-nnc``), so it checks ``-nc`` itself
     split_dataset(args, dataset) -> (dataset, reserved)
                                       the clients it holds out, before the others are built
+    summarize_series(history, target_acc) -> dict
+                                      the summary's figures read off the series the feature
+                                      records (the clock's virtual time to the target, the
+                                      stragglers' staleness histogram): from a history alone,
+                                      so ``reporting`` names no feature (``run_summary``)
 
 While the run goes (instance level; a :class:`RoundPlugin` is built from the run's
 :class:`~flcore.protocol.Runtime`): the round hooks (``flcore/features/__init__.py``), then
@@ -34,6 +39,9 @@ While the run goes (instance level; a :class:`RoundPlugin` is built from the run
                                       attributes (final ε, new clients' accuracy, DLG's PSNR)
     lines(results) -> [line]          the printed summary's lines of those figures
     summary() -> dict                 the settings logged at the start of the run
+    carried, state_dict()             what it keeps across rounds, for checkpoints (:class:`Carries`,
+                                      the persistence contract servers, selection policies and
+                                      clients follow too)
 
 A feature reads its own flags typed, as algorithms do: :meth:`Feature.flags` (built from its
 ``add_args``), never ``getattr(args, name, default)``.
@@ -59,6 +67,54 @@ if TYPE_CHECKING:  # annotations only
     from flcore.protocol import LocalJob
     from fldata.loading import FederatedDataset
     from reporting.results import RunHistory
+
+
+# ------------------------------------------------------------------ persistence
+def carried_names(cls: type) -> tuple[str, ...]:
+    """The attribute names ``cls`` and its bases declare ``carried``, bases' first, each once."""
+    names: dict[str, None] = {}
+    for klass in reversed(cls.__mro__):
+        names.update(dict.fromkeys(vars(klass).get("carried", ())))
+    return tuple(names)
+
+
+def carried_values(obj: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The values of ``obj``'s attributes ``names`` (as they are: a checkpoint encodes copies)."""
+    return {name: getattr(obj, name) for name in names}
+
+
+def set_carried_values(obj: Any, names: tuple[str, ...], values: dict[str, Any], who: str) -> None:
+    """Set the attributes ``values`` names on ``obj``; each must be one of ``names``, and every one of
+    them must be given (a checkpoint holds all, or it is not this run's)."""
+    unknown, missing = set(values) - set(names), set(names) - set(values)
+    if unknown:
+        raise FLError(f"{who}: {', '.join(sorted(unknown))} is no part of its carried state")
+    if missing:
+        raise FLError(f"{who}: the saved state lacks {', '.join(sorted(missing))}; rerun with --overwrite")
+    for name, value in values.items():
+        setattr(obj, name, value)
+
+
+class Carries:
+    """The persistence contract of what a run builds once and keeps across rounds: a server, a
+    selection policy, a round plug-in (engines keep nothing across rounds). A class names, in ``carried``, the attributes
+    that change from one round to the next (its bases' names are kept: a subclass names only its
+    own); ``state_dict`` returns exactly those and ``load_state_dict`` puts them back into a freshly
+    built object of the same run. Checkpoints save that and nothing else (``runner/checkpoint.py``
+    encodes the values: tensors, arrays, plain data, modules, optimizers, generators, objects with
+    ``checkpoint_state``). Everything else is rebuilt from the flags and the data. Clients declare
+    ``carried`` the same way (``Client.carried_state``, the client-state contract)."""
+
+    #: the attributes that change across rounds (this class's own; the bases' are added)
+    carried: ClassVar[tuple[str, ...]] = ()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this object keeps across rounds (for checkpoints): its ``carried`` attributes."""
+        return carried_values(self, carried_names(type(self)))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take back what ``state_dict`` returned (a resumed run)."""
+        set_carried_values(self, carried_names(type(self)), state, type(self).__name__)
 
 
 class Feature:
@@ -94,10 +150,10 @@ class Feature:
                 if action.dest not in besides and getattr(args, action.dest, action.default) != action.default]
 
     @classmethod
-    def refuse_flags_without(cls, args: Namespace, switch: str, dest: str) -> None:
-        """One line when flags of this feature are given while its switch (``dest``, spelt ``switch``)
-        is off: they would change nothing."""
-        given = cls.changed_flags(args, besides=(dest,))
+    def refuse_flags_without(cls, args: Namespace, switch: str, *dests: str) -> None:
+        """One line when flags of this feature are given while its switch (the flag ``dests``, or one of
+        them, spelt ``switch``) is off: they would change nothing."""
+        given = cls.changed_flags(args, besides=dests)
         if given:
             raise FLError(f"{', '.join(given)} {'acts' if len(given) == 1 else 'act'} on {switch}, which is not given: "
                           f"add {switch} or drop {'it' if len(given) == 1 else 'them'}")
@@ -132,8 +188,14 @@ class Feature:
         before the clients are built, for a wanted feature that ``takes_clients``."""
         return dataset, None
 
+    @classmethod
+    def summarize_series(cls, history: "RunHistory", target_acc: float | None) -> dict[str, Any]:
+        """Summary fields this feature reads off the series it records in ``history`` (``target_acc``:
+        the run's ``--target_acc``, None without); {} when the history holds none of them."""
+        return {}
 
-class RoundPlugin(Feature):
+
+class RoundPlugin(Carries, Feature):
     """A round plug-in; every hook does nothing by default (``flcore/features/__init__.py`` lists
     where ``Server.run_round`` calls them)."""
 
@@ -194,14 +256,7 @@ class RoundPlugin(Feature):
         """A training round's entries in the run's history, written when the training loop records
         the round (``record_round``)."""
 
-    # ------------------------------------------------------------------ persistence and reports
-    def state_dict(self) -> dict[str, Any]:
-        """What this plug-in keeps across rounds (for checkpoints)."""
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take back what ``state_dict`` returned (a resumed run)."""
-
+    # ------------------------------------------------------------------ reports
     def finish(self) -> None:
         """Once after the run's last round (also after an early stop)."""
 

@@ -264,7 +264,7 @@ def make_state_store(args: Namespace, device: torch.device) -> ClientStateStore:
     dtype = STATE_DTYPES[args.state_dtype]
     where = str(args.state_device)
     if where == "disk":
-        return DiskStateStore(device, dtype, getattr(args, "state_dir", None))
+        return DiskStateStore(device, dtype, args.state_dir)
     if where == "auto":
         return ClientStateStore(device, dtype, spill_to="cpu" if device.type != "cpu" else None)
     try:

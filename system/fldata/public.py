@@ -74,7 +74,7 @@ def require_public_data(dataset: FederatedDataset, algorithm: str) -> PublicData
 def with_public_data(args: Namespace, dataset: FederatedDataset) -> FederatedDataset:
     """``dataset`` with the public set of ``args.public_data`` attached (and, for a fraction, its
     samples removed from the clients); ``dataset`` itself without the flag."""
-    spec = getattr(args, "public_data", None)
+    spec = args.public_data
     if spec in (None, ""):
         return dataset
     try:
@@ -125,7 +125,7 @@ def _from_folder(folder: Path, dataset: FederatedDataset, args: Namespace) -> Pu
     if not (folder / "config.json").is_file():
         raise FLError(f"--public_data {folder}: neither a fraction in (0, 1) nor a dataset folder with config.json")
     other = load_federated_dataset(str(folder), dataset.split("train")[1].device,
-                                   legacy_pickle=bool(getattr(args, "legacy_pickle", False)))
+                                   legacy_pickle=bool(args.legacy_pickle))
     x, y = other.split("train")
     if tuple(x.shape[1:]) != tuple(dataset.split("train")[0].shape[1:]):
         raise FLError(f"--public_data {folder}: inputs of shape {tuple(x.shape[1:])}, the task's are "

@@ -182,8 +182,8 @@ def reach_target(acc: np.ndarray, eval_rounds: np.ndarray, bytes_up: np.ndarray 
 
 
 def summarize(history: RunHistory, avg_last: int, target_acc: float | None, model_bytes: int) -> dict[str, Any]:
-    """Headline figures of a run: best accuracy, tail means, rounds, traffic and virtual time to a
-    target, and the staleness histogram of a run with stragglers.
+    """Headline figures of a run: best accuracy, tail means, rounds and traffic to a target (the
+    features add the figures they read off their own series: ``flcore.features.run_summary``).
 
     The tail means leave out the evaluation of the untrained model at round 0
     (:func:`trained_evaluations`)."""
@@ -210,8 +210,7 @@ def summarize(history: RunHistory, avg_last: int, target_acc: float | None, mode
         summary["evaluated_clients"] = int(len(history.extra_series["eval_clients"][0]))
     if target_acc is not None:
         summary["target_acc"] = float(target_acc)
-        reached = reach_target(acc, np.asarray(history.eval_rounds), history.bytes_up, target_acc)
-        clock = history.extra_series.get("virtual_time")  # the clock's reading after each training round
+        reached = rounds_to_target(history, target_acc)
         if reached is not None:
             rounds, up = reached
             summary.update(
@@ -219,16 +218,15 @@ def summarize(history: RunHistory, avg_last: int, target_acc: float | None, mode
                 bytes_up_to_target=up,
                 uploads_to_target=float(up / model_bytes) if model_bytes else None,
             )
-            if clock is not None and rounds <= len(clock):
-                summary["virtual_time_to_target"] = float(clock[rounds - 1]) if rounds else 0.0
         else:
             summary.update(rounds_to_target=None, bytes_up_to_target=None, uploads_to_target=None)
-            if clock is not None:
-                summary["virtual_time_to_target"] = None
-    staleness = [int(v) for row in history.extra_series.get("staleness", []) for v in row if v == v]  # NaN: padding
-    if staleness:  # the stragglers plug-in's rows: how many aggregated uploads were 0, 1, 2, ... rounds stale
-        summary["staleness_histogram"] = np.bincount(staleness).tolist()
     return summary
+
+
+def rounds_to_target(history: RunHistory, target_acc: float) -> tuple[int, int] | None:
+    """:func:`reach_target` of the run ``history`` recorded."""
+    return reach_target(np.asarray(history.test_acc, dtype=np.float64), np.asarray(history.eval_rounds),
+                        history.bytes_up, target_acc)
 
 
 def mean_std_of_best(paths: list[Path]) -> tuple[float, float]:

@@ -1,21 +1,23 @@
 """Checkpoints for exact resume: ``--checkpoint_every N`` writes one, ``--resume`` continues from it.
 
-A checkpoint is everything a run would carry from one round into the next:
+A checkpoint is everything a run would carry from one round into the next, as each object of the
+run declares it (the persistence contract, ``flcore.extension.Carries``):
 
-* the server's attributes (global model, momentum, controls, AdaFL's scores, FedGen's generator
-  and its optimizer, ...), each client's carried state (``Client.carried_state``: participation
-  counts, DP-SGD's step counts; the client-state contract), the selection policy's attributes,
-  each round plug-in's ``state_dict`` (the virtual clock's time, DP-FedAvg's sampling rates), and
-  the engine's own state where it has any (``checkpoint_state`` / ``load_checkpoint_state``);
+* the server's ``state_dict()``: the attributes its class and bases name ``carried`` (the global
+  model, momentum, controls, FedGen's generator and its optimizer, ...), the selection policy's
+  (AdaFL's scores) and each round plug-in's (the virtual clock's time, DP-FedAvg's sampling
+  rates), saved under its name; each client's ``carried_state()`` (participation counts, DP-SGD's
+  step counts: the client-state contract);
 * the per-client state store (control variates, personal models, private parts), as stored;
 * the global random generators (Python, NumPy, torch) and the history recorded so far.
 
-Attributes are captured generically, so an algorithm's new state is checkpointed without code:
-what an object holds is encoded into tensors and plain data (``encode``) and put back into a
-freshly built server of the same run (``decode``); an object with ``checkpoint_state()`` and
-``load_checkpoint_state(state)`` methods (the working ``FlatModel``) is saved through them. Infrastructure (the dataset, the flags, the
-working model's engine, the state store handled separately) is named in ``SKIP``; anything else
-that cannot be encoded is a programming error reported with the attribute's path.
+Nothing else is saved: a resumed run builds the server, its clients, plug-ins, selection policy and
+engine again from the same flags and data, then loads these into them. The values are encoded into
+tensors and plain data (``encode``) and put back into the freshly built objects (``decode``): a
+module, an optimizer, a generator or an object with ``checkpoint_state()`` and
+``load_checkpoint_state(state)`` methods (the working ``FlatModel``) is loaded into the one the new
+run built. A value that cannot be encoded is a programming error reported with the attribute's
+path.
 
 The file is written atomically (temporary name, then rename) with ``torch.save`` and read with
 ``torch.load(weights_only=True)``: tensors and plain containers only, no pickled code.
@@ -36,16 +38,8 @@ from utils.errors import FLError
 from reporting.results import write_atomically
 
 FORMAT = "fedcohort-checkpoint"
-#: 2: clients save their carried state only, plug-ins their state_dict (the clock's time moved there)
+#: 2: clients save their carried state only, plug-ins, servers and selection policies their state_dict
 VERSION = 2
-
-#: attributes that are part of how a run is built, not of what it has learned; a resumed run builds
-#: them again from the same flags and data (``state`` and ``history`` are saved separately)
-SKIP: dict[str, frozenset[str]] = {
-    "server": frozenset({"args", "hp", "dataset", "device", "num_classes", "state", "clients", "selector",
-                         "engine", "history", "evaluator", "shared_mask", "runtime", "plugins"}),
-    "selector": frozenset({"runtime", "args", "hp", "num_clients"}),
-}
 
 #: flags that do not change a run's numbers: a resume may set them differently
 RESUMABLE_FLAGS = frozenset({
@@ -156,15 +150,24 @@ def decode(saved: Any, current: Any = None, device: torch.device | None = None) 
     raise CheckpointError(f"unknown entry kind {kind!r} in checkpoint")
 
 
-def capture(obj: Any, role: str, where: str) -> dict[str, Any]:
-    """The attributes of ``obj`` that a run changes, encoded (``role`` picks the SKIP set)."""
-    skip = SKIP[role]
-    return {name: encode(value, f"{where}.{name}") for name, value in vars(obj).items() if name not in skip}
+def saved_state(obj: Any, where: str) -> Any:
+    """``obj.state_dict()`` (the persistence contract), encoded."""
+    return encode(obj.state_dict(), where)
 
 
-def restore(obj: Any, saved: dict[str, Any], device: torch.device | None = None) -> None:
-    for name, value in saved.items():
-        setattr(obj, name, decode(value, getattr(obj, name, None), device))
+def load_saved_state(obj: Any, saved: Any, where: str, device: torch.device | None = None) -> None:
+    """Put what ``saved_state`` returned back into ``obj``, a freshly built object of the same run:
+    each entry decoded into the value it replaces (a module, an optimizer or a flat model is loaded
+    in place), then handed to ``obj.load_state_dict``. A checkpoint whose entries are not the ones
+    ``obj`` declares (written by a version that kept other state) is refused in one line."""
+    current = obj.state_dict()
+    readable = isinstance(saved, dict) and saved.get("__kind__") == "dict"  # a state_dict, as saved_state encodes it
+    state = decode(saved, current, device) if readable else {}
+    if not readable or set(state) != set(current):
+        raise CheckpointError(
+            f"the checkpoint's state of {where} ({', '.join(sorted(state)) or 'none'}) is not what this version "
+            f"keeps ({', '.join(sorted(current)) or 'none'}); rerun with --overwrite to start again")
+    obj.load_state_dict(state)
 
 
 # ------------------------------------------------------------------ random generators, history
@@ -195,18 +198,16 @@ def comparable_config(args: Any) -> dict[str, str]:
 
 def server_state(server: Any, next_round: int) -> dict[str, Any]:
     """Everything needed to continue ``server``'s run at round ``next_round``."""
-    engine_state = getattr(server.engine, "checkpoint_state", None)
     return {
         "format": FORMAT,
         "version": VERSION,
         "next_round": int(next_round),
         "config": comparable_config(server.args),
         "data": server.dataset.fingerprint(),
-        "server": capture(server, "server", type(server).__name__),
+        "server": saved_state(server, type(server).__name__),
         "clients": [encode(c.carried_state(), f"client {c.index}") for c in server.clients],
-        "plugins": {name: encode(p.state_dict(), f"plug-in {name}") for name, p in server.plugins.items()},
-        "selector": capture(server.selector, "selector", type(server.selector).__name__),
-        "engine": encode(engine_state(), "engine") if engine_state is not None else None,
+        "plugins": {name: saved_state(p, f"plug-in {name}") for name, p in server.plugins.items()},
+        "selector": saved_state(server.selector, type(server.selector).__name__),
         "state_store": server.state.state_dict(),
         "history": {name: encode(value, f"history.{name}") for name, value in vars(server.history).items()},
         "rng": global_rng_state(),
@@ -223,19 +224,18 @@ def load_server_state(server: Any, saved: dict[str, Any]) -> int:
             f"the dataset {server.dataset.path} is not the one the checkpoint was trained on (it was regenerated "
             "or edited since); restore it, or rerun with --overwrite to start again"
         )
-    restore(server, saved["server"], device)
+    load_saved_state(server, saved["server"], type(server).__name__, device)
     for client, state in zip(server.clients, saved["clients"]):
         client.restore_carried_state(decode(state, None, device))
     if set(saved["plugins"]) != set(server.plugins):
         raise CheckpointError(f"the checkpoint's round plug-ins ({', '.join(sorted(saved['plugins']))}) are not this "
                               f"run's ({', '.join(sorted(server.plugins))}); rerun with the original flags")
     for name, plugin in server.plugins.items():
-        plugin.load_state_dict(decode(saved["plugins"][name], None, device))
-    restore(server.selector, saved["selector"], device)
-    if saved["engine"] is not None:
-        server.engine.load_checkpoint_state(decode(saved["engine"]))
+        load_saved_state(plugin, saved["plugins"][name], f"plug-in {name}", device)
+    load_saved_state(server.selector, saved["selector"], type(server.selector).__name__, device)
     server.state.load_state_dict(saved["state_store"])
-    restore(server.history, saved["history"])
+    for name, value in saved["history"].items():
+        setattr(server.history, name, decode(value, getattr(server.history, name, None)))
     set_global_rng_state(saved["rng"])
     return int(saved["next_round"])
 

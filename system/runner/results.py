@@ -19,7 +19,8 @@ from utils.errors import Diverged, FLError
 from utils.interrupts import INTERRUPTS
 from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
-from reporting.results import save_results, summarize, write_atomically
+from flcore.features import run_summary
+from reporting.results import save_results, write_atomically
 from runner.run_control import Claim, RunInterrupted, StopOnSignal, is_finished
 
 log = logging.getLogger("fl")
@@ -48,7 +49,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
     def save(finished: bool, to: Path | None = None, **extra) -> tuple[dict, Path]:
         history = server.history
         model_bytes = server.global_params.numel() * server.global_params.element_size()
-        summary = summarize(history, run_args.avg_last, run_args.target_acc, model_bytes)
+        summary = run_summary(history, run_args.avg_last, run_args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
         for plugin in server.plugins.values():  # the features' figures: final epsilon, new clients, DLG
             summary.update(plugin.results(history))
@@ -201,13 +202,10 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
             lines.append(
                 f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "
                 f"{summary['uploads_to_target']:.1f} model uploads ({summary['bytes_up_to_target'] / 1e6:.1f} MB)"
-                + (f", {summary['virtual_time_to_target']:.1f} virtual s" if "virtual_time_to_target" in summary else "")
             )
-    if "staleness_histogram" in summary:
-        lines.append(f"  staleness histogram (uploads received 0, 1, ... rounds late): {summary['staleness_histogram']}")
     if "uploads_aggregated" in summary:
         lines.append(f"  uploads: {summary['uploads_arrived']} arrived, {summary['uploads_aggregated']} put into the model")
-    for plugin in plugins:  # each feature's figures (privacy, new clients, DLG)
+    for plugin in plugins:  # each feature's figures (virtual time, staleness, privacy, new clients, DLG)
         lines += plugin.lines(summary)
     lines.append(f"  results: {path}")
     print("\n".join(lines))

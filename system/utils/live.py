@@ -73,7 +73,7 @@ class TensorBoardScalars:
 def live_callbacks(args: Any, run_index: int) -> list[Callback]:
     """The callbacks the flags ask for, for run ``run_index`` of ``-t`` (none by default)."""
     callbacks: list[Callback] = []
-    if getattr(args, "tensorboard", None):
+    if args.tensorboard:
         name = f"{Path(args.dataset).name}_{args.algorithm}_{args.goal}_{run_index}"
         callbacks.append(TensorBoardScalars(Path(args.tensorboard) / name))
     return callbacks

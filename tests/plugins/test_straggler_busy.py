@@ -188,7 +188,7 @@ def test_the_official_simulation_writes_how_many_sat_out(tmp_path):
     (["--straggler_delay", "2", "--straggler_delays", "fixed"], "--straggler_delays"),
     (["--straggler_clock", "True", "--straggler_busy", "skip"], "use them with --straggler_delay S"),
     (["--straggler_clock", "True", "--straggler_delays", "each"], "use them with --straggler_delay S"),
-    (["--straggler_busy", "unselectable"], "act on late uploads: give --straggler_delay S"),
+    (["--straggler_busy", "unselectable"], "on --straggler_delay S or --straggler_clock True, which is not given"),
 ])
 def test_bad_busy_settings_exit_with_status_2_and_one_line(tmp_path, capsys, flags, message):
     folder = make_dataset(tmp_path, num_clients=3, input_shape=(1, 8, 8))

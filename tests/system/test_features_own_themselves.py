@@ -15,8 +15,8 @@ from cli.flags import generic_parser
 
 SYSTEM = REPO / "system"
 #: flags that belong to features (the grep of the contract: none of these is read where features are not)
-FEATURE_FLAGS = re.compile(r"args\.(privacy|dp_|attack|robust|straggler|client_trace|dlg|num_new_clients|"
-                           r"client_drop_rate|train_slow_rate|send_slow_rate)")
+FEATURE_FLAGS = re.compile(r"(args\.|getattr\([\w.]*args, [\"'])(privacy|dp_|attack|robust|straggler|client_trace|dlg|"
+                           r"num_new_clients|client_drop_rate|train_slow_rate|send_slow_rate)")
 
 
 def feature_free_files() -> list[Path]:

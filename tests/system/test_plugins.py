@@ -1,10 +1,11 @@
-"""Round plug-ins (flcore/features), capabilities, and the client-state contract."""
+"""Round plug-ins (flcore/features), capabilities, the persistence contract and the client-state contract."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from fltest import build_server, make_args, random_dataset
+from flcore.extension import Carries
 from flcore.features import RoundPlugin, plugins_for
 from flcore.features.clock import SlowEpochs
 from flcore.registry import PLUGINS, load_all
@@ -154,6 +155,51 @@ def test_the_client_state_contract():
         client.configure(generator=None)
     dp = build_server(make_args("FedAvg", "-dp", engine="sequential"), random_dataset(num_clients=3))
     assert dp.clients[0].carried_state() == {"participations": 0, "dp_steps": 0}
+
+
+def test_a_server_and_its_policy_checkpoint_exactly_what_their_classes_declare():
+    """The persistence contract: the base's names and the algorithm's own, nothing captured besides."""
+    args = make_args("SCAFFOLD", engine="sequential", select="adafl")
+    server = build_server(args, random_dataset(num_clients=3))
+    assert set(server.state_dict()) == {"global_params", "model", "sent_once", "control"}
+    assert set(server.selector.state_dict()) == {"scores"}
+    server.run_round(0, evaluate=False)
+    saved = checkpoint.server_state(server, 1)
+    fresh = build_server(args, random_dataset(num_clients=3))
+    assert checkpoint.load_server_state(fresh, saved) == 1
+    assert torch.equal(fresh.control, server.control) and torch.equal(fresh.global_params, server.global_params)
+    assert list(fresh.selector.scores) == list(server.selector.scores)
+    # a checkpoint holding other state than the class declares (another version's) is refused in one line
+    saved["server"]["items"].append(["momentum", 1.0])
+    with pytest.raises(checkpoint.CheckpointError, match=r"state of ScaffoldServer \(control, global_params, "
+                       r"model, momentum, sent_once\) is not what this version keeps .*--overwrite"):
+        checkpoint.load_server_state(build_server(args, random_dataset(num_clients=3)), saved)
+
+
+def test_load_state_dict_takes_back_exactly_the_declared_attributes():
+    class Counter(Carries):
+        carried = ("count",)
+
+        def __init__(self):
+            self.count, self.setting = 0, "rebuilt"
+
+    class Twice(Counter):
+        carried = ("last",)  # its own names; the base's are kept
+
+        def __init__(self):
+            super().__init__()
+            self.last = None
+
+    twice = Twice()
+    twice.count, twice.last = 3, 7
+    assert twice.state_dict() == {"count": 3, "last": 7}
+    fresh = Twice()
+    fresh.load_state_dict(twice.state_dict())
+    assert (fresh.count, fresh.last, fresh.setting) == (3, 7, "rebuilt")
+    with pytest.raises(FLError, match="Twice: setting is no part of its carried state"):
+        fresh.load_state_dict({"count": 1, "last": 2, "setting": "x"})
+    with pytest.raises(FLError, match="Twice: the saved state lacks last"):
+        fresh.load_state_dict({"count": 1})
 
 
 def test_an_old_checkpoint_is_refused_in_one_line(tmp_path):

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from flcore.capabilities import CLIENT_HOOKS, Capabilities
 from flcore.clients.localstep import PLAIN_SGD
-from flcore.extension import LocalStep
+from flcore.extension import LocalStep, carried_names, carried_values, set_carried_values
 from flcore.flat import FlatModel, Net
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part
 from flcore.state import ClientStateStore
@@ -76,7 +76,8 @@ class Client:
     per_step_context: ClassVar[tuple[str, ...]] = ()
 
     #: the attributes of a client that change across rounds, besides its state-store entries: the
-    #: client-state contract. Checkpoints save exactly these (with the local step's ``carried``),
+    #: client-state contract (declared as servers and plug-ins declare theirs, ``flcore.extension.Carries``;
+    #: a subclass names only its own). Checkpoints save exactly these (with the local step's ``carried``),
     #: and the Ray engine sends exactly these between driver and actors. Algorithms keep what
     #: persists per client in the state store (``self.state``), not in attributes.
     carried: ClassVar[tuple[str, ...]] = ("participations",)
@@ -120,7 +121,7 @@ class Client:
         local_step.prepare(self)
         self.gradient_samples = 0  # samples of this round's gradient computations (virtual clock)
         #: heavy-ball momentum β of the local SGD (``--local_momentum``, a generic flag; 0 = plain SGD)
-        self.local_momentum = float(getattr(args, "local_momentum", 0.0) or 0.0)
+        self.local_momentum = float(args.local_momentum)
         if self.local_momentum and not type(self).uses_local_momentum():
             raise FLError(f"--local_momentum: {type(self).__name__} trains with its own optimiser, not the base "
                           "client's SGD; run it without --local_momentum")
@@ -326,19 +327,19 @@ class Client:
         return {k: (v[step] if k in self.per_step_context else v) for k, v in ctx.items()}
 
     # ------------------------------------------------------ the client-state contract
+    def carried_names(self) -> tuple[str, ...]:
+        """The attributes that change across rounds: the class's ``carried`` (its bases' too) and
+        the local step's."""
+        return (*carried_names(type(self)), *self.local_step.carried)
+
     def carried_state(self) -> dict[str, Any]:
-        """The values of the attributes that change across rounds (``carried`` and the local
-        step's): what a checkpoint saves and what the Ray engine sends."""
-        return {name: getattr(self, name) for name in (*self.carried, *self.local_step.carried)}
+        """The values of the attributes that change across rounds (``carried_names``): what a
+        checkpoint saves and what the Ray engine sends."""
+        return carried_values(self, self.carried_names())
 
     def restore_carried_state(self, values: dict[str, Any]) -> None:
         """Set the attributes ``carried_state`` returned (a checkpoint's, or a Ray actor's)."""
-        names = {*self.carried, *self.local_step.carried}
-        unknown = set(values) - names
-        if unknown:
-            raise FLError(f"client {self.cid}: {', '.join(sorted(unknown))} is no part of its carried state")
-        for name, value in values.items():
-            setattr(self, name, value)
+        set_carried_values(self, self.carried_names(), values, f"client {self.cid}")
 
     def configure(self, **settings: Any) -> None:
         """Set attributes the class declares ``settable`` (servers call it in ``setup``): the one

@@ -66,7 +66,7 @@ class WeightDecayStep(LocalStep):
 
     @classmethod
     def wanted(cls, args: Namespace) -> bool:
-        return bool(getattr(args, "weight_decay", 0.0))
+        return bool(args.weight_decay)
 
     @classmethod
     def from_args(cls, args: Namespace) -> "LocalStep":

@@ -124,7 +124,7 @@ from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import Net
 from flcore.registry import register_engine
 from flcore.trainmodel.layout import plain_convolutions
-from cli.flags import add_flag
+from cli.flags import add_flag, hyperparameters
 from fldata.loading import decode_inputs
 from utils.errors import FLError
 from utils.mem_utils import OUT_OF_MEMORY
@@ -232,13 +232,14 @@ class BatchedEngine(Engine):
 
     def __init__(self, runtime: "Runtime"):
         super().__init__(runtime)
-        self.chunk = int(getattr(runtime.args, "cohort_chunk", 0) or 0)
+        hp = hyperparameters(runtime.args, BatchedEngine)  # typed: the flags this engine declares
+        self.chunk = hp.cohort_chunk
         if self.chunk < 0:
             raise FLError(f"--cohort_chunk must be >= 0, got {self.chunk}")
         self.precision = check_precision(runtime.args, flat_device(runtime))
-        self.runner = make_step_runner(str(getattr(runtime.args, "step_runner", "auto") or "auto"), flat_device(runtime),
+        self.runner = make_step_runner(hp.step_runner, flat_device(runtime),
                                        lambda message: self.notice(message, message))
-        self.batched_conv = str(getattr(runtime.args, "batched_conv", "grouped") or "grouped")
+        self.batched_conv = hp.batched_conv
         if self.batched_conv not in BATCHED_CONVS:
             raise FLError(f"--batched_conv {self.batched_conv}: choose one of {', '.join(BATCHED_CONVS)}")
         self._step_fns: dict[tuple, Callable] = {}

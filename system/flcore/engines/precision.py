@@ -35,14 +35,11 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 def check_precision(args, device: torch.device) -> str:
     """``--precision`` for this run on ``device``; one-line FLError where it cannot apply."""
-    precision = str(getattr(args, "precision", "fp32") or "fp32")
+    precision = str(args.precision)
     if precision not in PRECISIONS:
         raise FLError(f"--precision {precision}: choose one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return precision
-    if getattr(args, "privacy", False):
-        raise FLError(f"--precision {precision} is not available with -dp (DP-SGD's clipping is checked in fp32 "
-                      "only); drop --precision or -dp")
     if precision == "tf32":
         if device.type != "cuda":
             raise FLError(f"--precision tf32 needs an NVIDIA GPU (compute capability 8.0+), not {device.type}; "

@@ -59,7 +59,7 @@ from flcore.engines.base import Engine, has_dropout
 from flcore.engines.precision import check_precision, precision_context
 from flcore.flat import FlatModel
 from flcore.registry import register_engine
-from cli.flags import add_flag
+from cli.flags import add_flag, hyperparameters
 from utils.errors import FLError
 
 if TYPE_CHECKING:
@@ -77,11 +77,11 @@ def worker_count(args) -> int:
     """The threaded engine's workers: ``--workers`` when given; else one per core this process may
     use, but at most ``--num_threads`` when that is set, so that ``--num_threads N`` bounds the CPU
     threads the run trains on (each worker trains on one intra-op thread)."""
-    requested = int(getattr(args, "workers", 0) or 0)
+    requested = hyperparameters(args, ThreadedEngine).workers
     if requested:
         return requested
     cores = available_cores()
-    limit = int(getattr(args, "num_threads", 0) or 0)
+    limit = int(args.num_threads)
     return min(cores, limit) if limit > 0 else cores
 
 
@@ -97,7 +97,7 @@ class ThreadedEngine(Engine):
 
     def __init__(self, runtime: "Runtime"):
         super().__init__(runtime)
-        requested = int(getattr(runtime.args, "workers", 0) or 0)
+        requested = hyperparameters(runtime.args, ThreadedEngine).workers
         if requested < 0:
             raise FLError(f"--workers must be >= 0, got {requested}")
         self.num_workers = worker_count(runtime.args)

@@ -34,28 +34,44 @@ calls them at fixed points, in ``order``::
 
 A plug-in gets the run's :class:`~flcore.protocol.Runtime` (model, data, device, flags, clients,
 state, history) and the algorithm's server class (for start-up checks on its ``capabilities``),
-never the server object. What it keeps across rounds it returns from ``state_dict`` (plain data,
-tensors, arrays) and takes back in ``load_state_dict``: checkpoints save it under its name.
+never the server object. What it keeps across rounds it names in ``carried`` (the persistence
+contract, :class:`~flcore.extension.Carries`: plain data, tensors, arrays); checkpoints save its
+``state_dict()`` under its name.
 """
 from __future__ import annotations
 
+import functools
 from argparse import Namespace
+
+from typing import Any
 
 from flcore.extension import RoundPlugin
 from flcore.protocol import Runtime
 from flcore.registry import PLUGINS, import_submodules
+from reporting.results import RunHistory, summarize
 from utils.errors import FLError
 
-__all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_for_features"]
+__all__ = ["RoundPlugin", "features", "wanted_plugins", "plugins_for", "split_for_features", "run_summary"]
+
+
+@functools.cache
+def _import_features() -> None:
+    """Import every feature module once, so that their decorators fill the plug-in registry."""
+    import_submodules("flcore.features")
+    import_submodules("flcore.features.privacy")
+
+
+@functools.lru_cache(maxsize=None)
+def _in_flag_order(classes: tuple[type[RoundPlugin], ...]) -> tuple[type[RoundPlugin], ...]:
+    return tuple(sorted(classes, key=lambda c: (c.flag_order, c.registered_name)))
 
 
 def features() -> list[type[RoundPlugin]]:
     """Every registered feature class, in the order ``main.py -h`` lists their flags and start-up
-    asks them (``flag_order``, then name)."""
-    import_submodules("flcore.features")
-    import_submodules("flcore.features.privacy")
-    classes = [PLUGINS.get(name) for name in PLUGINS]
-    return sorted(classes, key=lambda c: (c.flag_order, c.registered_name))
+    asks them (``flag_order``, then name). The packages are walked and the order computed once
+    (again only for a registry that changed since: a test's own plug-in)."""
+    _import_features()
+    return list(_in_flag_order(tuple(PLUGINS.get(name) for name in PLUGINS)))
 
 
 def wanted_plugins(args: Namespace) -> list[type[RoundPlugin]]:
@@ -100,3 +116,13 @@ def plugins_for(runtime: Runtime, server_cls: type) -> dict[str, RoundPlugin]:
     if len(takers) > 1:
         raise FLError(f"these options each replace the aggregation and exclude each other: {', '.join(takers)}")
     return built
+
+
+def run_summary(history: RunHistory, avg_last: int, target_acc: float | None, model_bytes: int) -> dict[str, Any]:
+    """The headline figures of the run ``history`` recorded: the platform's (``summarize``) and
+    those every feature reads off its own series (``summarize_series``); {} before any evaluation."""
+    summary = summarize(history, avg_last, target_acc, model_bytes)
+    if summary:
+        for cls in features():
+            summary.update(cls.summarize_series(history, target_acc))
+    return summary

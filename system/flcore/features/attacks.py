@@ -417,7 +417,7 @@ class PoisonedData(LocalStep):
 
 def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) -> None:
     """One line for a backdoor that cannot run: inputs that are not images large enough for the trigger,
-    a target outside the classes, a poisoned share outside (0, 1]."""
+    a target outside the classes (the poisoned share's range is declared with its flag)."""
     pixels = TEST_TRIGGERS[args.attack]
     height = max(r for r, _ in pixels) + 1
     width = max(c for _, c in pixels) + 1
@@ -426,8 +426,6 @@ def check_backdoor(args: Any, input_shape: tuple[int, ...], num_classes: int) ->
                       f"this dataset's inputs have shape {tuple(input_shape)}")
     if not 0 <= int(args.backdoor_target) < num_classes:
         raise FLError(f"--backdoor_target must be a class in 0..{num_classes - 1}, got {args.backdoor_target}")
-    if not 0 < float(args.backdoor_fraction) <= 1:
-        raise FLError(f"--backdoor_fraction must be in (0, 1], got {args.backdoor_fraction}")
 
 
 # ----------------------------------------------------------------------------- the plug-in
@@ -440,6 +438,8 @@ class AttackPlugin(RoundPlugin):
 
     flag_group = "attacks (flcore/features/attacks.py)"
     flag_order = 30
+    #: what persists (checkpoints): each round's attackers of the cohort, for its late uploads
+    carried = ("cohort_attackers",)
 
     @classmethod
     def compatible(cls, server_cls: type) -> str | None:
@@ -480,7 +480,7 @@ class AttackPlugin(RoundPlugin):
         add_flag(parser, "--attack_noise_std", type=float, default=1.0, low=0, help="gaussian: the std of the uploaded noise update")
         add_flag(parser, "--attack_z", type=float, default=0.0, low=0, help="alie: mean - z x std (0 = Baruch et al.'s z_max)")
         add_flag(parser, "--attack_epsilon", type=float, default=0.5, low=0, help="ipm: attackers upload -epsilon x the benign mean")
-        add_flag(parser, "--attack_direction", type=str, default="std", choices=["std", "unit", "sign"],
+        add_flag(parser, "--attack_direction", type=str, default="std", choices=MINMAX_DIRECTIONS,
                  help="minmax: the perturbation -std, -mean/|mean| or -sign(mean) of the benign updates")
         add_flag(parser, "--attack_label_map", type=str, default="",
                  help="label_flip: class pairs 'from:to,...' (empty: y -> C-1-y)")
@@ -501,7 +501,7 @@ class AttackPlugin(RoundPlugin):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return bool(getattr(args, "attack", None))
+        return bool(cls.flags(args).attack)
 
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
@@ -510,15 +510,11 @@ class AttackPlugin(RoundPlugin):
         if self.name not in ATTACKS:
             raise FLError(f"--attack {self.name}: unknown attack; choose one of {', '.join(ATTACKS)}")
         fraction = float(args.attack_fraction)
-        if not 0 <= fraction < 1:
-            raise FLError(f"--attack_fraction must be in [0, 1) (the share of clients that attack), got {fraction:g}")
         if args.num_clients != len(runtime.clients):
             raise FLError(f"--attack draws attackers among -nc clients: give -nc {len(runtime.clients)} "
                           f"(the training clients), got {args.num_clients}")
         check_attacker_count(fraction, len(runtime.clients) if args.attack_scope == "clients"
                              else cohort_size(len(runtime.clients), args.join_ratio), args.attack_scope)
-        if self.name == "minmax" and args.attack_direction not in MINMAX_DIRECTIONS:
-            raise FLError(f"--attack_direction {args.attack_direction}: choose one of {', '.join(MINMAX_DIRECTIONS)}")
         uploads = server_cls.client_cls.uploads_instead
         if self.name in MODEL_ATTACKS and uploads is not None:
             raise FLError(f"--attack {self.name} poisons the model weights clients upload, and {args.algorithm}'s "
@@ -607,13 +603,6 @@ class AttackPlugin(RoundPlugin):
         history = self.runtime.history
         history.add_series("attack_uploads", len(self.last_attackers))
         history.add_series("attackers", list(self.last_attackers))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"cohort_attackers": {rnd: list(indices) for rnd, indices in self.cohort_attackers.items()}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.cohort_attackers = {int(rnd): [int(i) for i in indices]
-                                 for rnd, indices in state.get("cohort_attackers", {}).items()}
 
     def summary(self) -> dict[str, object]:
         fixed = self.args.attack_resample or self.args.attack_scope in PER_COHORT

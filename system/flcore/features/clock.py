@@ -85,7 +85,7 @@ Trace file (``--client_trace FILE.csv``): a header line, then one row per client
 A bad file is one line naming the file, the line and the column (exit status 2).
 
 The clock is a round plug-in (``flcore/features/__init__.py``), in every run. What persists across
-rounds is its ``state_dict`` (the checkpoint keeps it): the cumulative virtual time ``now`` and each
+rounds is what it names ``carried`` (the checkpoint keeps it): the cumulative virtual time ``now`` and each
 client's time cost, ``client_seconds``/``client_rounds``; the rest is what the seed and the trace
 determine. After each training round it records ``rs_virtual_time`` (virtual seconds at the end
 of the round) and ``rs_virtual_round_time`` (the round's duration, waits included).
@@ -107,6 +107,7 @@ from flcore.extension import RoundPlugin
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from cli.flags import add_flag
+from reporting.results import RunHistory, rounds_to_target
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
@@ -332,6 +333,8 @@ class VirtualClock(RoundPlugin):
 
     flag_group = "system heterogeneity and the virtual clock (PFLlib's -cdr -tsr -ssr -ts -tth; flcore/features/clock.py)"
     flag_order = 10
+    #: what persists (checkpoints): the virtual time and each client's time cost so far
+    carried = ("now", "client_seconds", "client_rounds")
 
     @classmethod
     def check(cls, args) -> None:
@@ -382,7 +385,7 @@ class VirtualClock(RoundPlugin):
         args = runtime.args
         clients = runtime.clients
         n = len(clients)
-        trace = getattr(args, "client_trace", None)
+        trace = self.flags(args).client_trace
         if trace:
             self._profiles = read_trace(trace, n)
         else:  # speeds drawn when first needed (speeds_of); phases, where there are any, now
@@ -510,13 +513,25 @@ class VirtualClock(RoundPlugin):
         self.runtime.history.add_series("virtual_time", self.now)
         self.runtime.history.add_series("virtual_round_time", result.virtual_seconds)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"now": self.now, "client_seconds": self.client_seconds.copy(), "client_rounds": self.client_rounds.copy()}
+    @classmethod
+    def summarize_series(cls, history: RunHistory, target_acc: float | None) -> dict[str, Any]:
+        """With ``--target_acc``: ``virtual_time_to_target``, the clock's reading after the training
+        rounds before the evaluation that reached the target (0 for the untrained model; None when no
+        evaluation reached it)."""
+        clock = history.extra_series.get("virtual_time")  # the clock after each training round
+        if target_acc is None or clock is None:
+            return {}
+        reached = rounds_to_target(history, target_acc)
+        if reached is None:
+            return {"virtual_time_to_target": None}
+        rounds = reached[0]
+        if rounds > len(clock):
+            return {}
+        return {"virtual_time_to_target": float(clock[rounds - 1]) if rounds else 0.0}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.now = float(state["now"])
-        self.client_seconds = np.asarray(state["client_seconds"], dtype=np.float64).copy()
-        self.client_rounds = np.asarray(state["client_rounds"], dtype=np.int64).copy()
+    def lines(self, results: dict[str, Any]) -> list[str]:
+        seconds = results.get("virtual_time_to_target")
+        return [] if seconds is None else [f"  target reached after {seconds:.1f} virtual s"]
 
     # ------------------------------------------------------------------- selection
     def selectable(self, rnd: int) -> np.ndarray | None:

@@ -65,7 +65,7 @@ from argparse import ArgumentParser
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -340,6 +340,8 @@ class RobustAggregation(RoundPlugin):
 
     flag_group = "robust aggregation (flcore/features/robust.py)"
     flag_order = 40
+    #: what persists (checkpoints): centered clipping's last center
+    carried = ("center",)
 
     @classmethod
     def compatible(cls, server_cls: type) -> str | None:
@@ -374,7 +376,7 @@ class RobustAggregation(RoundPlugin):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return bool(getattr(args, "robust", None))
+        return bool(cls.flags(args).robust)
 
     @classmethod
     def public_data_user(cls, args) -> str | None:
@@ -396,11 +398,6 @@ class RobustAggregation(RoundPlugin):
             raise FLError(f"--robust {self.aggregator} needs {rule.requirement} uploads for f = {self.f} attackers, "
                           f"but a round has n = {cohort} (-jr {args.join_ratio} of {num_clients} clients); "
                           f"select more clients or lower --robust_f")
-        for name, value in (("--robust_clip", args.robust_clip), ("--robust_keep", args.robust_keep)):
-            if value < 0:
-                raise FLError(f"{name} must be >= 0, got {value}")
-        if int(args.robust_iters) < 1:
-            raise FLError(f"--robust_iters must be >= 1, got {args.robust_iters}")
         #: FLTrust's root data: the server's public set
         needs_public = self.public_data_user(args)
         self.root = require_public_data(runtime.dataset, needs_public) if needs_public else None
@@ -459,13 +456,6 @@ class RobustAggregation(RoundPlugin):
         self._filter_scores = None  # a round without uploads filters nothing
         self.runtime.history.add_series("robust_precision", precision)
         self.runtime.history.add_series("robust_recall", recall)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"center": None if self.center is None else self.center.clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        center = state["center"]
-        self.center = None if center is None else torch.as_tensor(center).clone()
 
     def summary(self) -> dict[str, object]:
         return {"robust": [*self.pre, self.aggregator], "robust_f": self.f}

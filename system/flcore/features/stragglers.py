@@ -70,8 +70,8 @@ oldest start round first, then by client. The uploads still in flight, the globa
 started from and the rounds until which clients are busy are this plug-in's state (checkpointed).
 
 Results: ``rs_staleness`` records, per round, the staleness of every upload aggregated (one row per
-round, NaN-padded); main.py writes its histogram as the attribute ``staleness_histogram`` (counts of
-staleness 0, 1, 2, ... rounds; reporting/results.py). Rounds are the server's aggregation steps.
+round, NaN-padded); its histogram is the summary's and the h5's attribute ``staleness_histogram``
+(counts of staleness 0, 1, 2, ... rounds; ``summarize_series``). Rounds are the server's aggregation steps.
 """
 from __future__ import annotations
 
@@ -87,6 +87,7 @@ from flcore.extension import RoundPlugin, refused_by_changing_widths
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime
 from flcore.registry import register_plugin
 from cli.flags import add_flag
+from reporting.results import RunHistory
 from utils.errors import FLError
 from utils.seeding import numpy_rng
 
@@ -132,6 +133,8 @@ class Stragglers(RoundPlugin):
 
     flag_group = "stragglers (flcore/features/stragglers.py)"
     flag_order = 50
+    #: what persists (checkpoints): the uploads in flight, the models they started from, who is busy
+    carried = ("pending", "origins", "busy_until")
 
     @classmethod
     def compatible(cls, server_cls: type) -> str | None:
@@ -148,12 +151,12 @@ class Stragglers(RoundPlugin):
         add_flag(parser, "--straggler_wait", type=float, default=0.0, low=0, high=1,
                  help="share of a round's uploads the server waits for, the fastest first (1: wait for all; "
                       "0: rounds: only the on-time ones, clock: the fastest one)")
-        add_flag(parser, "--straggler_policy", type=str, default="stale", choices=["stale", "ignore"],
+        add_flag(parser, "--straggler_policy", type=str, default="stale", choices=POLICIES,
                  help="uploads not waited for: aggregated when they arrive (stale) or dropped (ignore)")
-        add_flag(parser, "--straggler_busy", type=str, default="train", choices=["train", "skip", "unselectable"],
+        add_flag(parser, "--straggler_busy", type=str, default="train", choices=BUSY,
                  help="a client drawn while its late upload is in flight: trains again (train), sits the round out "
                       "(skip: the official Sageflow code) or cannot be drawn (unselectable); --straggler_delay only")
-        add_flag(parser, "--straggler_delays", type=str, default="uniform", choices=["uniform", "each"],
+        add_flag(parser, "--straggler_delays", type=str, default="uniform", choices=DELAY_DRAWS,
                  help="delays: each U{0..S} (uniform) or, as the official Sageflow code, S+1 of the round's trainers "
                       "get 0, 1, ..., S and the others U{0..S} (each)")
 
@@ -161,42 +164,31 @@ class Stragglers(RoundPlugin):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return (int(getattr(args, "straggler_delay", 0) or 0) != 0 or bool(getattr(args, "straggler_clock", False))
-                or float(getattr(args, "straggler_wait", 0) or 0) != 0
-                or getattr(args, "straggler_policy", "stale") != "stale"  # to refuse them alone
-                or getattr(args, "straggler_busy", "train") != "train"
-                or getattr(args, "straggler_delays", "uniform") != "uniform")
+        flags = cls.flags(args)
+        return flags.straggler_delay > 0 or flags.straggler_clock
+
+    @classmethod
+    def check(cls, args) -> None:
+        """Lateness in rounds and by the clock at once, the round-counting flags with the clock's, or
+        this feature's flags without lateness (the ranges and choices are declared with the flags)."""
+        flags = cls.flags(args)
+        if flags.straggler_clock and flags.straggler_delay:
+            raise FLError("--straggler_delay (Sageflow's delays in rounds) and --straggler_clock (the clock's device "
+                          "times) are two models of lateness; give one of them")
+        if not flags.straggler_clock and not flags.straggler_delay:
+            cls.refuse_flags_without(args, "--straggler_delay S or --straggler_clock True", "straggler_delay",
+                                     "straggler_clock")
+        if flags.straggler_clock and (flags.straggler_busy != "train" or flags.straggler_delays != "uniform"):
+            raise FLError("--straggler_busy and --straggler_delays count rounds: use them with --straggler_delay S, "
+                          "or keep --straggler_busy train and --straggler_delays uniform with --straggler_clock")
 
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
-        args = runtime.args
-        self.most = int(args.straggler_delay)
-        if self.most < 0:
-            raise FLError(f"--straggler_delay must be >= 0 rounds, got {self.most}")
-        self.by_clock = bool(args.straggler_clock)
-        if self.by_clock and self.most:
-            raise FLError("--straggler_delay (Sageflow's delays in rounds) and --straggler_clock (the clock's device "
-                          "times) are two models of lateness; give one of them")
-        if not self.by_clock and not self.most:
-            raise FLError("--straggler_wait, --straggler_policy, --straggler_busy and --straggler_delays act on late "
-                          "uploads: give --straggler_delay S (Sageflow's delays in rounds) or --straggler_clock True "
-                          "(the clock's device times)")
-        self.policy = str(args.straggler_policy)
-        if self.policy not in POLICIES:
-            raise FLError(f"--straggler_policy {self.policy}: choose one of {', '.join(POLICIES)}")
-        self.busy = str(args.straggler_busy)
-        if self.busy not in BUSY:
-            raise FLError(f"--straggler_busy {self.busy}: choose one of {', '.join(BUSY)}")
-        self.delay_draw = str(args.straggler_delays)
-        if self.delay_draw not in DELAY_DRAWS:
-            raise FLError(f"--straggler_delays {self.delay_draw}: choose one of {', '.join(DELAY_DRAWS)}")
-        if self.by_clock and (self.busy != "train" or self.delay_draw != "uniform"):
-            raise FLError("--straggler_busy and --straggler_delays count rounds: use them with --straggler_delay S, "
-                          "or keep --straggler_busy train and --straggler_delays uniform with --straggler_clock")
-        self.share = float(args.straggler_wait)
-        if not 0 <= self.share <= 1:
-            raise FLError(f"--straggler_wait must be in [0, 1] (the share of uploads the server waits for), "
-                          f"got {self.share:g}")
+        flags = self.flags(runtime.args)
+        #: lateness (rounds S, or the clock's) and the share of uploads waited for; what happens to late
+        #: uploads, to busy clients drawn again, and how a round's delays are drawn
+        self.most, self.by_clock, self.share = flags.straggler_delay, flags.straggler_clock, flags.straggler_wait
+        self.policy, self.busy, self.delay_draw = flags.straggler_policy, flags.straggler_busy, flags.straggler_delays
         #: uploads in flight: KEPT fields plus "start" and "due" (a round, or a virtual time with the clock)
         self.pending: list[dict[str, Any]] = []
         #: the global model of every start round an upload in flight began from
@@ -270,14 +262,16 @@ class Stragglers(RoundPlugin):
         late = [(u, now + d - waited) for u, d in zip(arrived, delays) if d > waited]
         return [u for u, d in zip(arrived, delays) if d <= waited], late
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"pending": [dict(p) for p in self.pending], "origins": dict(self.origins),
-                "busy_until": dict(self.busy_until)}
+    @classmethod
+    def summarize_series(cls, history: RunHistory, target_acc: float | None) -> dict[str, Any]:
+        """``staleness_histogram``: how many aggregated uploads were 0, 1, 2, ... rounds stale."""
+        staleness = [int(v) for row in history.extra_series.get("staleness", []) for v in row if v == v]  # NaN: padding
+        return {"staleness_histogram": np.bincount(staleness).tolist()} if staleness else {}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.pending = [dict(p) for p in state["pending"]]
-        self.origins = {int(k): v for k, v in state["origins"].items()}
-        self.busy_until = {int(c): int(last) for c, last in state["busy_until"].items()}
+    def lines(self, results: dict[str, Any]) -> list[str]:
+        if "staleness_histogram" not in results:
+            return []
+        return [f"  staleness histogram (uploads received 0, 1, ... rounds late): {results['staleness_histogram']}"]
 
     def summary(self) -> dict[str, object]:
         return {"straggler_delay": self.most, "straggler_clock": self.by_clock, "straggler_policy": self.policy,

@@ -99,6 +99,9 @@ def attention_update(scores: np.ndarray, selected: np.ndarray, distances: np.nda
 class AdaFLSelector(UniformSelector):
     """Attention-weighted sampling with a growing cohort (AdaFL)."""
 
+    #: the attention scores, updated after each round (``observe``)
+    carried = ("scores",)
+
     def __init__(self, runtime: "Runtime"):
         super().__init__(runtime)
         args = self.args

@@ -13,6 +13,9 @@ new global model (``observe(t, package, updates, global_params)``: the sent mode
 ``package.global_params``). Under restrictions the draw is made among the allowed clients only
 (:func:`allowed_pool`), with the same (seed, t) stream, and a cohort larger than them is all of
 them. Without restrictions the draw is exactly the unrestricted one.
+
+What a policy keeps across rounds it names in ``carried`` (the persistence contract,
+``flcore.extension.Carries``): checkpoints save those attributes (AdaFL's scores) and nothing else.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from flcore.extension import Carries
 from flcore.protocol import cohort_size
 from flcore.registry import register_selector
 from cli.flags import hyperparameters
@@ -38,8 +42,9 @@ def allowed_pool(selectable: np.ndarray | None) -> np.ndarray | None:
 
 
 @register_selector("uniform")
-class UniformSelector:
-    """Uniform sampling without replacement."""
+class UniformSelector(Carries):
+    """Uniform sampling without replacement (it keeps nothing across rounds: each round's draw
+    depends on (seed, round) alone; a policy that learns names its state in ``carried``)."""
 
     def __init__(self, runtime: "Runtime"):
         self.runtime = runtime

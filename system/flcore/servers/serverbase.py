@@ -47,7 +47,7 @@ from flcore.clients.clientbase import Client
 from flcore.clients.localstep import local_step_for
 from flcore.evaluation import Evaluator, resolve_eval_batch
 from flcore.flat import FlatModel
-from flcore.extension import RoundPlugin
+from flcore.extension import Carries, RoundPlugin
 from flcore.features import plugins_for, split_for_features
 # RoundResult is the protocol's; importable from here as before
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, sample_weights, with_private_part  # noqa: F401
@@ -111,8 +111,13 @@ class LazyClients(Sequence):
         return len(self._built)
 
 
-class Server:
+class Server(Carries):
     """FedAvg's server; algorithms override hooks, never the loop."""
+
+    #: what a server keeps across rounds (the persistence contract, ``flcore.extension.Carries``):
+    #: the global model, the working model (its integer buffers) and what clients hold of the data
+    #: sent once; an algorithm names its own state (momentum, controls, generators) in its class
+    carried = ("global_params", "model", "sent_once")
 
     client_cls: ClassVar[type[Client]] = Client
     #: evaluate each client's own model (``eval_params``) instead of one global model

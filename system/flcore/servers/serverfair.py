@@ -91,6 +91,9 @@ def quality_weights(samples: np.ndarray, qualities: np.ndarray) -> np.ndarray:
 class FAIR(Server):
     """Quality estimation, a reverse auction under a budget, quality-weighted aggregation."""
 
+    #: what persists across rounds (checkpoints): the forgetting quality estimates and each client's last record
+    carried = ("quality_numerator", "quality_denominator", "last_record")
+
     client_cls = FedAvgClient
     #: the budgeted policy holds the budget and cost flags and the seeded costs (one declaration for
     #: FAIR and the baselines); FAIR replaces its selection by the auction

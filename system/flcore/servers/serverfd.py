@@ -38,6 +38,9 @@ log = logging.getLogger("fl")
 
 @register_algorithm("FD")
 class FDServer(Server):
+    #: what persists across rounds (checkpoints): the per-label logits clients uploaded, and who uploaded them
+    carried = ("uploaders", "upload_logits", "upload_held")
+
     client_cls = FDClient
     personalized = True
     has_global_model = False

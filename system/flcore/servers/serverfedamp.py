@@ -36,7 +36,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientfedamp import FedAMPClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server
-from cli.flags import add_flag
+from cli.flags import add_flag, hyperparameters
 from utils.errors import FLError
 
 log = logging.getLogger("fl")
@@ -63,13 +63,16 @@ def squared_distances(rows: torch.Tensor, pool: torch.Tensor) -> torch.Tensor:
 
 @register_algorithm("FedAMP")
 class FedAMPServer(Server):
+    #: what persists across rounds (checkpoints): who uploaded in the last round (the pool of cloud models), and the warning said once
+    carried = ("previous_uploads", "_warned_negative")
+
     client_cls = FedAMPClient
     personalized = True
     has_global_model = False
 
     @classmethod
     def population_limit(cls, args):
-        if getattr(args, "fedamp_pool", "previous") == "all":
+        if hyperparameters(args, cls).fedamp_pool == "all":
             return cls.ALL_CLIENTS_LIMIT, "with --fedamp_pool all each selected client's cloud model mixes every client's latest model every round"
         return None
 

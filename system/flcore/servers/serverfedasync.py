@@ -78,6 +78,9 @@ def mix_uploads(model: torch.Tensor, uploads: list[tuple[torch.Tensor, float]], 
 class FedAsync(Server):
     """One mixing step per upload received (module docstring)."""
 
+    #: what persists across rounds (checkpoints): the mixing steps taken and the model version each round sent
+    carried = ("mixes", "version_at_round")
+
     client_cls = FedAsyncClient
 
     @classmethod

@@ -37,6 +37,9 @@ from cli.flags import add_flag
 class FedAvgMServer(Server):
     """Sample-weighted averaging followed by a heavy-ball step on the server."""
 
+    #: what persists across rounds (checkpoints): the server momentum
+    carried = ("velocity",)
+
     client_cls = FedAvgClient
 
     @classmethod

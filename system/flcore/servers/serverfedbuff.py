@@ -32,6 +32,9 @@ log = logging.getLogger("fl")
 class FedBuff(Server):
     """Buffered asynchronous aggregation (module docstring)."""
 
+    #: what persists across rounds (checkpoints): the buffer of staleness-weighted updates not yet applied
+    carried = ("buffer_sum", "buffer_count")
+
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--buffer_size", type=int, default=10, low=1, help="FedBuff: updates per server step K")

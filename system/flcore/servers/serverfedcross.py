@@ -52,6 +52,9 @@ def collaborators(similarity: torch.Tensor, strategy: int, rnd: int) -> list[int
 
 @register_algorithm("FedCross")
 class FedCrossServer(Server):
+    #: what persists across rounds (checkpoints): the middleware models and which client trains which
+    carried = ("middleware", "assignment")
+
     client_cls = FedCrossClient
 
     @classmethod

@@ -34,6 +34,9 @@ WARMUP_ROUND = -1  # the warm-up's (seed, round, client) streams differ from eve
 
 @register_algorithm("FedDBE")
 class FedDBEServer(Server):
+    #: what persists across rounds (checkpoints): the consensus of the clients' mean representations
+    carried = ("consensus",)
+
     client_cls = FedDBEClient
     personalized = True
 

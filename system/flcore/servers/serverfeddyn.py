@@ -35,6 +35,9 @@ log = logging.getLogger("fl")
 
 @register_algorithm("FedDyn")
 class FedDynServer(Server):
+    #: what persists across rounds (checkpoints): the server's state h (the clients' accumulated drift)
+    carried = ("h",)
+
     client_cls = FedDynClient
 
     def setup(self) -> None:

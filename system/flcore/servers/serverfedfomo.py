@@ -32,6 +32,9 @@ from utils.seeding import numpy_rng
 
 @register_algorithm("FedFomo")
 class FedFomoServer(Server):
+    #: what persists across rounds (checkpoints): the clients' affinities and who has uploaded
+    carried = ("affinity", "uploaded")
+
     client_cls = FedFomoClient
     personalized = True
     has_global_model = False

@@ -54,6 +54,9 @@ def correction_loss(rows: torch.Tensor, holds: torch.Tensor) -> torch.Tensor:
 
 @register_algorithm("FedGC")
 class FedGCServer(Server):
+    #: what persists across rounds (checkpoints): which classes each client holds (from its last upload)
+    carried = ("holds",)
+
     client_cls = FedGCClient
     personalized = True
     has_global_model = False

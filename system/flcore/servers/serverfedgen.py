@@ -71,6 +71,9 @@ class FeatureGenerator(nn.Module):
 
 @register_algorithm("FedGen")
 class FedGenServer(Server):
+    #: what persists across rounds (checkpoints): the generator, its optimizer, whether it has trained, the label prior
+    carried = ("generator", "optimizer", "trained_generator", "prior")
+
     client_cls = FedGenClient
 
     @classmethod
@@ -114,6 +117,7 @@ class FedGenServer(Server):
         if hp.server_epochs == 0:
             log.warning("warning: FedGen with -se 0 never trains its generator: the clients' extra term is off (FedAvg)")
         self.trained_generator = False
+        self.prior: torch.Tensor | None = None  # the label prior of the last aggregation
         self.label_counts = torch.stack([
             torch.bincount(c.data.train_y.cpu(), minlength=self.num_classes) for c in self.clients
         ]).double()

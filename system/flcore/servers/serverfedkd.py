@@ -37,6 +37,9 @@ log = logging.getLogger("fl")
 
 @register_algorithm("FedKD")
 class FedKDServer(Server):
+    #: what persists across rounds (checkpoints): the global mentee and the one the last package sent
+    carried = ("mentee", "sent_mentee")
+
     client_cls = FedKDClient
     personalized = True
     #: main.py warns when the model's body has no parameters (MLR): the features are the inputs

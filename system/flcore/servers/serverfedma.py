@@ -89,6 +89,9 @@ class MatchedModel:
 
 @register_algorithm("FedMA")
 class FedMAServer(Server):
+    #: what persists across rounds (checkpoints): the global model's widths, the clients' assignments, the units' popularity, the layer being matched
+    carried = ("matched", "widths", "assignments", "popularity", "step")
+
     client_cls = FedMAClient
     changes_widths = True  # features that mix or replay models in the working widths refuse it (``compatible``)
 

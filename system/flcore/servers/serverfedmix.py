@@ -23,6 +23,9 @@ from utils.errors import FLError
 
 @register_algorithm("FedMix")
 class FedMixServer(Server):
+    #: what persists across rounds (checkpoints): the clients' mean samples collected so far
+    carried = ("means",)
+
     client_cls = FedMixClient
 
     def setup(self) -> None:

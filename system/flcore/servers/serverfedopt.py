@@ -57,6 +57,9 @@ from cli.flags import add_flag
 class FedOptServer(Server):
     """Server Adam-type step on the pseudo-gradient; subclasses define the second moment."""
 
+    #: what persists across rounds (checkpoints): the server optimiser's moments and step count
+    carried = ("first_moment", "second_moment", "server_steps")
+
     client_cls = FedAvgClient
 
     #: whether v is an exponential average (bias-corrected by 1 − β2^t when asked)

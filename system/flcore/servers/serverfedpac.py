@@ -104,6 +104,9 @@ def collaboration_weights(variances: np.ndarray, statistics: np.ndarray, own: in
 
 @register_algorithm("FedPAC")
 class FedPACServer(Server):
+    #: what persists across rounds (checkpoints): the global feature centroids
+    carried = ("centroids", "centroid_present")
+
     client_cls = FedPACClient
     personalized = True
     #: main.py warns when the model's body has no parameters (MLR): the features are the inputs

@@ -33,6 +33,9 @@ from utils.errors import FLError
 
 @register_algorithm("FedPCL")
 class FedPCLServer(Server):
+    #: what persists across rounds (checkpoints): the global prototypes
+    carried = ("global_prototypes", "global_present")
+
     client_cls = FedPCLClient
     personalized = True
     has_global_model = False

@@ -51,6 +51,9 @@ log = logging.getLogger("fl")
 
 @register_algorithm("FedProto")
 class FedProtoServer(Server):
+    #: what persists across rounds (checkpoints): the global prototypes
+    carried = ("global_prototypes", "global_present")
+
     client_cls = FedProtoClient
     personalized = True
     #: main.py warns when the model's body has no parameters (MLR): the features are the inputs

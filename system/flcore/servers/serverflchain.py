@@ -76,6 +76,9 @@ def wrong_aggregate(previous: torch.Tensor, honest: torch.Tensor) -> torch.Tenso
 class FLChain(Server):
     """FedAvg committed through a quorum of edge nodes to a hash-linked ledger (module docstring)."""
 
+    #: what persists across rounds (checkpoints): the chain so far and the last round's model change
+    carried = ("ledger_lines", "model_change")
+
     client_cls = FedAvgClient
 
     @classmethod

@@ -128,6 +128,9 @@ def attention_weights(
 class IGFLBaseServer(Server):
     """Shared IGFL server: plain-mean or attention aggregation, Δw_ps broadcast, Δw_i store."""
 
+    #: what persists across rounds (checkpoints): the server's step count
+    carried = ("server_step",)
+
     #: broadcast Δw_ps for IGFL's client rule
     use_client_rule: ClassVar[bool] = False
     #: aggregate with Algorithm 3's attention instead of the plain mean
@@ -139,7 +142,7 @@ class IGFLBaseServer(Server):
                  help="client weights p in IGFL's mean: uniform 1/|S| (paper) or n_i/sum n (PFLlib's FedAvg)")
 
     def setup(self) -> None:
-        if getattr(self.args, "num_clients", None) is None:
+        if self.args.num_clients is None:
             self.args.num_clients = len(self.clients)  # P, for --igfl_c_denominator P
         self.server_step = torch.zeros(self.model.num_params, dtype=self.global_params.dtype, device=self.device)
 

@@ -60,6 +60,9 @@ def personalised_targets(c: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
 
 @register_algorithm("KT-pFL")
 class KTpFLServer(Server):
+    #: what persists across rounds (checkpoints): the knowledge coefficient matrix
+    carried = ("coefficients",)
+
     client_cls = KTpFLClient
     personalized = True
     has_global_model = False

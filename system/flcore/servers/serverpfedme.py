@@ -36,7 +36,7 @@ from flcore.protocol import ClientUpdate, RoundPackage
 from flcore.clients.clientpfedme import PFedMeClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
-from cli.flags import add_flag
+from cli.flags import add_flag, hyperparameters
 from utils.errors import FLError
 
 
@@ -47,7 +47,7 @@ class PFedMeServer(Server):
 
     @classmethod
     def population_limit(cls, args):
-        if getattr(args, "pfedme_all_clients", False):
+        if hyperparameters(args, cls).pfedme_all_clients:
             return cls.ALL_CLIENTS_LIMIT, "--pfedme_all_clients trains every client every round"
         return None
 

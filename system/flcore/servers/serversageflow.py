@@ -126,6 +126,9 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 class SageflowServer(Server):
     """Staleness-aware grouping, entropy-based filtering, loss-weighted averaging (module docstring)."""
 
+    #: what persists across rounds (checkpoints): the notice said once
+    carried = ("_said_all_filtered",)
+
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_flag(parser, "--sageflow_eth", type=float, default=1.0, above=0, finite=False,

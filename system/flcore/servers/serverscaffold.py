@@ -31,6 +31,9 @@ from cli.flags import add_flag
 
 @register_algorithm("SCAFFOLD")
 class ScaffoldServer(Server):
+    #: what persists across rounds (checkpoints): the server control variate
+    carried = ("control",)
+
     client_cls = ScaffoldClient
 
     @classmethod

@@ -50,9 +50,9 @@ def text_options(name: str, input_shape: Sequence[int], args: Namespace | None) 
     if len(input_shape) != 1:
         raise ValueError(f"{name} needs token-id inputs [sequence length], got {list(input_shape)}")
     # -vs unset: main.build_model fills in config.json's vocab_size; a bare factory call gets PFLlib's.
-    vocab_size = getattr(args, "vocab_size", None)
+    vocab_size = None if args is None else args.vocab_size
     vocab = int(vocab_size if vocab_size is not None else PFLLIB_VOCAB_SIZE)
-    width = int(getattr(args, "feature_dim", PFLLIB_FEATURE_DIM))
+    width = int(PFLLIB_FEATURE_DIM if args is None else args.feature_dim)
     length = int(input_shape[0])
     if vocab < 1 or width < 1 or length < 1:
         raise ValueError(f"{name} needs -vs, -fd and the sequence length >= 1, got {vocab}, {width}, {length}")

@@ -22,7 +22,7 @@ from flcore.engines.threaded import available_cores
 from flcore.protocol import ClientUpdate, RoundPackage, Runtime, Task
 from flcore.registry import register_engine
 from flcore.state import STATE_DTYPES
-from cli.flags import add_flag
+from cli.flags import add_flag, hyperparameters
 from utils.errors import Diverged, FLError
 
 log = logging.getLogger("fl")
@@ -72,11 +72,10 @@ class RayEngine(Engine):
     def __init__(self, runtime: Runtime):
         super().__init__(runtime)
         args = runtime.args
-        self.address = str(getattr(args, "ray_address", "local") or "local")
-        self.requested_workers = int(getattr(args, "ray_workers", 0) or 0)
-        self.cpus = float(getattr(args, "ray_cpus_per_worker", 1.0))
-        self.gpus = float(getattr(args, "ray_gpus_per_worker", 0.0))
-        self.max_restarts = int(getattr(args, "ray_max_restarts", 3))
+        hp = hyperparameters(args, RayEngine)  # typed: the flags this engine declares
+        self.address = hp.ray_address or "local"
+        self.requested_workers, self.max_restarts = hp.ray_workers, hp.ray_max_restarts
+        self.cpus, self.gpus = hp.ray_cpus_per_worker, hp.ray_gpus_per_worker
         for flag, value, low in (("--ray_workers", self.requested_workers, 0), ("--ray_max_restarts", self.max_restarts, 0),
                                  ("--ray_gpus_per_worker", self.gpus, 0)):
             if value < low:
@@ -86,13 +85,13 @@ class RayEngine(Engine):
         # the actors' engines apply --precision; what their device cannot run is refused here, before
         # Ray starts (an actor's GPU that this driver cannot see is checked by the actor)
         actor_device = torch.device("cuda" if self.gpus > 0 else "cpu")
-        self.precision = str(getattr(args, "precision", "fp32") or "fp32")
+        self.precision = str(args.precision)
         if actor_device.type == "cpu" or torch.cuda.is_available():
             self.precision = check_precision(args, actor_device)
         check_ray_installed()
         # server.state becomes the driver's file-backed copy; the actors hold the working state
         runtime.state.close()
-        self.store = DriverStateStore(runtime.device, STATE_DTYPES[args.state_dtype], getattr(args, "state_dir", None))
+        self.store = DriverStateStore(runtime.device, STATE_DTYPES[args.state_dtype], args.state_dir)
         runtime.state = self.store
         for client in runtime.clients:
             client.state = self.store
@@ -140,7 +139,7 @@ class RayEngine(Engine):
         runs on this machine, so there ``--num_threads N`` bounds the CPUs the actors train on, as it
         bounds the threaded engine's workers (``threaded.worker_count``); a cluster's own CPUs are not
         this process's threads, so attached to one the flag does not change the count."""
-        limit = int(getattr(self.runtime.args, "num_threads", 0) or 0)
+        limit = int(self.runtime.args.num_threads)
         if self.address == "local" and limit > 0:
             cpus = min(cpus, limit)
         count = int(cpus // self.cpus)

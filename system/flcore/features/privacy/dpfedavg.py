@@ -69,15 +69,15 @@ class DPFedAvg:
         return start + summed / expected_weight
 
 
-def dp_fedavg_config(args, clients) -> DPFedAvg | None:
-    """The run's DP-FedAvg settings, or None when ``--dp_update_clip`` is 0 (off)."""
-    clip = float(getattr(args, "dp_update_clip", 0.0) or 0.0)
-    if clip <= 0:
+def dp_fedavg_config(flags, clients) -> DPFedAvg | None:
+    """The run's DP-FedAvg settings from the privacy plug-in's typed ``flags``, or None when
+    ``--dp_update_clip`` is 0 (off)."""
+    if flags.dp_update_clip <= 0:
         return None
-    cap = float(args.dp_weight_cap) or float(max(c.num_train for c in clients))
+    cap = flags.dp_weight_cap or float(max(c.num_train for c in clients))
     if cap <= 0:
         raise FLError("--dp_weight_cap: every client has 0 training samples; DP-FedAvg has nothing to weight")
-    return DPFedAvg(clip, float(args.dp_server_sigma), cap)
+    return DPFedAvg(flags.dp_update_clip, flags.dp_server_sigma, cap)
 
 
 def check_composable(server_cls: type) -> None:

@@ -88,7 +88,7 @@ class DPSGD(LocalStep):
 
     @classmethod
     def wanted(cls, args) -> bool:
-        return bool(getattr(args, "privacy", False))
+        return bool(args.privacy)
 
     @classmethod
     def from_args(cls, args) -> "DPSGD":

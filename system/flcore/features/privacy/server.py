@@ -21,7 +21,6 @@ from argparse import ArgumentParser
 
 import logging
 import math
-from typing import Any
 
 import torch
 
@@ -41,6 +40,8 @@ class PrivacyPlugin(RoundPlugin):
 
     flag_group = "differential privacy (PFLlib's -dp/-dps, plus ours; flcore/features/privacy)"
     flag_order = 20
+    #: what persists (checkpoints): DP-FedAvg's sampling rate of every round so far
+    carried = ("user_rates",)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -72,8 +73,12 @@ class PrivacyPlugin(RoundPlugin):
 
     @classmethod
     def check(cls, args) -> None:
-        """DP noise given without the mechanism it belongs to (the ranges are declared with the flags)."""
+        """DP noise given without the mechanism it belongs to, DP-SGD in another precision than fp32
+        (the ranges are declared with the flags)."""
         flags = cls.flags(args)
+        if flags.privacy and args.precision != "fp32":
+            raise FLError(f"--precision {args.precision} is not available with -dp (DP-SGD's clipping is checked in "
+                          "fp32 only); drop --precision or -dp")
         if flags.dp_sigma > 0 and not flags.privacy:
             raise FLError("-dps sets DP-SGD's noise, which needs -dp (DP-SGD) to be on")
         if flags.dp_server_sigma > 0 and flags.dp_update_clip <= 0:
@@ -94,10 +99,10 @@ class PrivacyPlugin(RoundPlugin):
     def __init__(self, runtime: Runtime, server_cls: type):
         super().__init__(runtime, server_cls)
         args = runtime.args
-        self.sgd = dpsgd.dp_sgd_config(args)  # the local-step strategy every client holds
-        self.central = dpfedavg.dp_fedavg_config(args, runtime.clients)
-        self.takes_aggregation = self.central is not None
         flags = self.flags(args)
+        self.sgd = dpsgd.dp_sgd_config(args)  # the local-step strategy every client holds
+        self.central = dpfedavg.dp_fedavg_config(flags, runtime.clients)
+        self.takes_aggregation = self.central is not None
         self.accountant = flags.dp_accountant
         self.delta = flags.dp_delta
         self._epsilons: dict = {}  # a cache of ε per (q, steps): recomputed after a resume
@@ -132,12 +137,6 @@ class PrivacyPlugin(RoundPlugin):
     def user_epsilon(self) -> float:
         steps = accounting.compress(self.user_rates)
         return accounting.epsilon(self.accountant, self.central.sigma, steps, self.delta)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"user_rates": list(self.user_rates)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.user_rates = [float(q) for q in state["user_rates"]]
 
     def results(self, history) -> dict[str, float]:
         """The final ε of each DP series of the run and its δ (for the summary and the h5 attributes)."""
