@@ -2,7 +2,7 @@
 
 Building an actor starts a Python process that imports torch and the platform: seconds a run,
 where two rounds of a toy model take a fraction of one. A process that runs many short runs on
-one Ray instance it started itself (a notebook's sweep, a test session) can keep the actors of a
+one Ray instance it started itself (a notebook's sweep, the test suite) can keep the actors of a
 finished run for the next: :func:`keep_actors_warm` turns this on. A kept actor is emptied when
 its run closes (its clients, their data and state dropped) and rebuilt in place for the next run
 (:meth:`~flcore.engines.ray.worker.TrainingWorker.reset`: the same constructor a new actor runs),
