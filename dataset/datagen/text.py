@@ -168,7 +168,9 @@ def news_loader(name: str, classes: list[str], archive_name: str,
     return load
 
 
-def add_text_arguments(parser, default_max_len: int = 200) -> None:
+def add_text_arguments(parser, default_max_len: int = 200, source: str = "PFLlib's") -> None:
+    """``--tokenizer``, ``--vocab-size`` and ``--max-len``; ``source`` names whose default
+    ``default_max_len`` is."""
     parser.add_argument("--tokenizer", choices=TOKENIZERS, default="word",
                         help="word-level or BPE vocabulary, trained on the training split "
                              "(default word)")
@@ -176,7 +178,7 @@ def add_text_arguments(parser, default_max_len: int = 200) -> None:
                         help="vocabulary size including <pad> and <unk> (default 30000)")
     parser.add_argument("--max-len", type=int, default=default_max_len,
                         help=f"tokens kept per text, padded with 0 (default {default_max_len}, "
-                             f"PFLlib's)")
+                             f"{source})")
 
 
 def news_binder(name: str, classes: list[str], archive_name: str,
