@@ -25,24 +25,32 @@ def count_matrix(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: i
         if len(parts) else np.zeros((0, num_classes), dtype=np.int64)
 
 
-def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None) -> list[str]:
-    """A few lines describing sizes, classes per client and label skew."""
-    sizes = counts.sum(axis=1)
-    held = (counts > 0).sum(axis=1)
-    total = counts.sum()
-    overall = counts.sum(axis=0) / max(total, 1)
+def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None, *,
+                  totals: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[str]:
+    """A few lines describing sizes, classes per client and label skew.
+
+    ``totals`` (every client's size and class count, every class's count) is given when
+    ``counts`` holds only the first clients' rows; the label skew is then theirs."""
+    if totals is None:
+        sizes, held, class_totals = counts.sum(axis=1), (counts > 0).sum(axis=1), counts.sum(axis=0)
+    else:
+        sizes, held, class_totals = totals
+    total = class_totals.sum()
+    overall = class_totals / max(total, 1)
+    local = counts.sum(axis=1)
     # Total-variation distance of each client's label distribution from the global one:
     # 0 for IID clients, near 1 for clients holding classes that are rare overall (in blocks of
     # clients, so a population's float copies never exist at once).
-    tv = np.concatenate([0.5 * np.abs(counts[i:i + SUMMARY_BLOCK] / np.maximum(sizes[i:i + SUMMARY_BLOCK], 1)[:, None]
+    tv = np.concatenate([0.5 * np.abs(counts[i:i + SUMMARY_BLOCK] / np.maximum(local[i:i + SUMMARY_BLOCK], 1)[:, None]
                                       - overall).sum(axis=1)
                          for i in range(0, len(counts), SUMMARY_BLOCK)]) if len(counts) else np.zeros(0)
     lines = [
-        f"Partition summary: {len(sizes)} clients, {int(total)} samples, {counts.shape[1]} classes",
+        f"Partition summary: {len(sizes)} clients, {int(total)} samples, {len(class_totals)} classes",
         f"  samples per client: min {int(sizes.min())}, median {int(np.median(sizes))}, "
         f"max {int(sizes.max())}",
         f"  classes per client: min {int(held.min())}, mean {held.mean():.1f}, max {int(held.max())}",
-        f"  label skew (total variation from the global label mix, 0 = IID): mean {tv.mean():.3f}",
+        f"  label skew (total variation from the global label mix, 0 = IID): mean {tv.mean():.3f}"
+        + (f" over the first {len(counts)} clients" if len(counts) < len(sizes) else ""),
     ]
     if domains is not None:
         values = list(domains)

@@ -265,3 +265,30 @@ def test_generated_dataset_trains_one_round_of_main(tmp_path):
     import h5py
     with h5py.File(results[0]) as f:
         assert np.isfinite(f["rs_test_acc"][()]).all()
+
+
+def test_a_population_of_many_classes_keeps_the_label_counts_of_the_pictures_clients(tmp_path, monkeypatch, capsys):
+    """Past FULL_COUNTS_LIMIT (clients x classes) the writer holds the first PICTURE_CLIENTS clients'
+    counts and each client's size and class count, not a [clients, 10,004] matrix."""
+    from datagen import dataset_utils
+    from datagen.streamed import main_streamed
+
+    raw = make_raw(tmp_path / "raw", compress=False)
+
+    def run(out):
+        return main_streamed(["--raw-dir", str(raw), "--vocab-size", "7", "--max-len", "5", "--out-dir", str(out)],
+                             "StackOverflow", tmp_path, stackoverflow.open_stackoverflow,
+                             raw_dir_help="", add_arguments=stackoverflow.add_arguments,
+                             extra_options=stackoverflow.extra_options, official_test=True)
+    assert run(tmp_path / "full") == 0
+    full = capsys.readouterr().out.splitlines()
+    monkeypatch.setattr(dataset_utils, "FULL_COUNTS_LIMIT", 1)
+    monkeypatch.setattr(dataset_utils, "PICTURE_CLIENTS", 2)
+    assert run(tmp_path / "head") == 0
+    head = capsys.readouterr().out.splitlines()
+    full = full[next(i for i, line in enumerate(full) if line.startswith("Partition summary")):]
+    head = head[next(i for i, line in enumerate(head) if line.startswith("Partition summary")):]
+    assert head[:3] == full[:3]  # sizes, classes per client: of all clients
+    assert head[3].endswith("over the first 2 clients") and not full[3].endswith("clients")
+    assert "3 clients" in full[0] and "11 classes" in full[0]
+    assert open_packed(tmp_path / "head")["train"][1].tolist() == open_packed(tmp_path / "full")["train"][1].tolist()
