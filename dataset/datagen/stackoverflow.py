@@ -41,7 +41,9 @@ per-sample cross-entropy is TFF's per-token loss without padding. A sentence of 
 
 Clients are the users of TFF's ``train`` split (``--num-clients N`` keeps the N with most
 sentences, ties in TFF's sorted id order); ``--max-sentences N`` keeps each user's first N
-sentences in the database's order (TFF's ``max_elements``, which TFF takes after a shuffle).
+sentences in the database's order (TFF's ``max_elements``, which TFF takes after a shuffle;
+google-research/federated's ``optimization/stackoverflow/federated_stackoverflow.py``, the
+Adaptive Federated Optimization code, takes 1,000).
 ``--test-split client`` splits each user's sentences with ``--train-ratio``;
 ``--test-split global`` tests each user on its own sentences of TFF's ``test`` split (the
 ``heldout`` users are not used).
