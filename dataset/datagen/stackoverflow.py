@@ -8,7 +8,10 @@ checksum published; TFF's ``download.get_compressed_file`` decompresses it to
 read here. The database has TFF's ``SqlClientData`` schema: a table ``examples``
 (``split_name`` TEXT: ``train``, ``heldout`` or ``test``; ``client_id`` TEXT;
 ``serialized_example_proto`` BLOB, a serialized ``tf.train.Example``) and a table
-``client_metadata`` (``client_id``, ``split_name``, ``num_examples``). Each example's features are
+``client_metadata`` (``client_id``, ``split_name``, ``num_examples``), with the indexes
+``idx_examples_client_id`` (``client_id``) and ``idx_examples_client_id_split`` (``split_name,
+client_id``) (the schema as google/fedjax's ``fedjax/core/sqlite_federated_data.py`` states it
+for TFF's files). Each example's features are
 ``tokens`` (the sentence, words separated by single spaces), ``title``, ``tags`` (``|``-separated),
 ``creation_date``, ``type``, ``score``. TFF's splits: ``train`` (342,477 users, 135,818,730
 sentences before 2018-01-01), ``heldout`` (users with id % 10 == 0), ``test`` (the train users'
@@ -57,6 +60,7 @@ from __future__ import annotations
 import lzma
 import os
 import sqlite3
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
@@ -277,6 +281,11 @@ class Database:
             raise ReadError(f"{path}: not TFF's SqlClientData schema (tables examples with "
                             f"{', '.join(sorted(needed))} and client_metadata)")
         self.has_counts = "num_examples" in meta
+        keys = [tuple(r[2] for r in sorted(self._query(f"PRAGMA index_info({_quoted(index[1])})")))
+                for index in self._query("PRAGMA index_list(examples)")]
+        if not any(key[:1] == ("client_id",) or key[:2] == ("split_name", "client_id") for key in keys):
+            print(f"warning: {path} has no index on examples.client_id (TFF's has "
+                  f"idx_examples_client_id): each user's query reads the whole table", file=sys.stderr)
 
     def _query(self, sql: str, parameters: tuple = ()) -> list[tuple]:
         try:
@@ -299,6 +308,10 @@ class Database:
                            "split_name = ? ORDER BY rowid" + ("" if limit is None else " LIMIT ?"),
                            (user, split) if limit is None else (user, split, limit))
         return [sentence_of(bytes(blob), f"{self.path}: user {user!r}") for (blob,) in rows]
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _raw_file(folder: Path, name: str, packed: str) -> Path:

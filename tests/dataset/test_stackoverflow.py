@@ -65,10 +65,14 @@ USERS = {
 }
 
 
-def make_database(path, users=USERS, counts=True):
+def make_database(path, users=USERS, counts=True, indexes=True):
+    """TFF's tables and indexes (as google/fedjax's sqlite_federated_data.py gives them)."""
     with sqlite3.connect(path) as con:
         con.execute("CREATE TABLE examples (split_name TEXT NOT NULL, client_id TEXT NOT NULL, "
                     "serialized_example_proto BLOB NOT NULL)")
+        if indexes:
+            con.execute("CREATE INDEX idx_examples_client_id ON examples (client_id)")
+            con.execute("CREATE INDEX idx_examples_client_id_split ON examples (split_name, client_id)")
         con.execute("CREATE TABLE client_metadata (client_id TEXT NOT NULL, split_name TEXT NOT NULL"
                     + (", num_examples INTEGER NOT NULL)" if counts else ")"))
         for user, splits in users.items():
@@ -245,8 +249,11 @@ def test_schema_and_options_are_checked(tmp_path):
     assert proc.returncode == 2 and "fewer than --vocab-size 20" in proc.stderr
 
 
-def test_counts_without_num_examples_are_counted(tmp_path):
-    db = stackoverflow.Database(make_database(tmp_path / "d.sqlite", counts=False))
+def test_counts_without_num_examples_are_counted_and_a_missing_index_is_named(tmp_path, capsys):
+    db = stackoverflow.Database(make_database(tmp_path / "d.sqlite", counts=False, indexes=False))
+    assert "no index on examples.client_id" in capsys.readouterr().err
+    stackoverflow.Database(make_database(tmp_path / "i.sqlite"))
+    assert capsys.readouterr().err == ""
     assert db.counts("test") == {"7": 1, "10": 2}
     assert db.sentences("10", "test", 1) == ["code code"]
 
