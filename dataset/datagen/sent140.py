@@ -29,6 +29,7 @@ names, and the kept users' tweets as text until they are written, user by user.
 from __future__ import annotations
 
 import csv
+from array import array
 import io
 import zipfile
 import zlib
@@ -100,15 +101,14 @@ def open_sent140(raw_dir: Path | None, download_dir: Path, options: dict[str, An
     path = locate(raw_dir, download_dir)
     # pass 1: each row's user and label
     index: dict[str, int] = {}
-    users, labels = [], []
+    users, labels = array("q"), array("b")
     for _, user, label, _ in rows(path):
         users.append(index.setdefault(user, len(index)))
         labels.append(label)
     if not labels:
         raise ReadError(f"{path}: no rows")
-    row_user = np.array(users, dtype=np.int64)
-    row_label = np.array(labels, dtype=np.int64)
-    del users, labels
+    row_user = np.frombuffer(users, dtype=np.int64)
+    row_label = np.frombuffer(labels, dtype=np.int8)
     names = sorted(index)  # LEAF's order
     by_name = np.array([index[n] for n in names], dtype=np.int64)
     counts = np.bincount(row_user, minlength=len(names))[by_name]

@@ -23,6 +23,7 @@ its training units and is tested on its own official test units.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -103,6 +104,20 @@ def streamed_options(args: argparse.Namespace, name: str, num_classes: int | Non
     return options
 
 
+def check_official_test(names: Sequence[str], test_sizes: np.ndarray) -> None:
+    """Refuse an official test split holding none of the kept users; name (one warning line) the
+    users it leaves without test samples."""
+    missing = np.flatnonzero(test_sizes == 0)
+    if len(missing) == len(names):
+        raise DatasetError(f"the official test split holds none of the {len(names)} users kept; "
+                           f"pass --test-split client (each user's own samples split with --train-ratio)")
+    if len(missing):
+        shown = ", ".join(repr(names[i]) for i in missing[:5]) + \
+            (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        print(f"warning: {len(missing)} of {len(names)} users have no samples in the official test "
+              f"split ({shown}): their test parts are empty", file=sys.stderr)
+
+
 def _client_samples(source: StreamedSource, client: int, options: dict[str, Any]) -> tuple[np.ndarray, ...]:
     units = source.units(client)
     if options["test_split"] == "global":
@@ -135,11 +150,10 @@ def generate_streamed(args: argparse.Namespace, name: str, script_dir: Path,
     source = open_source(args.raw_dir, out_dir / "rawdata", options)
     sizes = np.asarray(source.sizes, dtype=np.int64)
     if options["test_split"] == "global":
-        train_sizes, test_sizes = sizes, np.asarray(source.test_sizes, dtype=np.int64)
+        check_official_test(source.names, np.asarray(source.test_sizes, dtype=np.int64))
     else:
         train_sizes = np.floor(options["train_ratio"] * sizes + 1e-9).astype(np.int64)
-        test_sizes = sizes - train_sizes
-    check_split_sizes(train_sizes + test_sizes, train_sizes, test_sizes, options)
+        check_split_sizes(sizes, train_sizes, sizes - train_sizes, options)
 
     def clients() -> Iterator[tuple[np.ndarray, ...]]:
         for client in range(len(source.names)):

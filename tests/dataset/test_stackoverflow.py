@@ -163,7 +163,7 @@ def test_generator_reads_raw_dir_and_writes_users_in_the_packed_layout(tmp_path,
                 rows, targets = rows + r, targets + t
             got = slice(offsets[c], offsets[c + 1])
             assert x[got].tolist() == rows and y[got].tolist() == targets, (split, user)
-    assert "1 of 3 clients without test samples (2)" in proc.stderr  # user 8 has no test sentences
+    assert "1 of 3 users have no samples in the official test split ('8')" in proc.stderr
     assert (tmp_path / "StackOverflow" / "rawdata" / stackoverflow.DATABASE).is_file() == compress
 
 
@@ -247,6 +247,14 @@ def test_schema_and_options_are_checked(tmp_path):
     assert proc.returncode == 2 and "only the natural partition" in proc.stderr
     proc = run_script("--vocab-size", "20", "--raw-dir", str(raw), "--out-dir", str(tmp_path / "o"))
     assert proc.returncode == 2 and "fewer than --vocab-size 20" in proc.stderr
+    proc = run_script("--num-clients", "1", "--test-split", "global", "--raw-dir", str(raw),
+                      "--vocab-size", "7", "--max-sentences", "1", "--out-dir", str(tmp_path / "o"))
+    assert proc.returncode == 0 and read_config(tmp_path / "o")["train_rows"] == 2  # user 10's "it"
+    (raw / stackoverflow.DATABASE).unlink()
+    make_database(raw / stackoverflow.DATABASE, {u: {"train": s["train"]} for u, s in USERS.items()})
+    proc = run_script("--test-split", "global", "--raw-dir", str(raw), "--vocab-size", "7",
+                      "--out-dir", str(tmp_path / "o2"))
+    assert proc.returncode == 2 and "official test split holds none of the 3 users" in proc.stderr
 
 
 def test_counts_without_num_examples_are_counted_and_a_missing_index_is_named(tmp_path, capsys):
