@@ -262,9 +262,9 @@ def _prepare_out_dir(out_dir: Path) -> None:
 PRINTED_CLIENTS = 10
 #: clients drawn in the partition picture (the first ones; the summary covers them all)
 PICTURE_CLIENTS = 1000
-#: (clients x classes) label counts held for the summary of a packed population (256 MB of int32);
+#: (clients x classes) label counts held for the summary of a packed population (64 MB of int32);
 #: above it, only the first PICTURE_CLIENTS clients' counts and every client's size and class count
-FULL_COUNTS_LIMIT = 1 << 26
+FULL_COUNTS_LIMIT = 1 << 24
 
 
 def print_client_stats(counts: np.ndarray, limit: int | None = None) -> None:
