@@ -115,12 +115,18 @@ def train_tokenizer(texts: Sequence[str], kind: str, vocab_size: int):
     return tokenizer
 
 
+#: texts encoded at a time (a tokenizer's encodings of a whole split would be held at once)
+ENCODE_BATCH = 8192
+
+
 def encode(tokenizer, texts: Sequence[str], max_len: int) -> np.ndarray:
     """Token ids ``[len(texts), max_len]``, truncated and padded with 0."""
     out = np.zeros((len(texts), max_len), dtype=np.int64)
-    for row, encoding in enumerate(tokenizer.encode_batch(list(texts))):
-        ids = encoding.ids[:max_len]
-        out[row, :len(ids)] = ids
+    for start in range(0, len(texts), ENCODE_BATCH):
+        batch = tokenizer.encode_batch(list(texts[start:start + ENCODE_BATCH]))
+        for row, encoding in enumerate(batch, start):
+            ids = encoding.ids[:max_len]
+            out[row, :len(ids)] = ids
     return out
 
 
