@@ -324,3 +324,61 @@ def test_the_picture_of_many_classes_draws_bins_of_them(tmp_path, monkeypatch):
     assert len(calls) == -(-10004 // per) <= picture.BAR_SEGMENTS
     assert np.sum(calls, axis=0).tolist() == counts.sum(axis=1).tolist()  # every sample drawn
     assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def tensorflow_example_class():
+    """tf.train.Example built by the protobuf library from tensorflow/core/example/{feature,example}.proto
+    (proto3: BytesList/FloatList/Int64List of repeated ``value`` = 1, packed numbers; Feature's oneof
+    bytes_list = 1, float_list = 2, int64_list = 3; Features' map<string, Feature> feature = 1;
+    Example's features = 1), so the reader is checked against the library's own encoding."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="fedcohort_test_example.proto", package="tensorflow",
+                                               syntax="proto3")
+
+    def message(name, *fields, nested=()):
+        m = proto.message_type.add(name=name)
+        m.nested_type.extend(nested)
+        for number, field_name, kind, label, type_name in fields:
+            m.field.add(name=field_name, number=number, type=kind, label=label, type_name=type_name)
+        return m
+
+    repeated, optional = F.LABEL_REPEATED, F.LABEL_OPTIONAL
+    message("BytesList", (1, "value", F.TYPE_BYTES, repeated, None))
+    message("FloatList", (1, "value", F.TYPE_FLOAT, repeated, None))
+    message("Int64List", (1, "value", F.TYPE_INT64, repeated, None))
+    feature = message("Feature", (1, "bytes_list", F.TYPE_MESSAGE, optional, ".tensorflow.BytesList"),
+                      (2, "float_list", F.TYPE_MESSAGE, optional, ".tensorflow.FloatList"),
+                      (3, "int64_list", F.TYPE_MESSAGE, optional, ".tensorflow.Int64List"))
+    feature.oneof_decl.add(name="kind")
+    for f in feature.field:
+        f.oneof_index = 0
+    entry = descriptor_pb2.DescriptorProto(name="FeatureEntry", options=descriptor_pb2.MessageOptions(map_entry=True))
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=optional)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, label=optional, type_name=".tensorflow.Feature")
+    message("Features", (1, "feature", F.TYPE_MESSAGE, repeated, ".tensorflow.Features.FeatureEntry"), nested=[entry])
+    message("Example", (1, "features", F.TYPE_MESSAGE, optional, ".tensorflow.Features"))
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(proto)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+def test_examples_serialized_by_the_protobuf_library_decode():
+    pytest.importorskip("google.protobuf")
+    Example = tensorflow_example_class()
+    record = Example()
+    features = record.features.feature
+    features["tokens"].bytes_list.value.append(b"how do i sort a list ?")
+    features["tags"].bytes_list.value.append(b"python|list")
+    features["score"].int64_list.value.extend([-7, 2**40])
+    features["ratio"].float_list.value.append(0.5)
+    blob = record.SerializeToString()
+    parsed = stackoverflow.parse_example(blob)
+    assert parsed["tokens"] == [b"how do i sort a list ?"] and parsed["tags"] == [b"python|list"]
+    assert parsed["score"] == [-7, 2**40]
+    assert stackoverflow.sentence_of(blob, "x") == "how do i sort a list ?"
+    # the test's own encoder writes what the library writes
+    ours = Example.FromString(so_example("a b"))
+    assert ours.features.feature["tokens"].bytes_list.value == [b"a b"]
+    assert ours.features.feature["score"].int64_list.value == [-3]
