@@ -137,8 +137,8 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, mirrors: Sequence[st
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / remote.name
-    if dest.is_file() and (remote.md5 is remote.sha256 is None
-                           or remote.mismatch(file_digests(dest)) is None):
+    unchecked = remote.md5 is None and remote.sha256 is None
+    if dest.is_file() and (unchecked or remote.mismatch(file_digests(dest)) is None):
         return dest
     failures: list[str] = []
     bad_checksum = False

@@ -163,3 +163,22 @@ def test_generated_dataset_trains_one_round_of_main(tmp_path):
     import h5py
     with h5py.File(results[0]) as f:
         assert np.isfinite(f["rs_test_acc"][()]).all()
+
+
+def test_the_sample_cap_and_few_shot_apply_to_training_tweets_only(tmp_path):
+    raw = make_zip(tmp_path / "raw")
+    full, capped = tmp_path / "full", tmp_path / "capped"
+    for out, extra in ((full, []), (capped, ["--samples-per-client", "2", "--few-shot", "1"])):
+        proc = run_script("--raw-dir", str(raw), "--min-samples", "2", "--out-dir", str(out), *extra)
+        assert proc.returncode == 0, proc.stderr
+    whole, cut = open_packed(full), open_packed(capped)
+    train_sizes = np.diff(cut["train"][2])
+    # one tweet of each label a client trains on (few-shot 1), at most 2 (the cap)
+    distinct = [len(set(whole["train"][1][whole["train"][2][c]:whole["train"][2][c + 1]].tolist())) for c in range(4)]
+    assert train_sizes.tolist() == [min(2, d) for d in distinct] and 1 in distinct
+    for c in range(4):  # at most one tweet of each label, drawn from the client's own training tweets
+        labels = cut["train"][1][cut["train"][2][c]:cut["train"][2][c + 1]]
+        assert len(set(labels.tolist())) == len(labels)
+        rows = {tuple(r) for r in whole["train"][0][whole["train"][2][c]:whole["train"][2][c + 1]]}
+        assert {tuple(r) for r in cut["train"][0][cut["train"][2][c]:cut["train"][2][c + 1]]} <= rows
+    assert np.array_equal(whole["test"][1], cut["test"][1])  # test parts whole
