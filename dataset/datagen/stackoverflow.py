@@ -4,8 +4,10 @@ Source: ``tff.simulation.datasets.stackoverflow.load_data`` (google-parfait/tens
 ``tensorflow_federated/python/simulation/datasets/stackoverflow.py``). Current TFF downloads
 ``stackoverflow.sqlite.lzma`` from https://storage.googleapis.com/tff-datasets-public/ (no
 checksum published; TFF's ``download.get_compressed_file`` decompresses it to
-``stackoverflow.sqlite``); older TFF read ``stackoverflow.tar.bz2`` of h5 files, which is not
-read here. The database has TFF's ``SqlClientData`` schema: a table ``examples``
+``stackoverflow.sqlite``); older TFF read ``stackoverflow.tar.bz2`` of h5 files, whose extracted
+``stackoverflow_train.h5`` and ``stackoverflow_test.h5`` (the copies FedML distributes) ``--raw-dir``
+reads too: TFF's ``HDF5ClientData`` schema, a group ``examples`` with one group per user (its id)
+holding one dataset per feature, an entry per sentence (``hdf5_client_data.py``). The database has TFF's ``SqlClientData`` schema: a table ``examples``
 (``split_name`` TEXT: ``train``, ``heldout`` or ``test``; ``client_id`` TEXT;
 ``serialized_example_proto`` BLOB, a serialized ``tf.train.Example``) and a table
 ``client_metadata`` (``client_id``, ``split_name``, ``num_examples``), with the indexes
@@ -82,8 +84,9 @@ FILES = (download.RemoteFile(DATABASE + ".lzma", None),
 DEFAULT_VOCAB_SIZE = 10000
 DEFAULT_SEQUENCE_LENGTH = 20
 TRAIN, TEST = "train", "test"
-RAW_HELP = (f"folder holding {DATABASE} (or {DATABASE}.lzma) and {WORD_COUNT} (or "
-            f"{WORD_COUNT}.tar.bz2), TFF's files; skips the download")
+RAW_HELP = (f"folder holding {DATABASE} (or {DATABASE}.lzma, or older TFF's stackoverflow_train.h5 "
+            f"and stackoverflow_test.h5) and {WORD_COUNT} (or {WORD_COUNT}.tar.bz2), TFF's files; "
+            f"skips the download")
 
 
 # ------------------------------------------------------------------ tf.train.Example, decoded by hand
@@ -310,6 +313,47 @@ class Database:
         return [sentence_of(bytes(blob), f"{self.path}: user {user!r}") for (blob,) in rows]
 
 
+class H5Splits:
+    """Older TFF's h5 files (``stackoverflow_<split>.h5``), with :class:`Database`'s reads."""
+
+    FILES = {TRAIN: "stackoverflow_train.h5", TEST: "stackoverflow_test.h5"}
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.files = folder, {}
+
+    def _examples(self, split: str):
+        if split not in self.files:
+            import h5py
+
+            path = self.folder / self.FILES[split]
+            try:
+                self.files[split] = h5py.File(path, "r")["examples"]
+            except (OSError, KeyError) as exc:
+                raise ReadError(f"{path}: not TFF's HDF5ClientData file (a group 'examples' of users) "
+                                f"or a truncated copy ({exc})") from None
+        return self.files[split]
+
+    def _tokens(self, split: str, user: str):
+        try:
+            return self._examples(split)[user]["tokens"]
+        except (KeyError, OSError) as exc:
+            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r} has no readable 'tokens' "
+                            f"({exc})") from None
+
+    def counts(self, split: str) -> dict[str, int]:
+        return {str(user): len(self._tokens(split, user)) for user in self._examples(split)}
+
+    def sentences(self, user: str, split: str, limit: int | None) -> list[str]:
+        if user not in self._examples(split):
+            return []
+        tokens = self._tokens(split, user)
+        try:
+            values = tokens[()] if limit is None else tokens[:limit]
+            return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r}: unreadable tokens ({exc})") from None
+
+
 def _quoted(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
@@ -322,8 +366,8 @@ def _raw_file(folder: Path, name: str, packed: str) -> Path:
 
 
 def locate(raw_dir: Path | None, download_dir: Path) -> tuple[Path, Path]:
-    """(the SQLite database, the word-count file), downloaded when ``raw_dir`` is None; a
-    compressed database is decompressed into ``download_dir``."""
+    """(the SQLite database or the folder of h5 files, the word-count file), downloaded when
+    ``raw_dir`` is None; a compressed database is decompressed into ``download_dir``."""
     if raw_dir is None:
         database, words = download.download_all(FILES, download_dir, download.mirrors_from_env(MIRRORS),
                                                 dataset="StackOverflow")
@@ -331,8 +375,10 @@ def locate(raw_dir: Path | None, download_dir: Path) -> tuple[Path, Path]:
         folder = Path(raw_dir)
         if not folder.is_dir():
             raise ReadError(f"--raw-dir {folder}: no such folder")
-        database = _raw_file(folder, DATABASE, DATABASE + ".lzma")
         words = _raw_file(folder, WORD_COUNT, WORD_COUNT + ".tar.bz2")
+        if (folder / H5Splits.FILES[TRAIN]).is_file():
+            return folder, words
+        database = _raw_file(folder, DATABASE, DATABASE + ".lzma")
     if database.suffix == ".lzma":
         target = download_dir / DATABASE
         if not target.is_file():
@@ -345,7 +391,7 @@ def locate(raw_dir: Path | None, download_dir: Path) -> tuple[Path, Path]:
 def open_stackoverflow(raw_dir: Path | None, download_dir: Path, options: dict[str, Any]) -> StreamedSource:
     database_path, words_path = locate(raw_dir, download_dir)
     vocabulary = Vocabulary(read_word_counts(words_path, options["requested_vocab_size"]), options["max_len"])
-    db = Database(database_path)
+    db = H5Splits(database_path) if database_path.is_dir() else Database(database_path)
     counts = db.counts(TRAIN)
     names = sorted(counts)  # TFF's SqlClientData sorts its client ids
     if not names:

@@ -382,3 +382,41 @@ def test_examples_serialized_by_the_protobuf_library_decode():
     ours = Example.FromString(so_example("a b"))
     assert ours.features.feature["tokens"].bytes_list.value == [b"a b"]
     assert ours.features.feature["score"].int64_list.value == [-3]
+
+
+def make_h5(folder, users=USERS):
+    """Older TFF's stackoverflow_<split>.h5: examples/<user>/<feature>, one entry per sentence."""
+    import h5py
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, name in (("train", "stackoverflow_train.h5"), ("test", "stackoverflow_test.h5")):
+        with h5py.File(folder / name, "w") as f:
+            for user, splits in users.items():
+                if not splits[split]:
+                    continue
+                group = f.create_group(f"examples/{user}")
+                n = len(splits[split])
+                group["tokens"] = np.array([s.encode() for s in splits[split]], dtype=object).astype(h5py.string_dtype("ascii"))
+                group["tags"] = np.array([b"python|sql"] * n, dtype="S10")
+                group["score"] = np.arange(n, dtype=np.int64)
+    make_word_counts(folder)
+    return folder
+
+
+def test_older_tffs_h5_files_give_the_same_clients(tmp_path):
+    sqlite_raw, h5_raw = make_raw(tmp_path / "sql", compress=False), make_h5(tmp_path / "h5")
+    outs = []
+    for raw in (sqlite_raw, h5_raw):
+        out = tmp_path / f"out_{raw.name}"
+        proc = run_script("--raw-dir", str(raw), "--vocab-size", "7", "--max-len", "5", "--test-split", "global",
+                          "--max-sentences", "3", "--out-dir", str(out))
+        assert proc.returncode == 0, proc.stderr
+        outs.append(out)
+    # --max-sentences 3 ties users 10 and 7: TFF's sorted id order ("10" < "7")
+    assert read_config(outs[0])["client_names"] == read_config(outs[1])["client_names"] == ["10", "7", "8"]
+    a, b = open_packed(outs[0]), open_packed(outs[1])
+    for split in ("train", "test"):
+        assert all(np.array_equal(u, v) for u, v in zip(a[split], b[split]))
+    (h5_raw / "stackoverflow_train.h5").write_bytes((h5_raw / "stackoverflow_train.h5").read_bytes()[:3000])
+    proc = run_script("--raw-dir", str(h5_raw), "--vocab-size", "7", "--out-dir", str(tmp_path / "bad"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "stackoverflow_train.h5" in proc.stderr, proc.stderr
