@@ -178,6 +178,13 @@ def main_streamed(argv: Sequence[str] | None, name: str, script_dir: Path,
     parser = build_parser(name, default_num_clients=None, raw_dir_help=raw_dir_help, natural=True)
     add_arguments(parser)
     parser.set_defaults(layout="packed")
+    parser.epilog = f"{name}'s clients are its users: only the natural partition applies."
+    for action in parser._actions:
+        if "--test-split" in action.option_strings:
+            action.help = ("'client': each user's samples split with --train-ratio"
+                           + ("; 'global': each user trains on all its training samples and is tested "
+                              "on its own samples of the official test split" if official_test else
+                              f" ({name} has no official test split)") + " (default client)")
     args = parser.parse_args(argv)
     return guarded(lambda: generate_streamed(args, name, script_dir, open_source,
                                              extra_options=extra_options(args),
