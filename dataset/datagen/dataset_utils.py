@@ -262,6 +262,9 @@ def _prepare_out_dir(out_dir: Path) -> None:
 PRINTED_CLIENTS = 10
 #: clients drawn in the partition picture (the first ones; the summary covers them all)
 PICTURE_CLIENTS = 1000
+#: (clients x classes) label counts held for the summary of a packed population (64 MB of int32);
+#: above it, only the first PICTURE_CLIENTS clients' counts and every client's size and class count
+FULL_COUNTS_LIMIT = 1 << 24
 
 
 def print_client_stats(counts: np.ndarray, limit: int | None = None) -> None:
@@ -444,7 +447,7 @@ def write_clients(out_dir: Path, options: dict[str, Any], clients: Iterable[tupl
             tmp.write_text(text)
             os.replace(tmp, out_dir / file_name)
         write_json_atomic(out_dir / CONFIG_NAME, config)
-    for line in summary_lines(label_matrix, None if domains is None else domains[0]):
+    for line in summary_lines(label_matrix, None if domains is None else domains[0], totals=stats["totals"]):
         print(line)
     print(f"Partition picture: {out_dir / PICTURE_NAME}")
     print("Finish generating dataset.")
@@ -456,15 +459,26 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
     """Every client through ``writer``: (the writer's config keys, label counts and sizes)."""
     print(f"\nSaving to {out_dir} ({writer.layout} layout)")
     _prepare_out_dir(out_dir)
-    labels = np.zeros((num_clients, num_classes), dtype=np.int64 if num_clients <= PACKED_ABOVE else np.int32)
+    # The npz layout's statistic needs every client's counts; a packed population of many classes
+    # (StackOverflow's 10,004 words) keeps those of the clients the picture draws.
+    counted = num_clients if writer.layout == "npz" or num_clients * num_classes <= FULL_COUNTS_LIMIT \
+        else min(num_clients, PICTURE_CLIENTS)
+    labels = np.zeros((counted, num_classes), dtype=np.int64 if num_clients <= PACKED_ABOVE else np.int32)
+    overall = np.zeros(num_classes, dtype=np.int64)
+    held = np.zeros(num_clients, dtype=np.int64)
     sizes = {split: np.zeros(num_clients, dtype=np.int64) for split in ("train", "test")}
     written = 0
     try:
         for client, (train_x, train_y, test_x, test_y) in enumerate(clients):
+            mine = np.zeros(num_classes, dtype=np.int64)
             for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
                 writer.add(client, split, x, y)
-                labels[client] += np.bincount(y, minlength=num_classes)[:num_classes].astype(labels.dtype)
+                mine += np.bincount(y, minlength=num_classes)[:num_classes]
                 sizes[split][client] = len(y)
+            if client < counted:
+                labels[client] = mine
+            overall += mine
+            held[client] = np.count_nonzero(mine)
             written += 1
         if written != num_clients:
             raise DatasetError(f"{written} clients written, {num_clients} expected")
@@ -472,7 +486,8 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
     except BaseException:
         writer.discard()
         raise
-    return keys, {"labels": labels, "train_sizes": sizes["train"], "test_sizes": sizes["test"]}
+    return keys, {"labels": labels, "train_sizes": sizes["train"], "test_sizes": sizes["test"],
+                  "totals": None if counted == num_clients else (sizes["train"] + sizes["test"], held, overall)}
 
 
 def _one_line(exc: BaseException) -> str:

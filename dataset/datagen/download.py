@@ -37,10 +37,21 @@ class RemoteFile:
     ``md5`` is None where the source publishes no checksum (UCI, LEAF's sources);
     such files are checked by format when read, and a complete copy already in
     the download folder is reused (only complete files are ever renamed there).
+    ``sha256`` is the digest where the source publishes SHA-256 instead (TensorFlow
+    Federated's files); it is checked like the MD5.
     """
 
     name: str
     md5: str | None
+    sha256: str | None = None
+
+    def mismatch(self, digests: dict[str, str]) -> str | None:
+        """What differs between the published digests and ``digests`` (name -> hex), or None."""
+        for kind, label in (("md5", "MD5"), ("sha256", "SHA-256")):
+            published = getattr(self, kind)
+            if published is not None and digests[kind] != published:
+                return f"{label} {digests[kind]} differs from the published {published}"
+        return None
 
 
 MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/",
@@ -62,13 +73,23 @@ CIFAR10_MIRRORS = ("https://www.cs.toronto.edu/~kriz/",)
 CIFAR10_FILES = (RemoteFile("cifar-10-binary.tar.gz", "c32a1d4ab5d03f1284b67883e8d87530"),)
 
 
-def file_md5(path: str | Path) -> str:
-    """Hex MD5 digest of a file, read in blocks."""
-    digest = hashlib.md5(usedforsecurity=False)
+def _digests() -> dict:
+    return {"md5": hashlib.md5(usedforsecurity=False), "sha256": hashlib.sha256()}
+
+
+def file_digests(path: str | Path) -> dict[str, str]:
+    """Hex MD5 and SHA-256 digests of a file, read in blocks."""
+    digests = _digests()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+            for digest in digests.values():
+                digest.update(block)
+    return {kind: digest.hexdigest() for kind, digest in digests.items()}
+
+
+def file_md5(path: str | Path) -> str:
+    """Hex MD5 digest of a file, read in blocks."""
+    return file_digests(path)["md5"]
 
 
 def mirrors_from_env(default: Sequence[str]) -> list[str]:
@@ -77,18 +98,20 @@ def mirrors_from_env(default: Sequence[str]) -> list[str]:
     return [m.strip() for m in value.split(",") if m.strip()] if value else list(default)
 
 
-def _fetch_once(url: str, dest: Path, md5: str | None, timeout: float) -> None:
-    """One attempt: stream ``url`` into a temp file, check the MD5, rename to ``dest``."""
+def _fetch_once(url: str, dest: Path, remote: RemoteFile, timeout: float) -> None:
+    """One attempt: stream ``url`` into a temp file, check the digests, rename to ``dest``."""
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
     try:
-        digest = hashlib.md5(usedforsecurity=False)
+        digests = _digests()
         with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
             for block in iter(lambda: resp.read(1 << 20), b""):
-                digest.update(block)
+                for digest in digests.values():
+                    digest.update(block)
                 out.write(block)
-        if md5 is not None and digest.hexdigest() != md5:
-            raise ChecksumError(f"{url}: MD5 {digest.hexdigest()} differs from the published {md5}")
+        wrong = remote.mismatch({kind: digest.hexdigest() for kind, digest in digests.items()})
+        if wrong is not None:
+            raise ChecksumError(f"{url}: {wrong}")
         os.replace(tmp, dest)
     finally:
         tmp.unlink(missing_ok=True)
@@ -114,7 +137,8 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, mirrors: Sequence[st
     dest_dir = Path(dest_dir)
     dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / remote.name
-    if dest.is_file() and (remote.md5 is None or file_md5(dest) == remote.md5):
+    unchecked = remote.md5 is None and remote.sha256 is None
+    if dest.is_file() and (unchecked or remote.mismatch(file_digests(dest)) is None):
         return dest
     failures: list[str] = []
     bad_checksum = False
@@ -127,7 +151,7 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, mirrors: Sequence[st
             if log:
                 print(f"Downloading {url}")
             try:
-                _fetch_once(url, dest, remote.md5, timeout)
+                _fetch_once(url, dest, remote, timeout)
                 return dest
             except ChecksumError as exc:
                 bad_checksum = True
@@ -138,7 +162,7 @@ def download_file(remote: RemoteFile, dest_dir: str | Path, mirrors: Sequence[st
                     break  # a missing file will not appear on retry; try the next mirror
     summary = failures[-1] if failures else "no mirror configured"
     if bad_checksum:
-        raise ChecksumError(f"{remote.name}: every download failed the MD5 check (last: {summary})")
+        raise ChecksumError(f"{remote.name}: every download failed the checksum (last: {summary})")
     raise DownloadError(f"cannot download {remote.name} ({summary})")
 
 

@@ -115,12 +115,18 @@ def train_tokenizer(texts: Sequence[str], kind: str, vocab_size: int):
     return tokenizer
 
 
+#: texts encoded at a time (a tokenizer's encodings of a whole split would be held at once)
+ENCODE_BATCH = 8192
+
+
 def encode(tokenizer, texts: Sequence[str], max_len: int) -> np.ndarray:
     """Token ids ``[len(texts), max_len]``, truncated and padded with 0."""
     out = np.zeros((len(texts), max_len), dtype=np.int64)
-    for row, encoding in enumerate(tokenizer.encode_batch(list(texts))):
-        ids = encoding.ids[:max_len]
-        out[row, :len(ids)] = ids
+    for start in range(0, len(texts), ENCODE_BATCH):
+        batch = tokenizer.encode_batch(list(texts[start:start + ENCODE_BATCH]))
+        for row, encoding in enumerate(batch, start):
+            ids = encoding.ids[:max_len]
+            out[row, :len(ids)] = ids
     return out
 
 
@@ -168,7 +174,9 @@ def news_loader(name: str, classes: list[str], archive_name: str,
     return load
 
 
-def add_text_arguments(parser, default_max_len: int = 200) -> None:
+def add_text_arguments(parser, default_max_len: int = 200, source: str = "PFLlib's") -> None:
+    """``--tokenizer``, ``--vocab-size`` and ``--max-len``; ``source`` names whose default
+    ``default_max_len`` is."""
     parser.add_argument("--tokenizer", choices=TOKENIZERS, default="word",
                         help="word-level or BPE vocabulary, trained on the training split "
                              "(default word)")
@@ -176,7 +184,7 @@ def add_text_arguments(parser, default_max_len: int = 200) -> None:
                         help="vocabulary size including <pad> and <unk> (default 30000)")
     parser.add_argument("--max-len", type=int, default=default_max_len,
                         help=f"tokens kept per text, padded with 0 (default {default_max_len}, "
-                             f"PFLlib's)")
+                             f"{source})")
 
 
 def news_binder(name: str, classes: list[str], archive_name: str,
