@@ -16,8 +16,8 @@ client_id``) (the schema as google/fedjax's ``fedjax/core/sqlite_federated_data.
 for TFF's files). Each example's features are
 ``tokens`` (the sentence, words separated by single spaces), ``title``, ``tags`` (``|``-separated),
 ``creation_date``, ``type``, ``score``. TFF's splits: ``train`` (342,477 users, 135,818,730
-sentences before 2018-01-01), ``heldout`` (users with id % 10 == 0), ``test`` (the train users'
-sentences after 2018-01-01; 204,088 users).
+sentences posted before 2018), ``heldout`` (users with id % 10 == 0), ``test`` (the train users'
+sentences posted from 2018 on; 204,088 users).
 
 The vocabulary file is ``stackoverflow.word_count`` inside ``stackoverflow.word_count.tar.bz2``
 (same place, SHA-256 ``1dc00256…``, TFF's ``load_word_counts``): one ``word count`` line per

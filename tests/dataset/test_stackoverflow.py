@@ -4,6 +4,7 @@ here by hand from the proto definitions), and the word-count file in its ``.tar.
 
 from __future__ import annotations
 
+import datetime
 import io
 import lzma
 import os
@@ -52,8 +53,12 @@ def example(**features) -> bytes:
     return field(1, entries)
 
 
+#: a creation_date in TFF's format
+POSTED = datetime.datetime(2010, 1, 8, 9, 34, 5).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def so_example(tokens: str) -> bytes:
-    return example(creation_date="2010-01-08 09:34:05 UTC", score=-3, tags="python|sql",
+    return example(creation_date=POSTED, score=-3, tags="python|sql",
                    title="a title", tokens=tokens, type="answer")
 
 
