@@ -20,8 +20,8 @@ main.py's default, so each round is evaluated):
 
 Printed per configuration: the resident set size at the first sample and at the last, the growth
 per 1,000 rounds (least-squares slope over the samples from round ``--every`` on; the first rounds
-load libraries and warm caches, and are not counted), the GPU's allocated memory likewise, and the
-wall time. ``--json`` also writes every sample. The growth that
+load libraries and warm caches, and are not counted), the GPU's allocated memory likewise, the
+seconds per round between the first sample and the last, and the wall time. ``--json`` also writes every sample. The growth that
 ``tests/experiments/test_soak.py`` tolerates on a few hundred toy rounds is
 :data:`GROWTH_BOUND_KB_PER_ROUND`.
 """
@@ -69,7 +69,8 @@ def gpu_allocated_mb() -> float | None:
 
 def sampled_run(argv: Sequence[str], every: int) -> list[dict[str, float | None]]:
     """``main.main(argv)`` in this process, with a sample after every ``every``-th training round
-    (``round``, ``rss_mb``, ``gpu_mb``); raises SystemExit when the run fails."""
+    (``round``, ``rss_mb``, ``gpu_mb``, ``seconds`` since the call began); raises SystemExit when the
+    run fails."""
     if str(SYSTEM) not in sys.path:
         sys.path.insert(0, str(SYSTEM))
     import main
@@ -77,11 +78,13 @@ def sampled_run(argv: Sequence[str], every: int) -> list[dict[str, float | None]
 
     samples: list[dict[str, float | None]] = []
     original: Callable = Server.run_round
+    started = time.perf_counter()
 
     def run_round(self, rnd, *args, **kwargs):
         result = original(self, rnd, *args, **kwargs)
         if rnd % every == 0 and rnd > 0:
-            samples.append({"round": rnd, "rss_mb": rss_mb(), "gpu_mb": gpu_allocated_mb()})
+            samples.append({"round": rnd, "rss_mb": rss_mb(), "gpu_mb": gpu_allocated_mb(),
+                            "seconds": time.perf_counter() - started})
         return result
 
     Server.run_round = run_round
@@ -132,6 +135,8 @@ def describe(name: str, record: dict) -> str:
     if gpu is not None:
         text += (f", GPU allocated {first['gpu_mb']:.1f} -> {last['gpu_mb']:.1f} MiB "
                  f"({1000 * gpu:+.3f} MiB per 1,000 rounds)")
+    if last["round"] > first["round"]:
+        text += f", {(last['seconds'] - first['seconds']) / (last['round'] - first['round']):.3f} s/round"
     return text + f", {record['seconds']:.0f} s"
 
 
