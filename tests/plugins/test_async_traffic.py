@@ -16,7 +16,7 @@ def series(path) -> tuple[np.ndarray, np.ndarray, dict]:
         return f["rs_bytes_up"][()], f["rs_bytes_up_arrived"][()], dict(f.attrs)
 
 
-def test_fedasync_counts_what_stragglers_sent_apart_from_what_arrived(tmp_path):
+def test_fedasync_counts_what_stragglers_sent_apart_from_what_arrived(tmp_path, capsys):
     # the drawn delays (rounds late) of clients 0..3: round 0 [1, 0, 2, 0], round 1 [0, 0, 0, 1]
     assert [delay_of(0, 2, 0, c) for c in range(4)] == [1, 0, 2, 0]
     assert [delay_of(0, 2, 1, c) for c in range(4)] == [0, 0, 0, 1]
@@ -27,6 +27,8 @@ def test_fedasync_counts_what_stragglers_sent_apart_from_what_arrived(tmp_path):
     # Client 2's upload of round 0 (due in round 2) and client 3's of round 1 (due in 2) never arrive.
     assert list(arrived) == [2 * upload, 4 * upload]
     assert attrs["total_bytes_up"] == 8 * upload and attrs["total_bytes_up_arrived"] == 6 * upload
+    line = next(line for line in capsys.readouterr().out.splitlines() if "uploaded" in line)
+    assert line.endswith(f"uploaded {8 * upload / 1e6:.1f} MB ({6 * upload / 1e6:.1f} MB arrived)")
 
 
 def test_fedasync_ignoring_stragglers_sends_them_but_receives_none(tmp_path):
@@ -37,10 +39,11 @@ def test_fedasync_ignoring_stragglers_sends_them_but_receives_none(tmp_path):
     assert list(arrived) == [2 * upload, 3 * upload]  # only the uploads with no delay
 
 
-def test_synchronous_fedavg_sends_what_arrives(tmp_path):
+def test_synchronous_fedavg_sends_what_arrives(tmp_path, capsys):
     sent, arrived, attrs = series(run_main_two_rounds(tmp_path, "FedAvg"))
     assert (sent > 0).all() and np.array_equal(sent, arrived)
     assert attrs["total_bytes_up"] == attrs["total_bytes_up_arrived"] == sent.sum()
+    assert "arrived" not in capsys.readouterr().out  # the summary line names one figure
 
 
 def test_client_drop_outs_sent_but_did_not_arrive(tmp_path):
