@@ -111,3 +111,23 @@ def test_threaded_engine_trains_ditto_on_one_intra_op_thread():
     finally:
         torch.set_num_threads(threads)
     assert seen == [1, 1, 1] and server.engine.stats["threaded_clients"] == 0
+
+
+def test_personal_models_are_evaluated_on_one_intra_op_thread():
+    """Each personal model's pass is one small batch on the calling thread: its operations and the
+    metrics run on one intra-op thread (the batch workers, when a pass has several batches, are as
+    many as the process's threads), and the process's setting is restored afterwards."""
+    data = random_dataset(num_clients=3, dim=4, num_classes=3, seed=6)
+    server = build_server(make_args("Ditto", "-mu", "0.1", batch_size=4), data)
+    run_round(server, 0)
+    seen = []
+    server.model.module.register_forward_pre_hook(lambda module, inputs: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        server.evaluate_models(server.eval_params)
+        assert torch.get_num_threads() == 2 and server.evaluator.batch_workers() == 2
+    finally:
+        torch.set_num_threads(threads)
+        server.evaluator.close()
+    assert seen and set(seen) == {1}

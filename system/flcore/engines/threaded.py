@@ -43,8 +43,9 @@ Per client it runs the one local sequence of ``clientbase``::
   intra-op thread too, so their numbers are also those of ``--engine sequential --num_threads 1``
   (not of whether the round had workers to start), and a busy core cannot stall an OpenMP team at
   every operation (Ditto, trained entirely there, was several times slower on two intra-op threads of
-  a busy 2-core machine than on one: ``docs/results/performance.md``, the soak section). Evaluation and
-  aggregation keep the process's setting (``--num_threads``): large evaluation batches do use it.
+  a busy 2-core machine than on one: ``docs/results/performance.md``, the soak section). Aggregation keeps
+  the process's setting (``--num_threads``), and evaluation spreads a pass's batches over that many
+  workers (``flcore/evaluation.py``).
 """
 from __future__ import annotations
 
