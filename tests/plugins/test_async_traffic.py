@@ -61,3 +61,4 @@ def test_uploads_the_time_threshold_rejects_were_sent_and_arrived(tmp_path):
     with h5py.File(path, "r") as f:
         assert list(f["rs_clients_per_round"][()]) == [0, 0]  # every upload rejected
     assert (sent > 0).all() and np.array_equal(sent, arrived)
+
