@@ -20,8 +20,10 @@ main.py's default, so each round is evaluated):
 
 Printed per configuration: the resident set size at the first sample and at the last, the growth
 per 1,000 rounds (least-squares slope over the samples from round ``--every`` on; the first rounds
-load libraries and warm caches, and are not counted), the GPU's allocated memory likewise, and the
-wall time. ``--json`` also writes every sample. The growth that
+load libraries and warm caches, and are not counted), the GPU's allocated memory likewise, the
+seconds per round between the first sample and the last, and the wall time; each sample is also
+printed on stderr as it is taken, so a run stopped early still shows the rounds it reached.
+``--json`` also writes every sample. The growth that
 ``tests/experiments/test_soak.py`` tolerates on a few hundred toy rounds is
 :data:`GROWTH_BOUND_KB_PER_ROUND`.
 """
@@ -67,9 +69,11 @@ def gpu_allocated_mb() -> float | None:
     return torch.cuda.memory_allocated() / 2**20 if torch.cuda.is_initialized() else None
 
 
-def sampled_run(argv: Sequence[str], every: int) -> list[dict[str, float | None]]:
+def sampled_run(argv: Sequence[str], every: int,
+                report: Callable[[dict], None] | None = None) -> list[dict[str, float | None]]:
     """``main.main(argv)`` in this process, with a sample after every ``every``-th training round
-    (``round``, ``rss_mb``, ``gpu_mb``); raises SystemExit when the run fails."""
+    (``round``, ``rss_mb``, ``gpu_mb``, ``seconds`` since the call began), each also handed to
+    ``report`` as it is taken; raises SystemExit when the run fails."""
     if str(SYSTEM) not in sys.path:
         sys.path.insert(0, str(SYSTEM))
     import main
@@ -77,11 +81,15 @@ def sampled_run(argv: Sequence[str], every: int) -> list[dict[str, float | None]
 
     samples: list[dict[str, float | None]] = []
     original: Callable = Server.run_round
+    started = time.perf_counter()
 
     def run_round(self, rnd, *args, **kwargs):
         result = original(self, rnd, *args, **kwargs)
         if rnd % every == 0 and rnd > 0:
-            samples.append({"round": rnd, "rss_mb": rss_mb(), "gpu_mb": gpu_allocated_mb()})
+            samples.append({"round": rnd, "rss_mb": rss_mb(), "gpu_mb": gpu_allocated_mb(),
+                            "seconds": time.perf_counter() - started})
+            if report is not None:
+                report(samples[-1])
         return result
 
     Server.run_round = run_round
@@ -118,7 +126,12 @@ def child(args: argparse.Namespace) -> None:
     argv = ["-data", args.data, "--results_dir", args.results_dir, "-gr", str(args.rounds), "-dev", args.device,
             *COMMON, *CONFIGURATIONS[args.child]]
     started = time.perf_counter()
-    samples = sampled_run(argv, args.every)
+
+    def report(sample: dict) -> None:  # on stderr as it is taken: a run stopped early still has its samples
+        print(f"{args.child}: round {sample['round']}, RSS {sample['rss_mb']:.1f} MiB, {sample['seconds']:.0f} s",
+              file=sys.stderr, flush=True)
+
+    samples = sampled_run(argv, args.every, report)
     print(json.dumps({"samples": samples, "seconds": time.perf_counter() - started}))
 
 
@@ -132,6 +145,8 @@ def describe(name: str, record: dict) -> str:
     if gpu is not None:
         text += (f", GPU allocated {first['gpu_mb']:.1f} -> {last['gpu_mb']:.1f} MiB "
                  f"({1000 * gpu:+.3f} MiB per 1,000 rounds)")
+    if last["round"] > first["round"]:
+        text += f", {(last['seconds'] - first['seconds']) / (last['round'] - first['round']):.3f} s/round"
     return text + f", {record['seconds']:.0f} s"
 
 
@@ -158,10 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = [sys.executable, __file__, "--child", name, "--data", str(data), "--results_dir",
                        str(Path(scratch) / name), "--rounds", str(args.rounds), "--every", str(args.every),
                        "--device", args.device]
-            done = subprocess.run(command, capture_output=True, text=True)
+            done = subprocess.run(command, stdout=subprocess.PIPE, text=True)  # its samples, errors: on stderr
             if done.returncode != 0:
-                last = (done.stderr.strip().splitlines() or ["no error output"])[-1]
-                print(f"error: {name} failed (exit status {done.returncode}): {last}", file=sys.stderr)
+                print(f"error: {name} failed (exit status {done.returncode}); its error output is above", file=sys.stderr)
                 return 1
             records[name] = json.loads(done.stdout.strip().splitlines()[-1])
             print(describe(name, records[name]), flush=True)

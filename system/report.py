@@ -55,8 +55,10 @@ CURVE_NOTES: tuple[tuple[str, str], ...] = (
                                "rounds (round 0: the untrained model)."),
     ("x: wall-clock time", "the sum of rs_round_time over training rounds 0..r-1 before the "
                            "evaluation at round r, averaged over the runs; PFLlib files lack it."),
-    ("x: uploaded traffic", "the sum of rs_bytes_up (bytes uploaded by all clients of a round) "
-                            "over training rounds 0..r-1, in 10^6 bytes, averaged over the runs."),
+    ("x: uploaded traffic", "the sum of rs_bytes_up (bytes uploaded by all clients of a round, counted "
+                            "in the round they were sent, whether they arrived then, later or never; "
+                            "rs_bytes_up_arrived holds what reached the server in each round) over "
+                            "training rounds 0..r-1, in 10^6 bytes, averaged over the runs."),
     ("x: virtual time", "rs_virtual_time, the simulated clock (flcore/features/clock.py) after training "
                         "round r-1, averaged over the runs; files written before the clock lack it."),
     ("Client accuracy distribution", "the last row of rs_client_acc (each client's test accuracy "

@@ -33,7 +33,9 @@ decides how many forward passes that takes.
   batches on one intra-op thread, rather than computed one after another with every thread
   working on each batch. The logits are those of ``--num_threads 1`` bit for bit, whatever the
   thread count. On a loaded machine this avoids OpenMP's team waiting at every operation for
-  whichever of its threads was descheduled. A GPU computes batch after batch as before.
+  whichever of its threads was descheduled. What runs on the calling thread (a pass of one batch,
+  as a personal model's few rows are, and the metrics) runs on one intra-op thread for the same
+  reason. A GPU computes batch after batch as before.
 * **Frozen copies (CPU).** A pass of at least 512 rows on a CPU runs a frozen TorchScript copy
   of the model with the pass's parameters (``flcore/frozen.py``: oneDNN's prepacked, fused
   convolutions), with logits equal to the eager module's up
@@ -191,6 +193,7 @@ class Evaluator:
         self._position: dict[int, int] | None = None  # client -> slot in the totals, for a sample
         self._pool: ThreadPoolExecutor | None = None  # CPU batch workers, made on first use
         self._pool_workers = 0
+        self._threads: int | None = None  # the process's intra-op threads while an evaluation runs (CPU)
 
     # ------------------------------------------------------------ public
     def at_round(self, rnd: int, record: bool = True) -> None:
@@ -213,7 +216,23 @@ class Evaluator:
 
     def evaluate(self, params_for: Callable[[int], torch.Tensor], train_loss: bool = True) -> EvalResult:
         """Test accuracy/AUC on every client's test split and train loss on every train split (or on
-        the current round's sample of clients, see :meth:`at_round`)."""
+        the current round's sample of clients, see :meth:`at_round`).
+
+        On a CPU the batch workers are as many as the process's intra-op threads, and the rest (a
+        pass of one batch, the metrics) runs on this thread with one intra-op thread: a personal
+        model's pass is one small batch, and OpenMP's team stalled at each of its operations on a
+        busy machine (``docs/results/performance.md``, the soak section)."""
+        if self.runtime.device.type != "cpu" or self._threads is not None:
+            return self._evaluate(params_for, train_loss)
+        self._threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return self._evaluate(params_for, train_loss)
+        finally:
+            torch.set_num_threads(self._threads)
+            self._threads = None
+
+    def _evaluate(self, params_for: Callable[[int], torch.Tensor], train_loss: bool) -> EvalResult:
         runtime = self.runtime
         sample = self._sample
         members = range(len(runtime.clients)) if sample is None else sample.tolist()
@@ -435,7 +454,9 @@ class Evaluator:
     def batch_workers(self) -> int:
         """Threads the batches of a CPU pass are spread over: the process's intra-op thread count
         (1 inside an engine's worker thread, which trains on one); a GPU takes batch after batch."""
-        return torch.get_num_threads() if self.runtime.device.type == "cpu" else 1
+        if self.runtime.device.type != "cpu":
+            return 1
+        return torch.get_num_threads() if self._threads is None else self._threads
 
     def _executor(self, workers: int) -> ThreadPoolExecutor:
         if self._pool is None or self._pool_workers != workers:

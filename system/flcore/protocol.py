@@ -222,8 +222,12 @@ class RoundResult:
     eval_seconds: float = 0.0
     #: the round's duration on the virtual clock (flcore/features/clock.py), waits included
     virtual_seconds: float = 0.0
-    #: bytes of uploads that were sent but that the server threw away unread (late uploads a
-    #: server ignores): they count as sent in ``rs_bytes_up``, not as aggregated
+    #: bytes of every upload the round's clients made (``rs_bytes_up``), whether it reaches the
+    #: server in this round, in a later one (a straggler) or never (a ``-cdr`` drop-out, a late upload
+    #: the server ignores)
+    sent_nbytes: int = 0
+    #: bytes of uploads that reached the server in this round but that it threw away unread (those
+    #: ``-tth`` rejects): with the uploads it kept they are what arrived (``rs_bytes_up_arrived``)
     discarded_nbytes: int = 0
     #: how many of ``updates`` the algorithm put into the model (None: all of them); FedBuff's
     #: buffered ones wait for a server step, Sageflow's filtered ones never enter it

@@ -33,7 +33,8 @@ SERIES_KEYS: tuple[str, ...] = (
 )
 #: Series other features add (differential privacy, the virtual clock, new clients); read when
 #: they are 1-D, ignored otherwise (their shape is their owners' business).
-OPTIONAL_SERIES_KEYS: tuple[str, ...] = ("rs_dp_epsilon", "rs_virtual_time", "rs_new_client_acc", "rs_backdoor_asr")
+OPTIONAL_SERIES_KEYS: tuple[str, ...] = ("rs_dp_epsilon", "rs_virtual_time", "rs_new_client_acc", "rs_backdoor_asr",
+                                         "rs_bytes_up_arrived")
 #: Series with one entry per evaluation (must all have the length of ``rs_test_acc``).
 PER_EVAL_KEYS: tuple[str, ...] = ("rs_test_acc", "rs_test_auc", "rs_train_loss", "rs_test_acc_std",
                                   "rs_test_acc_global", "rs_test_auc_global")

@@ -198,6 +198,8 @@ def summarize(history: RunHistory, avg_last: int, target_acc: float | None, mode
         "avg_last": int(avg_last),
         "mean_acc_last_n": last_n,
         "total_bytes_up": int(sum(history.bytes_up)),
+        # what reached the server (stragglers' uploads in the round they arrive; not -cdr's drop-outs)
+        "total_bytes_up_arrived": int(sum(history.extra_series.get("bytes_up_arrived", history.bytes_up))),
         "total_bytes_down": int(sum(history.bytes_down)),
         "mean_round_time": float(np.mean(history.round_time)) if history.round_time else None,
     }

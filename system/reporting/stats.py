@@ -115,7 +115,12 @@ SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
                   "(k/n) when only k of n do", none_text="not reached"),
     SummaryColumn("mb_to_target", "MB up to {target}", "number",
                   "megabytes (10^6 bytes) uploaded by all clients in training rounds 0..r-1, "
-                  "r the round reaching the target (sum of rs_bytes_up)", none_text="not reached"),
+                  "r the round reaching the target (sum of rs_bytes_up: what was sent, late or "
+                  "dropped uploads included)", none_text="not reached"),
+    SummaryColumn("mb_arrived_to_target", "MB arrived to {target}", "number",
+                  "the same sum of rs_bytes_up_arrived: the uploads that reached the server in "
+                  "those rounds (a straggler's in the round it arrives); files written before the "
+                  "series lack it", none_text="not reached"),
     SummaryColumn("virtual_to_target", "virtual s to {target}", "number",
                   "the virtual clock's reading (rs_virtual_time) after the training rounds 0..r-1, "
                   "r the round reaching the target", none_text="not reached"),
@@ -200,6 +205,9 @@ def run_figures(run: RunResult, avg_last: int = 10, target_acc: float | None = N
         # NaN: computable but not reached; None: not computable (no traffic recorded).
         figures["rounds_to_target"] = np.nan if reached is None else float(reached[0])
         figures["mb_to_target"] = None if bytes_up is None else np.nan if reached is None else reached[1] / 1e6
+        arrived = run.get("rs_bytes_up_arrived")
+        figures["mb_arrived_to_target"] = (None if arrived is None else np.nan if reached is None
+                                           else reach_target(acc, run.eval_rounds, arrived, target_acc)[1] / 1e6)
         clock = run.get("rs_virtual_time")
         if clock is not None:
             at = None if reached is None else np.concatenate([[0.0], clock])[min(reached[0], len(clock))]

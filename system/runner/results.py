@@ -186,7 +186,9 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
         f"  time {summary['wall_time_s']:.1f} s ({summary['mean_round_time'] or 0:.3f} s/round), "
         f"peak RSS {summary['peak_rss_mb']:.0f} MB"
         + (f", peak GPU {summary['peak_gpu_mb']:.0f} MB" if "peak_gpu_mb" in summary else "")
-        + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB",
+        + f", uploaded {summary['total_bytes_up'] / 1e6:.1f} MB"
+        + (f" ({summary['total_bytes_up_arrived'] / 1e6:.1f} MB arrived)"
+           if summary.get("total_bytes_up_arrived", summary["total_bytes_up"]) != summary["total_bytes_up"] else ""),
     ]
     if "evaluated_clients" in summary:
         lines.append(f"  evaluated: a seeded sample of {summary['evaluated_clients']} clients at each evaluation (rs_eval_clients)")

@@ -88,3 +88,46 @@ def test_two_round_run_through_main(tmp_path):
         acc = f["rs_test_acc"][:]
         assert len(acc) == 3 and all(0 <= a <= 1 for a in acc)
         assert len(f["rs_test_acc_global"][:]) == 3
+
+
+def test_threaded_engine_trains_ditto_on_one_intra_op_thread():
+    """Ditto's clients are not handed to workers: the threaded engine (``auto`` on a multi-core CPU)
+    trains them on the main thread, which must then use one intra-op thread as the workers do. On
+    PyTorch's default team every batch-10 operation waits for a descheduled core of a busy machine,
+    and the numbers would be those of ``--num_threads N`` rather than of ``--num_threads 1``."""
+    data = random_dataset(num_clients=3, dim=4, num_classes=3, seed=5)
+    server = build_server(make_args("Ditto", "-mu", "0.1", engine="threaded", workers=2, batch_size=4), data)
+    seen = []
+    for client in server.clients:
+        def train_job(job, model, _original=client.train_job):
+            seen.append(torch.get_num_threads())
+            return _original(job, model)
+        client.train_job = train_job
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        server.engine.train(server.clients, server.make_package(1, [0, 1, 2]))
+        assert torch.get_num_threads() == 2  # the process's setting is restored after training
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [1, 1, 1] and server.engine.stats["threaded_clients"] == 0
+
+
+def test_personal_models_are_evaluated_on_one_intra_op_thread():
+    """Each personal model's pass is one small batch on the calling thread: its operations and the
+    metrics run on one intra-op thread (the batch workers, when a pass has several batches, are as
+    many as the process's threads), and the process's setting is restored afterwards."""
+    data = random_dataset(num_clients=3, dim=4, num_classes=3, seed=6)
+    server = build_server(make_args("Ditto", "-mu", "0.1", batch_size=4), data)
+    run_round(server, 0)
+    seen = []
+    server.model.module.register_forward_pre_hook(lambda module, inputs: seen.append(torch.get_num_threads()))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        server.evaluate_models(server.eval_params)
+        assert torch.get_num_threads() == 2 and server.evaluator.batch_workers() == 2
+    finally:
+        torch.set_num_threads(threads)
+        server.evaluator.close()
+    assert seen and set(seen) == {1}

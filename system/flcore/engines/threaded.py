@@ -38,8 +38,14 @@ Per client it runs the one local sequence of ``clientbase``::
   ``--num_threads`` when that is given, so ``--num_threads 1`` trains on one thread). During training
   the intra-op thread count is 1 in every worker and on the main thread, whose hooks run while the
   workers train (with its own team on top, the cores were oversubscribed: SCAFFOLD's P3 rounds took
-  2.16 s threaded vs 1.94 s sequential, and 1.47 s vs 1.90 s with one thread here). Evaluation and
-  aggregation keep the process's setting (``--num_threads``): large evaluation batches do use it.
+  2.16 s threaded vs 1.94 s sequential, and 1.47 s vs 1.90 s with one thread here). The clients it
+  trains on the main thread (a class that is not vectorisable, a cohort of one) are trained on one
+  intra-op thread too, so their numbers are also those of ``--engine sequential --num_threads 1``
+  (not of whether the round had workers to start), and a busy core cannot stall an OpenMP team at
+  every operation (Ditto, trained entirely there, was several times slower on two intra-op threads of
+  a busy 2-core machine than on one: ``docs/results/performance.md``, the soak section). Aggregation keeps
+  the process's setting (``--num_threads``), and evaluation spreads a pass's batches over that many
+  workers (``flcore/evaluation.py``).
 """
 from __future__ import annotations
 
@@ -143,12 +149,14 @@ class ThreadedEngine(Engine):
         if not clients:
             return []
         parallel = [c for c in clients if self.qualifies(c)] if self.num_workers > 1 and len(clients) > 1 else []
-        if len(parallel) < 2:
-            return [self.train_sequentially(c, package) for c in clients]
-        # the hooks run here while the workers train: on one thread, or the cores are oversubscribed
+        # the hooks run here while the workers train, and the clients no worker takes are trained
+        # here: on one thread, or the cores are oversubscribed (and a client's numbers would depend
+        # on whether its cohort had workers to start)
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
+            if len(parallel) < 2:
+                return [self.train_sequentially(c, package) for c in clients]
             return self._train(clients, parallel, package)
         finally:
             torch.set_num_threads(threads)

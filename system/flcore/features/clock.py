@@ -67,7 +67,9 @@ PFLlib's ``-tsr``, ``-ssr`` and ``-cdr`` belong to the clock, which draws them a
 * ``-cdr`` drop-outs: in each round a fraction of the uploads never arrives, drawn from
   (seed, "drop", round) over the round's uploads in cohort order (:meth:`VirtualClock.drop_uploads`,
   the first thing the clock's ``after_training`` does, so every later plug-in sees only the uploads
-  that arrived). They are timed as described above and charged their time cost.
+  that arrived). They are timed as described above and charged their time cost. Their uploads
+  count as sent (``rs_bytes_up``), not as arrived (``rs_bytes_up_arrived``); those ``-tth``
+  rejects count as both.
 
 Trace file (``--client_trace FILE.csv``): a header line, then one row per client::
 
@@ -483,7 +485,10 @@ class VirtualClock(RoundPlugin):
     def after_training(self, package: RoundPackage, trained: list[ClientUpdate], arrived: list[ClientUpdate],
                        result: RoundResult) -> list[ClientUpdate]:
         self._round_start = self.now  # after the wait for an available client
-        kept, seconds = self.finish_round(package, trained, self.drop_uploads(package.round, arrived))
+        arrived = self.drop_uploads(package.round, arrived)
+        kept, seconds = self.finish_round(package, trained, arrived)
+        aggregated = {id(u) for u in kept}  # -tth's rejected uploads arrived (the server waited for them)
+        result.discarded_nbytes += sum(u.nbytes() for u in arrived if id(u) not in aggregated)
         self.now += seconds
         result.virtual_seconds = self.now - self._round_began
         return kept

@@ -32,6 +32,10 @@ happens to the uploads the server did not wait for:
   them by); a synchronous algorithm then averages them as if fresh.
 * ``ignore``: dropped (Sageflow's "FedAvg ignoring stragglers").
 
+Traffic: every upload counts in ``rs_bytes_up`` in the round it was sent; ``rs_bytes_up_arrived``
+counts a late one in the round it arrives, and an ignored one (or one still in flight when the run
+ends) never.
+
 How delays are drawn, ``--straggler_delays`` (rounds only):
 
 * ``uniform`` (the default): every upload's delay U{0..S} as above, independent per (seed, round,
@@ -97,7 +101,7 @@ BUSY = ("train", "skip", "unselectable")
 #: how a round's delays are drawn (module docstring)
 DELAY_DRAWS = ("uniform", "each")
 #: what a delayed upload keeps of itself while in flight (the rest is rebuilt)
-KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processed", "attacker")
+KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processed", "attacker", "shared_numel")
 
 
 def delay_of(seed: int, most: int, rnd: int, client: int) -> int:
@@ -221,8 +225,6 @@ class Stragglers(RoundPlugin):
             for update, due in late:
                 self.busy_until[update.index] = max(int(due), self.busy_until.get(update.index, -1))
             self.busy_until = {c: last for c, last in self.busy_until.items() if last > now}
-        if self.policy == "ignore":  # they were sent all the same: the traffic counts them
-            result.discarded_nbytes += sum(update.nbytes() for update, _ in late)
         if self.policy == "stale":
             for update, due in late:
                 self.pending.append({**{name: getattr(update, name) for name in KEPT}, "start": now, "due": due})
@@ -230,7 +232,8 @@ class Stragglers(RoundPlugin):
         arrived_by = clock.now if self.by_clock else now  # the end of this round, in the lateness' unit
         due = sorted((p for p in self.pending if p["due"] <= arrived_by), key=lambda p: (p["start"], p["index"]))
         self.pending = [p for p in self.pending if p["due"] > arrived_by]
-        late_uploads = [ClientUpdate(**{name: p[name] for name in KEPT}, origin_round=p["start"],
+        # (``if name in p``: uploads a checkpoint holds from before a field was kept)
+        late_uploads = [ClientUpdate(**{name: p[name] for name in KEPT if name in p}, origin_round=p["start"],
                                      origin_params=self.origins[p["start"]]) for p in due]
         for update in fresh:
             update.origin_round = now

@@ -321,6 +321,7 @@ class Server(Carries):
                 trained = self.engine.train([self.clients[i] for i in result.cohort], package)
             except Diverged as exc:  # a client's loss became NaN/inf
                 self._diverged(exc)
+            result.sent_nbytes = sum(u.nbytes() for u in trained)  # every upload made, whatever becomes of it
             updates = list(trained)  # those that arrive: the plug-ins say (the clock's -cdr drop-outs)
             for plugin in plugins:
                 updates = plugin.after_training(package, trained, updates, result)
@@ -450,7 +451,8 @@ def record_round(server: Server, result: RoundResult) -> None:
     history = server.history
     history.round_time.append(result.seconds)
     history.bytes_down.append(result.package.total_nbytes())
-    history.bytes_up.append(sum(u.nbytes() for u in result.updates) + result.discarded_nbytes)
+    history.bytes_up.append(result.sent_nbytes)  # sent in this round (stragglers' arrive later, or never)
+    history.add_series("bytes_up_arrived", sum(u.nbytes() for u in result.updates) + result.discarded_nbytes)
     history.clients_per_round.append(len(result.updates))
     if result.aggregated is not None:  # the algorithm put fewer into the model than arrived
         history.add_series("uploads_aggregated", result.aggregated)
