@@ -41,7 +41,7 @@ try:  # the libraries take seconds to load: a Ctrl-C meanwhile ends quietly, as 
     from utils.errors import FLError
     from reporting.results import read_results, result_path
     from utils.interrupts import EXIT_STATUS, INTERRUPTS
-    from runner.run_control import Claim, RunInterrupted, claim_all, is_finished
+    from runner.run_control import Claim, RunInterrupted, claim_all, file_identity, interrupted_message, is_finished
     from utils.seeding import derive_seed, seed_everything
 except KeyboardInterrupt as exc:
     raise SystemExit(getattr(exc, "exit_status", 130)) from None
@@ -210,32 +210,6 @@ def validate_public_data(args: argparse.Namespace) -> None:
         raise FLError(f"--public_data: neither {args.algorithm} nor an option of this run uses a public set, and "
                       "drawing one takes its rows from the clients' training data; drop it, or pass "
                       "--public_data_withhold to withhold the same rows on purpose (equal data across a comparison)")
-
-
-def file_identity(path: Path) -> tuple[int, int] | None:
-    """(inode, modification time) of ``path``, None when absent: a result committed (renamed into
-    place) or rewritten since has another."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_mtime_ns
-
-
-def interrupted_message(exc: KeyboardInterrupt) -> str:
-    """What an invocation stopped by a signal outside training leaves: nothing, the results of the
-    runs that completed (and those so far of a run stopped at a round's end), or all of them."""
-    written = getattr(exc, "written", [])
-    if getattr(exc, "complete", False):  # every run's finished results are in place
-        return "interrupted after the results were written: they are complete"
-    finished = [str(path) for path, done in written if done]
-    partial = [str(path) for path, done in written if not done]
-    parts = [f"the finished results in {', '.join(finished)} were written"] if finished else []
-    if partial:
-        parts.append(f"the results so far of the unfinished run are in {', '.join(partial)}, marked unfinished")
-    else:
-        parts.append("no result file was written for the unfinished run")
-    return "interrupted: " + "; ".join(parts)
 
 
 def run(args: argparse.Namespace) -> list[Path]:

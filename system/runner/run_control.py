@@ -233,3 +233,29 @@ class StopOnSignal:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def file_identity(path: Path) -> tuple[int, int] | None:
+    """(inode, modification time) of ``path``, None when absent: a result committed (renamed into
+    place) or rewritten since has another."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
+def interrupted_message(exc: KeyboardInterrupt) -> str:
+    """What an invocation stopped by a signal outside training leaves: nothing, the results of the
+    runs that completed (and those so far of a run stopped at a round's end), or all of them."""
+    written = getattr(exc, "written", [])
+    if getattr(exc, "complete", False):  # every run's finished results are in place
+        return "interrupted after the results were written: they are complete"
+    finished = [str(path) for path, done in written if done]
+    partial = [str(path) for path, done in written if not done]
+    parts = [f"the finished results in {', '.join(finished)} were written"] if finished else []
+    if partial:
+        parts.append(f"the results so far of the unfinished run are in {', '.join(partial)}, marked unfinished")
+    else:
+        parts.append("no result file was written for the unfinished run")
+    return "interrupted: " + "; ".join(parts)
