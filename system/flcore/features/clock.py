@@ -402,11 +402,6 @@ class VirtualClock(RoundPlugin):
             for i in np.flatnonzero(self.train_slow):
                 clients[i].configure(epoch_schedule=schedule)
         self.drop_rate = float(args.client_drop_rate)
-        #: effective speeds (the slow factors applied once, so every formula reads them), per client
-        #: position: compute, down, up; NaN until the client's speeds are first needed (speeds_of)
-        self._speeds = np.full((3, n), np.nan)
-        if trace:
-            self._effective(np.arange(n))
         self.time_select = bool(args.time_select)
         self.threshold = float(args.time_threthold)
         #: whether -tth discards uploads (module docstring: PFLlib's default alone does not)
@@ -428,35 +423,35 @@ class VirtualClock(RoundPlugin):
         self._round_start = 0.0
         self.upload_seconds: dict[int, float] = {}
 
-    def _effective(self, positions: np.ndarray) -> None:
-        """Fill the effective speeds of the clients at ``positions`` (drawing what is not drawn yet)."""
-        args, p = self.args, self._profiles
-        if np.isnan(p.compute[positions]).any():
+    def _draw_missing(self, positions: np.ndarray) -> None:
+        """Draw, at once, the speeds of those of ``positions`` not drawn yet (a cohort of new
+        clients: one vectorised fill instead of one per client); a trace gives every client's."""
+        p = self._profiles
+        missing = positions[np.isnan(p.compute[positions])]
+        if missing.size:
             clients = self.runtime.clients
-            p.compute[positions], p.down[positions], p.up[positions] = drawn_speeds(args, [clients[i].cid for i in positions])
-        slow_train, slow_send = self.train_slow[positions], self.send_slow[positions]
-        self._speeds[0, positions] = np.where(slow_train, p.compute[positions] / args.clock_train_slow_factor, p.compute[positions])
-        for row, speed in ((1, p.down), (2, p.up)):
-            self._speeds[row, positions] = np.where(slow_send, speed[positions] / args.clock_send_slow_factor, speed[positions])
+            p.compute[missing], p.down[missing], p.up[missing] = drawn_speeds(self.args, [clients[i].cid for i in missing])
 
     def speeds_of(self, index: int) -> tuple[float, float, float]:
-        """Client ``index``'s effective (compute, down, up) speeds, drawn the first time they are needed."""
-        if math.isnan(self._speeds[0, index]):
-            self._effective(np.asarray([index]))
-        compute, down, up = self._speeds[:, index]
-        return float(compute), float(down), float(up)
-
-    def _draw_missing(self, positions: np.ndarray) -> None:
-        """Fill, at once, the effective speeds of those of ``positions`` not drawn yet (a cohort of
-        new clients: one vectorised fill instead of one per client)."""
-        missing = positions[np.isnan(self._speeds[0, positions])]
-        if missing.size:
-            self._effective(missing)
+        """Client ``index``'s effective (compute, down, up) speeds, drawn the first time they are
+        needed; -tsr's and -ssr's slow factors applied (computed when asked: no array per client)."""
+        p, args = self._profiles, self.args
+        if math.isnan(p.compute[index]):
+            self._draw_missing(np.asarray([index]))
+        compute, down, up = float(p.compute[index]), float(p.down[index]), float(p.up[index])
+        if self.train_slow[index]:
+            compute /= args.clock_train_slow_factor
+        if self.send_slow[index]:
+            down, up = down / args.clock_send_slow_factor, up / args.clock_send_slow_factor
+        return compute, down, up
 
     def _all_speeds(self) -> np.ndarray:
         """Every client's effective speeds (3, N), drawing those not drawn yet."""
-        self._draw_missing(np.arange(self._speeds.shape[1]))
-        return self._speeds
+        args, p = self.args, self._profiles
+        self._draw_missing(np.arange(len(p.compute)))
+        compute = np.where(self.train_slow, p.compute / args.clock_train_slow_factor, p.compute)
+        links = [np.where(self.send_slow, speed / args.clock_send_slow_factor, speed) for speed in (p.down, p.up)]
+        return np.stack([compute, *links])
 
     @property
     def profiles(self) -> Profiles:
