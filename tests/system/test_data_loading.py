@@ -67,10 +67,10 @@ def test_a_dataset_larger_than_the_gpus_free_memory_is_one_line_before_it_is_cop
     import fldata.loading as data_utils
 
     folder = make_dataset(tmp_path, num_clients=2, input_shape=(1, 4, 4), train_sizes=[10, 6], test_size=4)
-    # 24 samples of 16 float32 inputs plus 16 bytes of label and owner each: 1,920 bytes
-    monkeypatch.setattr(data_utils, "device_room", lambda device: (1_919, 8 * 1024**3))  # as a GPU would answer
+    # 24 samples of 16 float32 inputs plus an 8-byte label each: 1,728 bytes
+    monkeypatch.setattr(data_utils, "device_room", lambda device: (1_727, 8 * 1024**3))  # as a GPU would answer
     with pytest.raises(FLError, match=r"^dataset .* needs 0\.0 GiB on cpu \(24 samples, loaded whole onto the training "
                                       r"device\) and 0\.0 of its 8\.0 GiB are free: run with -dev cpu"):
         load_federated_dataset(str(folder), compact=False)
-    monkeypatch.setattr(data_utils, "device_room", lambda device: (1_920, 8 * 1024**3))
+    monkeypatch.setattr(data_utils, "device_room", lambda device: (1_728, 8 * 1024**3))
     assert len(load_federated_dataset(str(folder), compact=False).split("train")[1]) == 16
