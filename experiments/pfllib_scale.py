@@ -31,6 +31,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,33 @@ TIME_FIELDS = {"user_s": "User time (seconds)", "system_s": "System time (second
                "peak_rss_mb": "Maximum resident set size (kbytes)"}
 
 
+def innermost(pid: int) -> int:
+    """The last process of the chain nice -> time -> timeout -> the command, from ``pid`` down."""
+    while True:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return pid
+        if not children:
+            return pid
+        pid = int(children[-1])
+
+
+def watch(pid: int, start: float, samples: list, stop: threading.Event, every: float = 2.0) -> None:
+    """Every ``every`` seconds till ``stop``: (seconds, RSS MB, the data files it has open) of the
+    measured command, so that a run stopped by its timeout says how far it got and how large it was."""
+    while not stop.wait(every):
+        inner = innermost(pid)
+        try:
+            status = Path(f"/proc/{inner}/status").read_text().split("\n")
+            rss = next(float(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+            fds = Path(f"/proc/{inner}/fd")
+            files = [target for fd in fds.iterdir() if (target := os.readlink(fd)).endswith(".npz")]
+        except (OSError, StopIteration):  # it ended between the two reads
+            continue
+        samples.append((time.perf_counter() - start, rss, ["/".join(Path(f).parts[-2:]) for f in files]))
+
+
 def measured(name: str, command: list[str], cwd: Path, out: Path, nice: int, cap: int,
              env: dict | None = None) -> dict:
     """One process at ``nice``, under GNU time and ``timeout cap``: its exit status, wall, CPU seconds
@@ -66,13 +94,19 @@ def measured(name: str, command: list[str], cwd: Path, out: Path, nice: int, cap
     argv = ["nice", "-n", str(nice), "/usr/bin/time", "-v", "-o", str(report), "timeout", str(cap), *command]
     load_before = os.getloadavg()[0]
     start = time.perf_counter()
-    lines = []
+    lines, samples, stop = [], [], threading.Event()
     with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           bufsize=1) as process, (out / f"{name}.log").open("w", buffering=1) as log:
+        watcher = threading.Thread(target=watch, args=(process.pid, start, samples, stop), daemon=True)
+        watcher.start()
         for line in process.stdout:
             lines.append((time.perf_counter() - start, line.rstrip("\n")))
             log.write(f"{lines[-1][0]:9.2f} {lines[-1][1]}\n")
     wall = time.perf_counter() - start
+    stop.set()
+    watcher.join()
+    (out / f"{name}.samples").write_text("".join(f"{t:9.2f} {rss:8.1f} MB {' '.join(files)}\n"
+                                                 for t, rss, files in samples))
     figures = {}
     for row in report.read_text().splitlines():
         key, _, value = row.strip().rpartition(": ")
@@ -82,7 +116,7 @@ def measured(name: str, command: list[str], cwd: Path, out: Path, nice: int, cap
     figures["peak_rss_mb"] /= 1024
     return {"run": name, "command": command, "returncode": process.returncode, "timed_out": process.returncode == 124,
             "wall_s": wall, "cpu_s": figures["user_s"] + figures["system_s"], "peak_rss_mb": figures["peak_rss_mb"],
-            "load_before": load_before, "load_after": os.getloadavg()[0], "lines": lines}
+            "load_before": load_before, "load_after": os.getloadavg()[0], "lines": lines, "samples": samples}
 
 
 def on_disk(folder: Path) -> dict:
@@ -106,8 +140,11 @@ def pfllib_figures(run: dict) -> dict:
     created = [t for t, line in run["lines"] if line.startswith("Finished creating server and clients")]
     rounds, _ = parse_pfllib_stdout("\n".join(line for _, line in run["lines"]))
     started = [line for _, line in run["lines"] if "Round number" in line]
+    last_files = [files for _, _, files in run.get("samples", []) if files]
     return {"startup_s": created[0] if created else None, "round_s": rounds, "rounds_done": len(rounds),
-            "rounds_started": len(started), "last_line": run["lines"][-1][1] if run["lines"] else None}
+            "rounds_started": len(started), "last_line": run["lines"][-1][1] if run["lines"] else None,
+            "last_files_open": last_files[-1] if last_files else None,
+            "last_rss_mb": run["samples"][-1][1] if run.get("samples") else None}
 
 
 def ours_figures(run: dict, results: Path) -> dict:
@@ -122,7 +159,7 @@ def ours_figures(run: dict, results: Path) -> dict:
 def flags(args) -> list[str]:
     """The training flags both main.py's are given."""
     return ["-m", args.model, "-algo", "FedAvg", "-jr", repr(args.join_ratio), "-gr", str(args.rounds),
-            "-nc", str(args.clients), "-did", "0", "-dev", "cpu"]
+            "-nc", str(args.clients), "-eg", str(args.eval_gap), "-did", "0", "-dev", "cpu"]
 
 
 def markdown(rows: list[dict]) -> str:
@@ -136,6 +173,9 @@ def markdown(rows: list[dict]) -> str:
         lines.append(f"| {r['run']} | {r['returncode']} | {r['wall_s']:.1f} | {r['cpu_s']:.1f} | {r['peak_rss_mb']:.0f} | "
                      f"{num(r.get('startup_s'), '.1f')} | {r.get('rounds_done', '–')} | {rounds or '–'} | "
                      f"{r['load_before']:.1f} → {r['load_after']:.1f} |")
+    lines += [f"\n{r['run']} stopped after {r['wall_s']:.0f} s: {r['rounds_done']} rounds done, last line "
+              f"{r['last_line']!r}, open then: {' '.join(r['last_files_open'] or []) or 'no data file'}, RSS "
+              f"{num(r['last_rss_mb'], '.0f')} MB" for r in rows if r.get("timed_out") and "rounds_done" in r]
     return "\n".join(lines)
 
 
@@ -143,8 +183,8 @@ def refusal(args) -> str | None:
     """One line saying what is wrong with the arguments, else None."""
     if not (args.pfllib / "system" / "main.py").is_file():
         return f"error: --pfllib {args.pfllib}: no system/main.py there (give a PFLlib checkout)"
-    if args.clients < 2 or args.rounds < 1 or not 0 < args.join_ratio <= 1 or args.timeout < 1:
-        return "error: --clients must be at least 2, --rounds and --timeout at least 1, --join-ratio in (0, 1]"
+    if args.clients < 2 or min(args.rounds, args.eval_gap, args.timeout) < 1 or not 0 < args.join_ratio <= 1:
+        return "error: --clients must be at least 2, --rounds, --eval_gap and --timeout at least 1, --join-ratio in (0, 1]"
     if int(args.clients * args.join_ratio) < 1:
         return "error: --join-ratio times --clients is below one client (PFLlib would select none)"
     if not 0 < args.eval_clients <= args.clients:
@@ -161,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join-ratio", type=float, default=0.005, help="-jr of both runs (default 0.005: 50 of 10^4)")
     parser.add_argument("--rounds", type=int, default=3, help="-gr of both runs (PFLlib trains gr + 1 rounds, we gr: docs/features.md)")
     parser.add_argument("--model", default="DNN", choices=["DNN", "MLR"])
+    parser.add_argument("--eval_gap", type=int, default=1,
+                        help="-eg of both runs (default 1, PFLlib's: every round evaluates; both evaluate round 0)")
     parser.add_argument("--eval_clients", type=int, default=1000, help="our sampled evaluation's clients")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds after which PFLlib's run is stopped")
     parser.add_argument("--nice", type=int, default=15, help="niceness of every measured process")
@@ -206,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(line, file=sys.stderr)
                 return 1
             rows.append(run | ours_figures(run, results))
-    (out / "pfllib_scale.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "lines"} for r in rows],
+    (out / "pfllib_scale.json").write_text(json.dumps([{k: v for k, v in r.items() if k not in ("lines", "samples")} for r in rows],
                                                       indent=1) + "\n")
     print(markdown(rows))
     return 0
