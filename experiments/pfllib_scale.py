@@ -11,9 +11,9 @@ PFLlib's ``system/`` with stand-ins for the imports FedAvg never uses
 -v``: wall, user + system CPU seconds, peak RSS), at ``nice -n 15``:
 
 * PFLlib: ``main.py -data Synthetic -m DNN -algo FedAvg -jr 0.005 -gr 3 -nc 10000 -did 0 -dev cpu``
-  (its defaults otherwise: every round evaluates every client), stopped by ``timeout`` after
-  ``--timeout`` seconds; its start-up is the time till it prints "Finished creating server and
-  clients.", its rounds the 'time cost' lines it prints;
+  (its defaults otherwise: every round evaluates every client; ``--eval_gap`` sets ``-eg`` of both
+  runs), stopped by ``timeout`` after ``--timeout`` seconds; its start-up is the time till it prints
+  "Finished creating server and clients.", its rounds the 'time cost' lines it prints;
 * ours: ``system/main.py`` with the same flags on the same population, in the packed layout the
   generator writes above 1,000 clients and in the npz layout PFLlib's files came from, evaluating
   every client (our default, ``--eval_clients 0``) and a sample of ``--eval_clients`` clients.
@@ -21,7 +21,9 @@ PFLlib's ``system/`` with stand-ins for the imports FedAvg never uses
     python experiments/pfllib_scale.py --pfllib <pfllib>
 
 Every line a process prints is kept with its time in ``--out``/<run>.log, GNU time's report in
-``--out``/<run>.time; the figures go to ``--out``/pfllib_scale.json and to stdout as a table.
+``--out``/<run>.time, its RSS and open data files every 2 s in ``--out``/<run>.samples (so that a
+run stopped by its timeout says how far it got); the figures go to ``--out``/pfllib_scale.json and
+to stdout as a table.
 """
 from __future__ import annotations
 
