@@ -455,7 +455,7 @@ def generic_parser() -> argparse.ArgumentParser:
                   "state and aggregation stay fp32 (flcore/engines/precision.py); not with -dp")
     add_flag(o, "--eval_auc", type=bool, default=True, help="compute the micro-AUC at every evaluation")
     add_flag(o, "--eval_train_loss", type=bool, default=True, help="evaluate the train loss over all clients' train data")
-    add_flag(o, "--eval_clients", type=int, default=0, low=0, help="evaluate a sample of K clients each evaluation, drawn from (seed, round) and saved as rs_eval_clients (0: every client, PFLlib)")
+    add_flag(o, "--eval_clients", type=int, default=None, low=0, help="evaluate a sample of K clients each evaluation, drawn from (seed, round) and saved as rs_eval_clients (0: every client, PFLlib's); default: every client up to 10,000 clients, a sample of 1,000 above (flcore/evaluation.py)")
     add_flag(o, "--drop_last", type=bool, default=True, help="skip a trailing partial local batch (PFLlib)")
     add_flag(o, "--avg_last", type=int, default=10, low=1, help="report the mean accuracy of the last N evaluations")
     add_flag(o, "--target_acc", type=float, default=None, low=0, high=1, help="report the round and traffic to reach this accuracy")

@@ -81,3 +81,21 @@ def test_fedma_evaluates_its_matched_model_on_the_sample():
     assert len(samples) == len(server.history.eval_rounds) == 3, "one sample recorded per evaluation"
     assert all(len(acc) == 3 for acc in server.history.client_acc), "the matched model is evaluated on the sample"
     assert np.array_equal(server.matched.evaluator.evaluated_clients(), samples[-1])
+
+
+def test_left_unset_a_large_population_is_evaluated_on_a_sample(monkeypatch):
+    """Without --eval_clients a population above ALL_CLIENTS_UP_TO is evaluated on DEFAULT_SAMPLE
+    clients (both made small here), one at or below it whole; --eval_clients 0 asks for every client."""
+    import flcore.evaluation as evaluation
+
+    monkeypatch.setattr(evaluation, "DEFAULT_SAMPLE", 4)
+    monkeypatch.setattr(evaluation, "ALL_CLIENTS_UP_TO", 9)
+    assert "eval_clients" not in _run().history.extra_series  # 9 clients: every one
+    monkeypatch.setattr(evaluation, "ALL_CLIENTS_UP_TO", 8)
+    sampled = _run(seed=5)
+    assert [len(s) for s in sampled.history.extra_series["eval_clients"]] == [4, 4, 4]
+    assert sampled.history.test_acc == _run(eval_clients=4, seed=5).history.test_acc
+    everyone = _run(eval_clients=0, seed=5)
+    assert "eval_clients" not in everyone.history.extra_series
+    monkeypatch.setattr(evaluation, "ALL_CLIENTS_UP_TO", 10_000)
+    assert everyone.history.test_acc == _run(seed=5).history.test_acc
