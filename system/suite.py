@@ -10,7 +10,7 @@ A suite names its settings (a dataset generator call each), the algorithms with 
 seeds and the published figures to compare with::
 
     [suite]                  title, about, source (where the setting and the numbers come from),
-                             seeds (repeats: seeds seed, seed+1, ...), metric (best, last or last10:
+                             seeds (repeats: seeds seed, seed+1, ...), metric (best, last, last10 or
                              last10pct: the figure the reference is compared with), target (an
                              accuracy for the to-target columns; optional), notes (lines for the
                              page; optional)
