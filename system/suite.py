@@ -657,7 +657,7 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
             length = min(r.n_evals for r in cell.runs)
             acc = np.mean([r.series["rs_test_acc"][:length] for r in cell.runs], axis=0)
             ax.plot(cell.runs[0].eval_rounds[:length], 100 * acc, label=entry.id, linewidth=1.2)
-        ax.set_title(setting.label, fontsize=9)
+        ax.set_title(textwrap.fill(setting.label, 48), fontsize=8)
         ax.set_xlabel("round", fontsize=8)
         ax.set_ylabel("test accuracy (%)", fontsize=8)
         ax.tick_params(labelsize=7)
