@@ -10,16 +10,20 @@ A suite names its settings (a dataset generator call each), the algorithms with 
 seeds and the published figures to compare with::
 
     [suite]                  title, about, source (where the setting and the numbers come from),
-                             seeds (repeats: seeds seed, seed+1, ...), metric (best, last or last10:
-                             the figure the reference is compared with), target (an accuracy for
-                             the to-target columns; optional), notes (lines for the page; optional)
+                             seeds (repeats: seeds seed, seed+1, ...), metric (best, last, last10 or
+                             last10pct: the figure the reference is compared with), target (an
+                             accuracy for the to-target columns; optional), notes (lines for the
+                             page; optional)
     [flags]                  main.py flags of every run (spelled as in main.py --config files)
     [profiles.full]          flags that override [flags] for --profile full (the published setting)
     [profiles.cpu]           ... for --profile cpu, and any other profile
     [settings.ID]            label, generator (dataset/generate_<generator>.py), generate (its
-                             arguments), flags and target (optional)
+                             arguments), flags, target and profiles (the profiles that run it, e.g.
+                             a published setting only in full and a small stand-in only in cpu;
+                             default all) (optional)
     [algorithms.ID]          algo (the -algo name; default ID), flags (optional)
-    [reference.SETTING]      ALGORITHM_ID = published accuracy in percent
+    [reference.SETTING]      ALGORITHM_ID = published accuracy in percent (the page lists them all,
+                             run or not, and sets each beside the runs of its setting)
     [check]                  curves (a JSON file beside the suite), tolerance (accuracy, absolute)
 
 Each (setting, algorithm, seed) is one ``main.py`` process, planned by ``sweep.py``'s machinery: a
@@ -59,7 +63,8 @@ import main  # noqa: E402
 import sweep  # noqa: E402
 from reporting.cli import one_line_errors  # noqa: E402
 from reporting.loading import RunResult, load_run  # noqa: E402
-from reporting.stats import AlgorithmSummary, summarize_runs  # noqa: E402
+from reporting.results import reach_target  # noqa: E402
+from reporting.stats import AlgorithmSummary, Stat, summarize_runs  # noqa: E402
 from cli.flags import IGNORED_DEST  # noqa: E402
 from cli.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
 from utils.errors import FLError  # noqa: E402
@@ -71,12 +76,16 @@ NAME = re.compile(r"[A-Za-z0-9.+-]+")  # ids that become parts of file names (no
 SUITE_KEYS = {"title": (True, str), "about": (True, str), "source": (True, str), "seeds": (True, int),
               "metric": (True, str), "target": (False, float), "notes": (False, list)}
 SETTING_KEYS = {"label": (True, str), "generator": (True, str), "generate": (True, list), "flags": (False, dict),
-                "target": (False, float)}
+                "target": (False, float), "profiles": (False, list)}
 ALGORITHM_KEYS = {"algo": (False, str), "flags": (False, dict)}
 CHECK_KEYS = {"curves": (True, str), "tolerance": (True, float)}
 TOP_KEYS = {"suite", "flags", "profiles", "settings", "algorithms", "reference", "check"}
 #: the figure the reference column is compared with -> the summary's figure
-METRICS = {"best": "best", "last": "final", "last10": "last_n"}
+METRICS = {"best": "best", "last": "final", "last10": "last_n", "last10pct": "last_10pct"}
+#: the accuracy columns of a page: summary figure -> header (a metric's figure not among them is added)
+SHOWN = {"best": "best", "final": "last", "last_n": "mean of last 10"}
+#: the header of each figure a metric names
+FIGURE_HEADERS = {**SHOWN, "last_10pct": "mean of last 10%"}
 #: flags a suite sets itself
 SUITE_SET = {"dataset": "the setting's data", "algorithm": "[algorithms.ID] algo", "results_dir": "--results_dir",
              "goal": "the profile", "times": "[suite] seeds", "prev": "[suite] seeds", "resume": "the suite",
@@ -91,6 +100,10 @@ class Setting:
     generate: list[str]
     flags: dict[str, Any]
     target: float | None = None  # the suite's target unless the setting has its own
+    profiles: list[str] | None = None  # the profiles that run it (None: every profile)
+
+    def runs_in(self, profile: str) -> bool:
+        return self.profiles is None or profile in self.profiles
 
 
 @dataclass
@@ -127,6 +140,9 @@ class Suite:
 
     def data_dir(self, setting: Setting) -> Path:
         return self.data_root / f"{self.slug}-{setting.id}"
+
+    def settings_of(self, profile: str) -> list[Setting]:
+        return [s for s in self.settings if s.runs_in(profile)]
 
     def goal(self, profile: str, entry: Entry) -> str:
         return profile if entry.id == entry.algo else f"{profile}-{entry.id}"
@@ -190,8 +206,14 @@ def load_suite(path: str | Path) -> Suite:
         script = DATASET_DIR / f"generate_{table['generator']}.py"
         if not script.is_file():
             raise FLError(f"{path} [settings.{sid}]: generator {table['generator']!r}: no {script.relative_to(ROOT)}")
+        runs_in = table.get("profiles")
+        for name in runs_in or []:
+            if name not in profiles:
+                raise FLError(f"{path} [settings.{sid}]: profiles names {name!r}, which is no profile; "
+                              f"profiles: {', '.join(profiles)}")
         settings.append(Setting(sid, table["label"], table["generator"], [str(a) for a in table["generate"]],
-                                table.get("flags", {}), float(table["target"]) if "target" in table else None))
+                                table.get("flags", {}), float(table["target"]) if "target" in table else None,
+                                None if runs_in is None else [str(n) for n in runs_in]))
     entries = []
     for aid, table in _ids(data["algorithms"], f"{path} [algorithms]"):
         table = _table(table, ALGORITHM_KEYS, f"{path} [algorithms.{aid}]")
@@ -216,6 +238,9 @@ def load_suite(path: str | Path) -> Suite:
         raise FLError(f"{path}: the file name must be letters, digits, '_', '.', '+' or '-'")
     for setting in settings:
         setting.target = suite.target if setting.target is None else setting.target
+    for name in profiles:
+        if not suite.settings_of(name):
+            raise FLError(f"{path} [profiles.{name}]: no setting runs in it; add {name!r} to a setting's profiles")
     return suite
 
 
@@ -255,6 +280,14 @@ def _applied(table: dict[str, Any], parser: argparse.ArgumentParser, where: str,
     return applied
 
 
+def entry_parser(suite: Suite, entry: Entry) -> argparse.ArgumentParser:
+    """main.py's parser for the algorithm with the entry's own flags, so that a flag the entry's
+    choices bring (``select = "adafl"`` brings ``adafl_frac_step``) is that algorithm's flag."""
+    tokens = flag_tokens(entry.flags, main.build_parser(["-algo", entry.algo]),
+                         f"{suite.path} [algorithms.{entry.id}] flags")
+    return main.build_parser(["-algo", entry.algo, *tokens])
+
+
 @dataclass
 class Planned:
     """One run of a suite: its setting, its algorithm and sweep.py's job (argv, file, state)."""
@@ -275,10 +308,10 @@ def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[P
     threads = max(1, (os.cpu_count() or 1) // jobs)
     head = ["--progress", "False", "--num_threads", str(threads), "-q", "True"]
     out: list[Planned] = []
-    parsers = {entry.algo: main.build_parser(["-algo", entry.algo]) for entry in suite.algorithms}
-    for setting in suite.settings:
+    parsers = {entry.id: entry_parser(suite, entry) for entry in suite.algorithms}
+    for setting in suite.settings_of(profile):
         for entry in suite.algorithms:
-            parser = parsers[entry.algo]
+            parser = parsers[entry.id]
             where = f"{suite.path} {setting.id}/{entry.id}"
             applied = [*_applied(common, parser, f"{suite.path} [flags]/[profiles.{profile}]"),
                        *_applied(setting.flags, parser, f"{suite.path} [settings.{setting.id}] flags"),
@@ -403,6 +436,7 @@ class Cell:
     summary: AlgorithmSummary | None = None
     mb_up: float | None = None
     mb_down: float | None = None
+    uploads: Stat | None = None  # client uploads to the target (None: no target or no upload counts)
     command: str = ""
 
 
@@ -420,7 +454,28 @@ def collect(suite: Suite, profile: str, results_dir: Path) -> dict[tuple[str, st
         cell.summary = summarize_runs(cell.runs, avg_last=10, target_acc=targets[sid])
         cell.mb_up = _mean_per_round(cell.runs, "rs_bytes_up")
         cell.mb_down = _mean_per_round(cell.runs, "rs_bytes_down")
+        if targets[sid] is not None:
+            cell.uploads = _stat([uploads_to_target(r, targets[sid]) for r in cell.runs])
     return cells
+
+
+def uploads_to_target(run: RunResult, target: float) -> float | None:
+    """The client uploads of training rounds 0..r-1, r the first evaluated round at ``target`` (AdaFL's
+    cost, the sum of m_r); NaN when no evaluation reaches it, None when the file has no upload counts."""
+    clients = run.get("rs_clients_per_round")
+    if clients is None:
+        return None
+    reached = reach_target(run.series["rs_test_acc"], run.eval_rounds, [], target)
+    return np.nan if reached is None else float(np.sum(clients[:reached[0]]))
+
+
+def _stat(values: list[float | None]) -> Stat | None:
+    """Mean and population std over the finite values (count: how many); None when every value is None."""
+    present = np.array([v for v in values if v is not None], dtype=float)
+    if not present.size:
+        return None
+    finite = present[np.isfinite(present)]
+    return Stat(float(finite.mean()), float(finite.std()), int(finite.size)) if finite.size else Stat(np.nan, np.nan, 0)
 
 
 def _shown(argv: list[str]) -> list[str]:
@@ -454,14 +509,14 @@ def _num(value: float | None, digits: int = 2) -> str:
     return "–" if value is None or not np.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _to_target(summary: AlgorithmSummary, key: str, digits: int) -> str:
-    stat = summary.stats.get(key)
+def _to_target(stat: Stat | None, runs: int, digits: int) -> str:
+    """A to-target figure: its mean over the runs that reach the target, (k/n) when only k of n do."""
     if stat is None:
         return "–"
     if not np.isfinite(stat.mean):
         return "not reached"
     text = f"{stat.mean:.{digits}f}"
-    return text if stat.count == summary.n_runs else f"{text} ({stat.count}/{summary.n_runs})"
+    return text if stat.count == runs else f"{text} ({stat.count}/{runs})"
 
 
 def scored(cell: Cell) -> str:
@@ -481,37 +536,56 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
              f"Overrides of `[flags]`: {changed}." + ("" if profile == "full" else
              f" Every number in this section is of the `{profile}` profile, not the published setting."), ""]
     metric = METRICS[suite.metric]
+    shown = {**SHOWN, metric: FIGURE_HEADERS[metric]}  # the metric's figure is always a column
     for setting in suite.settings:
         target = f" to {100 * setting.target:.0f}%" if setting.target is not None else ""
         rows = [(entry, cells.get((setting.id, entry.id))) for entry in suite.algorithms]
         if not any(cell for _, cell in rows):
             continue
-        lines += [f"### {setting.label}{tag}", "",
-                  f"| algorithm | seeds | best{tag} | last{tag} | mean of last 10{tag} | reference | difference "
-                  f"| rounds{target} | virtual s{target} | s/round | MB up / down a round | scored |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        header = ["algorithm", "seeds", *[f"{h}{tag}" for h in shown.values()], "reference", "difference",
+                  f"rounds{target}", f"uploads{target}", f"virtual s{target}", "s/round", "MB up / down a round",
+                  "scored"]
+        lines += [f"### {setting.label}{tag}", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
         for entry, cell in rows:
             reference = suite.reference.get(setting.id, {}).get(entry.id)
             ref_text = "–" if reference is None else f"{reference:.2f}"
             if cell is None:
-                lines.append(f"| {entry.id} | 0 | not run | | | {ref_text} | | | | | | |")
+                row = [entry.id, "0", "not run", *[""] * (len(shown) - 1), ref_text]
+                lines.append("| " + " | ".join(row + [""] * (len(header) - len(row))) + " |")
                 continue
             s = cell.summary
             ours = s.stats.get(metric)
             diff = "–" if reference is None or ours is None else f"{100 * ours.mean - reference:+.2f}"
-            lines.append(
-                f"| {entry.id} | {s.n_runs} | {_pm(s.stats.get('best'))} | {_pm(s.stats.get('final'))} "
-                f"| {_pm(s.stats.get('last_n'))} | {ref_text} | {diff} "
-                f"| {_to_target(s, 'rounds_to_target', 1) if setting.target is not None else '–'} "
-                f"| {_to_target(s, 'virtual_to_target', 1) if setting.target is not None else '–'} "
-                f"| {_num(s.stats['s_per_round'].mean if 's_per_round' in s.stats else None)} "
-                f"| {_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)} | {scored(cell)} |")
+            reached = setting.target is not None
+            row = [entry.id, str(s.n_runs), *[_pm(s.stats.get(key)) for key in shown], ref_text, diff,
+                   _to_target(s.stats.get("rounds_to_target"), s.n_runs, 1) if reached else "–",
+                   _to_target(cell.uploads, s.n_runs, 0) if reached else "–",
+                   _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1) if reached else "–",
+                   _num(s.stats["s_per_round"].mean if "s_per_round" in s.stats else None),
+                   f"{_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)}", scored(cell)]
+            lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     commands = [f"    {cells[key].command}" for key in cells]
     if commands:
         lines += ["<details><summary>the main.py command of every row (seed r: add <code>-pv r -t r+1</code>)"
                   "</summary>", "", *commands, "", "</details>", ""]
     return lines
+
+
+def published_lines(suite: Suite) -> list[str]:
+    """The reference column of every setting, run or not: an algorithm a row, a setting a column."""
+    settings = [s for s in suite.settings if suite.reference.get(s.id)]
+    if not settings:
+        return []
+    lines = ["## Published figures", "",
+             f"The reference figures (percent, compared with *{FIGURE_HEADERS[METRICS[suite.metric]]}*), from "
+             "the source above; each profile's tables below set them beside the runs of their setting.", "",
+             "| algorithm | " + " | ".join(s.id for s in settings) + " |", "|---" * (len(settings) + 1) + "|"]
+    for entry in suite.algorithms:
+        values = [suite.reference[s.id].get(entry.id) for s in settings]
+        if any(v is not None for v in values):
+            lines.append(f"| {entry.id} | " + " | ".join("–" if v is None else f"{v:.2f}" for v in values) + " |")
+    return [*lines, ""]
 
 
 def machines_lines(results_dir: Path) -> list[str]:
@@ -532,14 +606,20 @@ def render(suite: Suite, results_dir: Path, out_dir: Path) -> Path:
              "## Commands", "", "```", *runs, f"python system/suite.py render {rel}", "```", "",
              "The data (one generator call per setting):", "", "```",
              *[" ".join(["python", f"dataset/generate_{s.generator}.py", *s.generate, "--out-dir",
-                         os.path.relpath(suite.data_dir(s), ROOT)]) for s in suite.settings], "```", "",
+                         os.path.relpath(suite.data_dir(s), ROOT)])
+               + ("" if s.profiles is None else f"   # profile {', '.join(s.profiles)}") for s in suite.settings],
+             "```", "",
              f"Seeds: {suite.seeds} (seed, seed + 1, ...); each figure is the mean ± population std over them. "
              "*best*: the highest test accuracy of a run over all its evaluations; *last*: the accuracy after the last "
-             "round; *mean of last 10*: the mean of the last 10 evaluations of trained models. "
-             f"The reference column is compared with *{suite.metric}*. *virtual s*: the virtual clock's reading when "
-             "the target is first reached; *MB up / down a round*: all clients' traffic per training round.", ""]
+             "round; *mean of last 10*: the mean of the last 10 evaluations of trained models"
+             + ("; *mean of last 10%*: the mean of the last 10% of them (at least one)" if suite.metric == "last10pct"
+                else "") + ". "
+             f"The reference column is compared with *{FIGURE_HEADERS[METRICS[suite.metric]]}*. *uploads*: the models "
+             "the clients sent in the training rounds before the target is first reached; *virtual s*: the virtual "
+             "clock's reading then; *MB up / down a round*: all clients' traffic per training round.", ""]
     if suite.notes:
         lines += [*[f"- {note}" for note in suite.notes], ""]
+    lines += published_lines(suite)
     lines += ["## Machines", "", *machines_lines(results_dir), ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     rendered = False
@@ -577,7 +657,7 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
             length = min(r.n_evals for r in cell.runs)
             acc = np.mean([r.series["rs_test_acc"][:length] for r in cell.runs], axis=0)
             ax.plot(cell.runs[0].eval_rounds[:length], 100 * acc, label=entry.id, linewidth=1.2)
-        ax.set_title(setting.label, fontsize=9)
+        ax.set_title(textwrap.fill(setting.label, 48), fontsize=8)
         ax.set_xlabel("round", fontsize=8)
         ax.set_ylabel("test accuracy (%)", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -80,10 +80,16 @@ def cli(tmp_path, *argv):
     (('lr = 0.05', 'learning_rat = 0.05'), "'learning_rat' is not a flag of main.py"),
     (('m = "DNN"', 'data = "MNIST"'), "data is set by the setting's data"),
     (('seeds = 1', 'seeds = "one"'), "seeds must be int"),
-    (('metric = "best"', 'metric = "top"'), "metric must be one of best, last, last10"),
+    (('metric = "best"', 'metric = "top"'), "metric must be one of best, last, last10, last10pct"),
     (("[check]", "[checks]"), "unknown table(s) checks"),
     (("local_momentum = 0.5", "mu = 0.5"), "[algorithms.FedNova] flags: mu is not a flag of FedNova"),
     (('generator = "Digits"', 'generator = "Digits"\ntarget = "high"'), "[settings.digits]: target must be float"),
+    (('generator = "Digits"', 'generator = "Digits"\nprofiles = ["gpu"]'),
+     "[settings.digits]: profiles names 'gpu', which is no profile; profiles: full, cpu"),
+    (('generator = "Digits"', 'generator = "Digits"\nprofiles = ["full"]'),
+     "[profiles.cpu]: no setting runs in it"),
+    (('metric = "best"', 'metric = "last10%"'), "metric must be one of best, last, last10, last10pct"),
+    (("local_momentum = 0.5", "adafl_frac_step = 5"), "adafl_frac_step is not a flag of FedNova"),
 ])
 def test_bad_suite_files_are_one_line_and_exit_2(tmp_path, capsys, edit, message):
     path = write_suite(tmp_path, TINY.replace(*edit))
@@ -128,7 +134,9 @@ def in_process(monkeypatch):
 
 
 def page_row(page: str, algorithm: str) -> list[str]:
-    row = next(line for line in page.splitlines() if line.startswith(f"| {algorithm} |"))
+    """The algorithm's row in the first profile's table (the published figures come before)."""
+    runs = page.split("## Profile", 1)[1]
+    row = next(line for line in runs.splitlines() if line.startswith(f"| {algorithm} |"))
     return [cell.strip() for cell in row.strip("|").split("|")]
 
 
@@ -163,9 +171,10 @@ def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process
         assert cells[3] == f"{100 * acc[-1]:.2f} ± 0.00"
         assert cells[4] == f"{100 * acc[1:].mean():.2f} ± 0.00"  # mean of the (fewer than 10) trained evaluations
         assert cells[7] == f"{reached:.1f}"
-        assert cells[9] == f"{seconds.mean():.2f}"
-        assert cells[10].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
-        assert "global model" in cells[11]
+        assert cells[8] == f"{3 * reached:.0f}"  # 3 clients upload in every round before it
+        assert cells[10] == f"{seconds.mean():.2f}"
+        assert cells[11].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
+        assert "global model" in cells[12]
     fedavg = page_row(page, "FedAvg")
     with h5py.File(tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5", "r") as f:
         best = 100 * f["rs_test_acc"][:].max()
@@ -202,10 +211,78 @@ def test_a_changed_setting_is_a_conflict_not_a_reuse(tmp_path, capsys, in_proces
 
 @pytest.mark.parametrize("path", SUITES, ids=[p.stem for p in SUITES])
 def test_shipped_suites_validate_and_plan(tmp_path, path):
+    """Every suite file in suites/ loads (an unknown key fails) and plans in each of its profiles (a flag
+    main.py or the algorithm does not know fails)."""
     loaded = suite.load_suite(path)
+    for profile in loaded.profiles:
+        runs = suite.plan(loaded, profile, tmp_path)
+        assert len(runs) == len(loaded.settings_of(profile)) * len(loaded.algorithms) * loaded.seeds > 0
+        assert {r.job.state for r in runs} == {"todo"}
     runs = suite.plan(loaded, "full", tmp_path)
-    assert len(runs) == len(loaded.settings) * len(loaded.algorithms) * loaded.seeds
-    assert {r.job.state for r in runs} == {"todo"}
     if loaded.check is not None:  # the stored curves are those of exactly these runs
         stored = json.loads((path.parent / loaded.check["curves"]).read_text())["curves"]
         assert sorted(stored) == sorted(r.key for r in runs)
+
+
+STAND_IN = TINY.replace("[algorithms.FedAvg]", """[settings.small]
+label = "Digits, 2 clients (a stand-in)"
+generator = "Digits"
+generate = ["noniid", "-", "dir", "--num-clients", "2", "--alpha", "1.0"]
+profiles = ["cpu"]
+
+[algorithms.FedAvg]""").replace('generate = ["noniid", "-", "dir", "--num-clients", "3", "--alpha", "1.0"]',
+                                'generate = ["noniid", "-", "dir", "--num-clients", "3", "--alpha", "1.0"]\nprofiles = ["full"]')
+
+
+def test_a_setting_runs_only_in_its_profiles(tmp_path):
+    loaded = suite.load_suite(write_suite(tmp_path, STAND_IN))
+    assert {r.setting.id for r in suite.plan(loaded, "full", tmp_path)} == {"digits"}
+    assert {r.setting.id for r in suite.plan(loaded, "cpu", tmp_path)} == {"small"}
+    assert loaded.settings_of("cpu")[0].runs_in("cpu") and not loaded.settings_of("cpu")[0].runs_in("full")
+
+
+def test_an_entrys_own_choices_bring_their_flags(tmp_path):
+    """select = "adafl" makes adafl_frac_step a flag of FedMix's entry; without it the flag is refused."""
+    text = TINY.replace("[algorithms.FedNova]\nflags = { local_momentum = 0.5 }",
+                        '[algorithms.FedMix-adafl]\nalgo = "FedMix"\nflags = { select = "adafl", adafl_frac_step = 5 }')
+    runs = suite.plan(suite.load_suite(write_suite(tmp_path, text)), "full", tmp_path)
+    argv = next(r.job.argv for r in runs if r.entry.id == "FedMix-adafl")
+    assert argv[argv.index("--adafl_frac_step") + 1] == "5" and argv[argv.index("--select") + 1] == "adafl"
+    with pytest.raises(suite.FLError, match="adafl_frac_step is not a flag of FedMix"):
+        suite.plan(suite.load_suite(write_suite(tmp_path, text.replace('select = "adafl", ', ''))), "full", tmp_path)
+
+
+def test_last10pct_metric_uploads_to_target_and_the_published_figures(tmp_path, in_process):
+    """The reference is compared with the mean of the last 10% of evaluations; uploads to the target
+    are the upload counts of the rounds before it; every reference is listed, run or not."""
+    text = (STAND_IN.replace('metric = "best"', 'metric = "last10pct"').replace("gr = 1\n", "gr = 2\n")
+            .replace("FedAvg = 50.0", "FedAvg = 50.0\n\n[reference.small]\nFedAvg = 40.0\nFedNova = 40.0"))
+    path = write_suite(tmp_path, text)
+    assert cli(tmp_path, "run", str(path), "--profile", "cpu", "--only", "small/FedAvg/*") == 0
+    out = tmp_path / "pages"
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    page = (out / "tiny.md").read_text()
+    published = page.split("## Published figures", 1)[1]
+    assert "| algorithm | digits | small |" in published and "| FedAvg | 50.00 | 40.00 |" in published
+    assert "| FedNova | – | 40.00 |" in published  # listed though FedNova never ran
+    assert "compared with *mean of last 10%*" in page
+    header = next(line for line in page.splitlines() if line.startswith("| algorithm | seeds"))
+    assert "mean of last 10% (cpu)" in header and "uploads to 20%" in header
+    cells = page_row(page, "FedAvg")
+    with h5py.File(tmp_path / "res" / "tiny-small_FedAvg_cpu_0.h5", "r") as f:
+        acc, clients = f["rs_test_acc"][:], f["rs_clients_per_round"][:]
+        rounds = f["rs_eval_rounds"][:]
+    assert cells[5] == f"{100 * acc[-1]:.2f} ± 0.00"  # 2 trained evaluations: the last 10% is the last one
+    assert cells[6] == "40.00" and cells[7] == f"{100 * acc[-1] - 40.0:+.2f}"
+    reached = rounds[np.argmax(acc >= 0.2)]
+    assert cells[9] == f"{clients[:reached].sum():.0f}"
+    assert page_row(page, "FedNova")[2] == "not run"
+
+
+def test_uploads_to_target_counts_the_rounds_before_it():
+    series = {"rs_test_acc": np.array([0.1, 0.3, 0.6]), "rs_clients_per_round": np.array([2.0, 5.0, 7.0])}
+    run = suite.RunResult(suite.ROOT, "d", "FedAvg", "g", 0, series, np.array([0, 1, 2]))
+    assert suite.uploads_to_target(run, 0.5) == 7.0  # round 2 reaches it: rounds 0 and 1 uploaded 2 + 5
+    assert np.isnan(suite.uploads_to_target(run, 0.9))
+    del series["rs_clients_per_round"]
+    assert suite.uploads_to_target(run, 0.5) is None
