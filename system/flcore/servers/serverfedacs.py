@@ -28,21 +28,9 @@ Deliberate choices (the paper does not say):
 * Per round the server records ``rs_fedacs_delta`` (δ) and ``rs_fedacs_kept`` (mean number of
   pool models, self included, that enter a u_i).
 
-Reproduction (the paper's data-scarce Fashion-MNIST setting: 100 clients, Dir 0.5, 50 training
-samples each, B = 10, lr 0.05; ``docs/results/seed-papers.md``, 3 seeds): the paper gives neither p,
-the model, E nor the number of rounds. FedACS's gain over Local is reproduced once the
-collaborative methods have converged: at 100 rounds with E = 1 it is 84.11 ± 0.03 with the DNN
-(the paper's 84.33 ± 0.35) and 82.60 ± 0.05 with the CNN, 4.9 and 5.0 points above Local; with E =
-5 it is 85.24 ± 0.07 already at 30 rounds (Local 79.32). At 30 rounds with E = 1 the gain is only
-0-1 point because FedACS has not converged and Local has; the paper's 8-point gap also rests on a
-Local 3 points weaker than ours (75.98 against 79.3). FedACS is above Per-FedAvg, pFedMe and APFL
-(DNN, 100 rounds: 84.11 against 81.58, 80.27, 79.90) and level with FedAMP (84.25; CNN 82.69
-against 82.60), but its claim to beat every pFL baseline is not reproduced: Ditto with λ = 0.1 and
-as many personal as local epochs is level with it or ahead in every setting measured (CNN, 100
-rounds: 82.53 vs 82.60; DNN, 100 rounds: 84.93 vs 84.11; DNN, E = 5, 30 rounds: 85.59 vs 85.24;
-CNN, E = 5, 30 rounds, 2 seeds: 83.75 vs 83.95), and FedACS leads only where Ditto is handicapped
-(one personal epoch against FedACS's five, or lr 0.01); the paper's Ditto-P is 78.79. p = 0.5
-stays the default: higher p helps at 30 rounds and hurts at 100.
+Reproduction: the paper's data-scarce Fashion-MNIST setting (100 clients, Dirichlet 0.5, 50
+training samples each) is ``suites/fedacs_scarce.toml``, its page ``docs/results/fedacs_scarce.md``.
+The paper gives neither p, the model, E nor the number of rounds; p = 0.5 is the default here.
 """
 from __future__ import annotations
 
