@@ -393,3 +393,20 @@ def write_tree(folder: Path, members: dict[str, bytes]) -> Path:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
     return folder
+
+
+def trains_one_round(folder, results, *flags: str) -> None:
+    """One round of ``system/main.py`` with a tiny LSTM on the generated ``folder`` writes one result
+    file with finite accuracies (a text dataset's end-to-end check)."""
+    import h5py
+    import numpy as np
+
+    import main as fl_main
+
+    code = fl_main.main(["-dev", "cpu", "--progress", "False", "-q", "-data", str(folder), "-m", "LSTM", "-fd", "8",
+                         "-gr", "1", *flags, "--results_dir", str(results)])
+    assert code == 0
+    found = sorted(results.glob("*.h5"))
+    assert len(found) == 1
+    with h5py.File(found[0]) as f:
+        assert np.isfinite(f["rs_test_acc"][()]).all()

@@ -15,7 +15,7 @@ import zipfile
 import numpy as np
 import pytest
 from conftest import REPO
-from datagen_helpers import LocalServer, read_config
+from datagen_helpers import LocalServer, read_config, trains_one_round
 
 from datagen import sent140
 from datagen.layout import open_packed
@@ -150,19 +150,11 @@ def test_options_are_checked(tmp_path):
 
 
 def test_generated_dataset_trains_one_round_of_main(tmp_path):
-    import main as fl_main
     raw = make_zip(tmp_path / "raw")
     out = tmp_path / "Sent140"
     proc = run_script("--raw-dir", str(raw), "--min-samples", "2", "--max-len", "6", "--out-dir", str(out))
     assert proc.returncode == 0, proc.stderr
-    code = fl_main.main(["-dev", "cpu", "--progress", "False", "-q", "-data", str(out), "-m", "LSTM", "-fd", "8",
-                         "-nc", "4", "-gr", "1", "-lbs", "2", "--results_dir", str(tmp_path / "res")])
-    assert code == 0
-    results = sorted((tmp_path / "res").glob("*.h5"))
-    assert len(results) == 1
-    import h5py
-    with h5py.File(results[0]) as f:
-        assert np.isfinite(f["rs_test_acc"][()]).all()
+    trains_one_round(out, tmp_path / "res", "-nc", "4", "-lbs", "2")
 
 
 def test_the_sample_cap_and_few_shot_apply_to_training_tweets_only(tmp_path):

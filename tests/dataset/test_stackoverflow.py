@@ -16,7 +16,7 @@ import tarfile
 import numpy as np
 import pytest
 from conftest import REPO
-from datagen_helpers import LocalServer, read_config
+from datagen_helpers import LocalServer, read_config, trains_one_round
 
 from datagen import download, stackoverflow
 from datagen.errors import ReadError
@@ -272,19 +272,11 @@ def test_counts_without_num_examples_are_counted_and_a_missing_index_is_named(tm
 
 
 def test_generated_dataset_trains_one_round_of_main(tmp_path):
-    import main as fl_main
     raw = make_raw(tmp_path / "raw", compress=False)
     out = tmp_path / "StackOverflow"
     proc = run_script("--raw-dir", str(raw), "--vocab-size", "7", "--max-len", "5", "--out-dir", str(out))
     assert proc.returncode == 0, proc.stderr
-    code = fl_main.main(["-dev", "cpu", "--progress", "False", "-q", "-data", str(out), "-m", "LSTM", "-fd", "8",
-                         "-nc", "3", "-gr", "1", "-lbs", "4", "--results_dir", str(tmp_path / "res")])
-    assert code == 0
-    results = sorted((tmp_path / "res").glob("*.h5"))
-    assert len(results) == 1
-    import h5py
-    with h5py.File(results[0]) as f:
-        assert np.isfinite(f["rs_test_acc"][()]).all()
+    trains_one_round(out, tmp_path / "res", "-nc", "3", "-lbs", "4")
 
 
 def test_a_population_of_many_classes_keeps_the_label_counts_of_the_pictures_clients(tmp_path, monkeypatch, capsys):
