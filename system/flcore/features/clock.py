@@ -456,7 +456,7 @@ class VirtualClock(RoundPlugin):
     @property
     def profiles(self) -> Profiles:
         """Every client's speeds (all drawn) and availability."""
-        self._all_speeds()
+        self._draw_missing(np.arange(len(self._profiles.compute)))
         return self._profiles
 
     @functools.cached_property
