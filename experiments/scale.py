@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=60, help="Synthetic's feature dimension")
     parser.add_argument("--out", type=Path, default=REPO / "experiments" / "out" / "scale")
     args = parser.parse_args(argv)
+    args.out = args.out.resolve()  # the generator and main.py run in their own folders
     if args.rounds < 2 or min(args.populations) < 1 or min(args.cohorts) < 1 or args.eval_clients < 0:
         print("error: --rounds must be at least 2, populations and cohorts at least 1", file=sys.stderr)
         return 2

@@ -5,6 +5,7 @@ Run from the repository root (or anywhere)::
     python system/suite.py run suites/niid_bench.toml [--profile cpu|full] [--shard i/n] [--jobs J]
     python system/suite.py render suites/niid_bench.toml     # -> docs/results/niid_bench.md (+ a figure)
     python system/suite.py check suites/ci.toml              # stored curves, within the suite's tolerance
+    python system/suite.py store suites/niid_bench.toml      # keep the finished runs behind the page
 
 A suite names its settings (a dataset generator call each), the algorithms with their flags, the
 seeds and the published figures to compare with::
@@ -33,17 +34,27 @@ an interrupted run resumes from its checkpoint, and ``--shard i/n`` takes every 
 i-th, so n processes or machines share a suite (results are files: copy them into one folder).
 Data go to ``dataset/<suite>-<setting>`` (the generator's own download, or ``--raw-dir NAME=DIR``),
 results to ``results/<suite>/`` (``--results_dir``), with the machines that ran them.
+
+The runs behind a shipped page are kept in the repository: ``store`` copies every finished run
+(its h5 file) and the machine record from the results folder into ``runs/<suite>/`` beside the
+suite file (``suites/runs/niid_bench/``). ``run`` and ``render`` count a stored run as done, so a
+page is rendered again from the files its numbers came from and runs made on other machines or
+days add up; ``--no-stored`` ignores them (an independent rerun: ``run --no-stored --results_dir
+results/mine``, then ``render --no-stored --results_dir results/mine --out DIR``). ``check``
+never reads them: it compares the runs made here.
 Exit status: 0; 1 when a run failed or conflicted, or ``check`` found a changed number; 2 on a bad
 suite file or command line; 130 when interrupted.
 """
 from __future__ import annotations
 
 import argparse
+import filecmp
 import fnmatch
 import json
 import os
 import platform
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -146,6 +157,11 @@ class Suite:
 
     def goal(self, profile: str, entry: Entry) -> str:
         return profile if entry.id == entry.algo else f"{profile}-{entry.id}"
+
+    @property
+    def stored_dir(self) -> Path:
+        """Where the runs behind the suite's page are kept: ``runs/<suite>/`` beside the suite file."""
+        return self.path.parent / "runs" / self.name
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,15 +311,27 @@ class Planned:
     setting: Setting
     entry: Entry
     job: sweep.Job
+    stored: bool = False  # done by a run among the suite's stored runs
 
     @property
     def key(self) -> str:
         return f"{self.setting.id}/{self.entry.id}/{self.job.run}"
 
 
-def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1) -> list[Planned]:
+def plan(suite: Suite, profile: str, results_dir: Path, jobs: int = 1, stored: bool = False) -> list[Planned]:
     """Every run of the profile, in a fixed order (settings, then algorithms, then seeds), each
-    marked todo, done, failed or in conflict (sweep.py's states). Nothing runs; no data is read."""
+    marked todo, done, failed or in conflict (sweep.py's states). With ``stored``, a run that is to
+    do in ``results_dir`` but finished among the suite's stored runs is done, its path the stored
+    file. Nothing runs; no data is read."""
+    out = _plan(suite, profile, results_dir, jobs)
+    if stored and suite.stored_dir.is_dir() and suite.stored_dir.resolve() != results_dir.resolve():
+        for run, kept in zip(out, _plan(suite, profile, suite.stored_dir, jobs)):
+            if run.job.state == "todo" and kept.job.state == "done":
+                run.job.state, run.job.path, run.stored = "done", kept.job.path, True
+    return out
+
+
+def _plan(suite: Suite, profile: str, results_dir: Path, jobs: int) -> list[Planned]:
     common = profile_flags(suite, profile)
     threads = max(1, (os.cpu_count() or 1) // jobs)
     head = ["--progress", "False", "--num_threads", str(threads), "-q", "True"]
@@ -403,13 +431,16 @@ def only(runs: list[Planned], patterns: Sequence[str]) -> list[Planned]:
 
 
 def run_suite(suite: Suite, profile: str, results_dir: Path, shard_spec: str | None, jobs: int,
-              raw_dirs: dict[str, str], patterns: Sequence[str] = ()) -> int:
-    planned = [p.job for p in shard(only(plan(suite, profile, results_dir, jobs), patterns), shard_spec)]
+              raw_dirs: dict[str, str], patterns: Sequence[str] = (), stored: bool = True) -> int:
+    runs = shard(only(plan(suite, profile, results_dir, jobs, stored), patterns), shard_spec)
+    planned = [p.job for p in runs]
     counts = {state: sum(j.state.split(":")[0] == state for j in planned) for state in ("todo", "done", "conflict")}
     failed = [j for j in planned if j.state == sweep.FAILED]
+    kept = sum(p.stored for p in runs)
     print(f"{suite.name} ({profile}{', shard ' + shard_spec if shard_spec else ''}): {len(planned)} runs, "
-          f"{counts['done']} done earlier, {counts['todo']} to run, {len(failed)} failed earlier, "
-          f"{counts['conflict']} in conflict", flush=True)
+          f"{counts['done']} done earlier"
+          + (f" ({kept} of them stored in {_shown_path(suite.stored_dir)}; --no-stored reruns them)" if kept else "")
+          + f", {counts['todo']} to run, {len(failed)} failed earlier, {counts['conflict']} in conflict", flush=True)
     problems = [f"{j.name}: {j.state}" for j in planned if j.state not in ("todo", "done")]
     todo = [j for j in planned if j.state == "todo"]
     if todo:
@@ -440,10 +471,10 @@ class Cell:
     command: str = ""
 
 
-def collect(suite: Suite, profile: str, results_dir: Path) -> dict[tuple[str, str], Cell]:
+def collect(suite: Suite, profile: str, results_dir: Path, stored: bool = False) -> dict[tuple[str, str], Cell]:
     """(setting id, algorithm id) -> its finished runs of ``profile`` (none: absent)."""
     cells: dict[tuple[str, str], Cell] = {}
-    for run in plan(suite, profile, results_dir):
+    for run in plan(suite, profile, results_dir, stored=stored):
         if run.job.state != "done":
             continue
         cell = cells.setdefault((run.setting.id, run.entry.id), Cell([]))
@@ -588,18 +619,36 @@ def published_lines(suite: Suite) -> list[str]:
     return [*lines, ""]
 
 
-def machines_lines(results_dir: Path) -> list[str]:
-    path = results_dir / "machines.json"
-    if not path.is_file():
+def machines_of(*folders: Path) -> dict[str, Any]:
+    """host -> its record, from the ``machines.json`` of each folder that has one (later folders win)."""
+    machines: dict[str, Any] = {}
+    for folder in folders:
+        path = folder / "machines.json"
+        if path.is_file():
+            machines.update(json.loads(path.read_text()))
+    return machines
+
+
+def machines_lines(*folders: Path) -> list[str]:
+    machines = machines_of(*folders)
+    if not machines:
         return ["No machine record (`machines.json`) beside the results."]
-    machines = json.loads(path.read_text())
     return [f"- `{host}`: {m.get('cpu')} ({m.get('cores')} cores{', ' + m['gpu'] if m.get('gpu') else ''}), "
             f"{m.get('os')}; Python {m.get('python')}, torch {m.get('torch')}, numpy {m.get('numpy')}"
             for host, m in sorted(machines.items())]
 
 
-def render(suite: Suite, results_dir: Path, out_dir: Path) -> Path:
-    """Write ``<out_dir>/<suite>.md`` (and a figure per profile with results); returns the page."""
+def _shown_path(path: Path) -> str:
+    """A path as a page shows it: relative to the repository when inside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) -> Path:
+    """Write ``<out_dir>/<suite>.md`` (and a figure per profile with results); returns the page.
+    With ``stored``, the suite's stored runs count where ``results_dir`` has no run of their own."""
     rel = os.path.relpath(suite.path.resolve(), ROOT)
     runs = [f"python system/suite.py run {rel}" + ("" if p == "full" else f" --profile {p}") for p in suite.profiles]
     lines = [f"# {suite.title}", "", suite.about, "", f"Source of the setting and the reference column: {suite.source}", "",
@@ -620,11 +669,16 @@ def render(suite: Suite, results_dir: Path, out_dir: Path) -> Path:
     if suite.notes:
         lines += [*[f"- {note}" for note in suite.notes], ""]
     lines += published_lines(suite)
-    lines += ["## Machines", "", *machines_lines(results_dir), ""]
+    stored = stored and suite.stored_dir.is_dir()
+    if stored:
+        lines += [f"The result files behind every number below are in `{_shown_path(suite.stored_dir)}/` (h5; "
+                  "`python system/summarize.py` and `python system/report.py` read them); `run` counts them as done "
+                  "(`--no-stored` reruns them).", ""]
+    lines += ["## Machines", "", *machines_lines(*([suite.stored_dir] if stored else []), results_dir), ""]
     out_dir.mkdir(parents=True, exist_ok=True)
     rendered = False
     for profile in suite.profiles:
-        cells = collect(suite, profile, results_dir)
+        cells = collect(suite, profile, results_dir, stored)
         if not cells:
             continue
         rendered = True
@@ -670,6 +724,50 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# Keeping the runs behind a page
+# --------------------------------------------------------------------------------------------
+
+def store(suite: Suite, results_dir: Path, replace: bool = False) -> int:
+    """Copy every finished run of every profile from ``results_dir`` into the suite's stored runs,
+    with the machines that made them. A stored file that differs from the new run is kept unless
+    ``replace`` (one line names them)."""
+    target = suite.stored_dir
+    if target.resolve() == results_dir.resolve():
+        raise FLError(f"--results_dir {results_dir} is the stored runs' folder itself; store copies from another")
+    copied, same, differ = 0, 0, []
+    for profile in suite.profiles:
+        for run in plan(suite, profile, results_dir):
+            if run.job.state != "done":
+                continue
+            dest = target / run.job.path.name
+            if dest.is_file() and filecmp.cmp(run.job.path, dest, shallow=False):
+                same += 1
+                continue
+            if dest.is_file() and not replace:
+                differ.append(run.key)
+                continue
+            target.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            shutil.copyfile(run.job.path, tmp)
+            tmp.replace(dest)
+            copied += 1
+    if not copied and not same and not differ:
+        raise FLError(f"{suite.path}: no finished run in {results_dir}; run it first: python system/suite.py run {suite.path}")
+    if copied:
+        machines = machines_of(target, results_dir)
+        tmp = target / "machines.json.tmp"
+        tmp.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
+        tmp.replace(target / "machines.json")
+    print(f"{PROG}: stored {copied} run(s) in {_shown_path(target)}, {same} there already")
+    if differ:
+        print(f"{PROG}: {len(differ)} run(s) differ from the stored ones and were left alone "
+              f"({', '.join(differ[:3])}{', ...' if len(differ) > 3 else ''}); --replace stores the new ones",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -735,13 +833,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run the suite's runs that are not done"), ("render", "write docs/results/<suite>.md"),
-                       ("check", "compare the runs' curves with the stored ones")):
+                       ("check", "compare the runs' curves with the stored ones"),
+                       ("store", "keep the finished runs in runs/<suite>/ beside the suite file")):
         sub = commands.add_parser(name, help=text, allow_abbrev=False)
         sub.add_argument("suite", help="the suite file, e.g. suites/niid_bench.toml")
         sub.add_argument("--results_dir", "--results-dir", default=None,
                          help="where the suite's results are (default results/<suite>)")
         sub.add_argument("--data_dir", "--data-dir", default=None,
                          help="where the suite's data folders are (default dataset/)")
+        if name in ("run", "render"):
+            sub.add_argument("--no-stored", "--no_stored", dest="stored", action="store_false",
+                             help="ignore the runs kept in runs/<suite>/ beside the suite file")
+        if name == "store":
+            sub.add_argument("--replace", action="store_true", help="replace stored runs that differ from the new ones")
         if name == "run":
             sub.add_argument("--profile", default="full", help="the profile to run (default full)")
             sub.add_argument("--shard", default=None, metavar="i/n", help="run every n-th run from the i-th")
@@ -777,11 +881,14 @@ def command(args: argparse.Namespace) -> int:
     if args.command == "run":
         if args.jobs < 1:
             raise FLError("--jobs must be >= 1")
-        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir), args.only)
+        status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir),
+                           args.only, args.stored)
         return status or (check(suite, results_dir) if args.check else 0)
     if args.command == "render":
-        print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out))}")
+        print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out), args.stored)}")
         return 0
+    if args.command == "store":
+        return store(suite, results_dir, args.replace)
     return check(suite, results_dir, args.update)
 
 

@@ -286,3 +286,44 @@ def test_uploads_to_target_counts_the_rounds_before_it():
     assert np.isnan(suite.uploads_to_target(run, 0.9))
     del series["rs_clients_per_round"]
     assert suite.uploads_to_target(run, 0.5) is None
+
+
+def test_stored_runs_render_the_page_again_and_count_as_done(tmp_path, capsys, in_process):
+    """``store`` keeps the finished runs beside the suite file; in a checkout without the results
+    folder, ``run`` reruns none of them and ``render`` makes the page from them; ``--no-stored``
+    ignores them; a stored run that differs is kept unless ``--replace``; ``check`` never reads them."""
+    ran, _ = in_process
+    path = write_suite(tmp_path)
+    assert cli(tmp_path, "store", str(path)) == 2  # nothing finished yet
+    assert "no finished run" in capsys.readouterr().err
+    assert cli(tmp_path, "run", str(path)) == 0 and ran == ["FedAvg", "FedNova"]
+    assert cli(tmp_path, "store", str(path)) == 0
+    kept = tmp_path / "runs" / "tiny"
+    assert sorted(f.name for f in kept.glob("*.h5")) == ["tiny-digits_FedAvg_full_0.h5", "tiny-digits_FedNova_full_0.h5"]
+    assert json.loads((kept / "machines.json").read_text())
+    assert cli(tmp_path, "store", str(path)) == 0 and "stored 0 run(s)" in capsys.readouterr().out
+
+    for f in (tmp_path / "res").iterdir():  # a fresh checkout: the results folder is gone
+        if f.is_file():
+            f.unlink()
+    assert cli(tmp_path, "run", str(path)) == 0 and ran == ["FedAvg", "FedNova"]  # nothing reruns
+    assert "2 done earlier (2 of them stored in" in capsys.readouterr().out
+    out = tmp_path / "pages"
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    page = (out / "tiny.md").read_text()
+    assert "behind every number below are in" in page and "## Machines" in page and "No machine record" not in page
+    with h5py.File(kept / "tiny-digits_FedAvg_full_0.h5", "r") as f:
+        best = 100 * f["rs_test_acc"][:].max()
+    assert page_row(page, "FedAvg")[2] == f"{best:.2f} ± 0.00"
+    assert cli(tmp_path, "check", str(path), "--update") == 2  # the CI check compares runs made here only
+    assert "no finished run" in capsys.readouterr().err
+    assert cli(tmp_path, "render", str(path), "--out", str(out), "--no-stored") == 2
+
+    assert cli(tmp_path, "run", str(path), "--no-stored", "--only", "digits/FedAvg/*") == 0
+    assert ran == ["FedAvg", "FedNova", "FedAvg"]
+    before = (kept / "tiny-digits_FedAvg_full_0.h5").read_bytes()
+    assert cli(tmp_path, "store", str(path)) == 1  # the rerun's file differs (its times): kept, and said
+    assert "1 run(s) differ from the stored ones" in capsys.readouterr().err
+    assert (kept / "tiny-digits_FedAvg_full_0.h5").read_bytes() == before
+    assert cli(tmp_path, "store", str(path), "--replace") == 0
+    assert (kept / "tiny-digits_FedAvg_full_0.h5").read_bytes() == (tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5").read_bytes()
