@@ -44,7 +44,7 @@ from .layout import FORMATS, LAYOUTS, NPZ_FORMAT, PACKED_ABOVE, PACKED_FILES, WR
 from .lock import writing
 from .out_dir import output_folder
 from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, make_partition, train_test_split)
-from .picture import save_partition_png, summary_lines
+from .picture import Population, label_skew, save_partition_png, summary_lines
 from .sources import Loader, RawDataset
 from .synthetic import SIZE_LOG_MEAN, SIZE_LOG_STD, SIZE_MIN, synthetic_clients, synthetic_sizes
 
@@ -265,18 +265,22 @@ PICTURE_CLIENTS = 1000
 #: (clients x classes) label counts held for the summary of a packed population (64 MB of int32);
 #: above it, only the first PICTURE_CLIENTS clients' counts and every client's size and class count
 FULL_COUNTS_LIMIT = 1 << 24
+#: (clients x classes) label counts read back at a time for a packed population's label skew (2 MB)
+SKEW_ENTRIES = 1 << 18
 
 
-def print_client_stats(counts: np.ndarray, limit: int | None = None) -> None:
-    """PFLlib's per-client summary lines (of the first ``limit`` clients, if given)."""
+def print_client_stats(counts: np.ndarray, limit: int | None = None, total_clients: int | None = None) -> None:
+    """PFLlib's per-client summary lines (of the first ``limit`` clients, if given; ``counts`` may
+    hold only the first of ``total_clients``)."""
     shown = counts if limit is None else counts[:limit]
     for client, row in enumerate(shown):
         labels = np.flatnonzero(row)
         print(f"Client {client}\t Size of data: {int(row.sum())}\t Labels: ", labels)
         print("\t\t Samples of labels: ", [(int(k), int(row[k])) for k in labels])
         print("-" * 50)
-    if len(shown) < len(counts):
-        print(f"... and {len(counts) - len(shown)} more clients")
+    total = len(counts) if total_clients is None else total_clients
+    if len(shown) < total:
+        print(f"... and {total - len(shown)} more clients")
 
 
 def _split_clients(parts: Sequence[np.ndarray], shared_test: np.ndarray | None,
@@ -411,15 +415,18 @@ def write_clients(out_dir: Path, options: dict[str, Any], clients: Iterable[tupl
         except OSError as exc:  # a full disk, a folder made read-only meanwhile
             raise DatasetError(f"cannot write {exc.filename or out_dir} ({exc.strerror or exc}); "
                                f"free some space or pass another --out-dir") from None
-        train_sizes, test_sizes, label_matrix = stats["train_sizes"], stats["test_sizes"], stats["labels"]
-        print_client_stats(label_matrix, None if layout == "npz" else PRINTED_CLIENTS)
-        print("Total number of samples:", int(train_sizes.sum() + test_sizes.sum()))
+        label_matrix = stats["labels"]
+        print_client_stats(label_matrix, None if layout == "npz" else PRINTED_CLIENTS,
+                           total_clients=num_clients)
         if layout == "npz":
+            train_sizes, test_sizes = stats["train_sizes"], stats["test_sizes"]
+            print("Total number of samples:", int(train_sizes.sum() + test_sizes.sum()))
             print("The number of train samples:", train_sizes.tolist())
             print("The number of test samples:", test_sizes.tolist())
         else:
-            print(f"The number of train samples: {int(train_sizes.sum())} (packed: "
-                  f"{out_dir / 'train'}), test samples: {int(test_sizes.sum())}")
+            print("Total number of samples:", stats["train_rows"] + stats["test_rows"])
+            print(f"The number of train samples: {stats['train_rows']} (packed: "
+                  f"{out_dir / 'train'}), test samples: {stats['test_rows']}")
         config = {
             "num_clients": num_clients, "num_classes": num_classes,
             "non_iid": options["non_iid"], "balance": options["balance"],
@@ -455,18 +462,23 @@ def write_clients(out_dir: Path, options: dict[str, Any], clients: Iterable[tupl
 
 
 def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]], num_clients: int,
-               num_classes: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Every client through ``writer``: (the writer's config keys, label counts and sizes)."""
+               num_classes: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every client through ``writer``: (the writer's config keys, label counts and sizes).
+
+    The npz layout's statistic needs every client's counts, held as they come. A packed population
+    holds those of the clients the picture draws, and for the rest only running figures (classes
+    per client, each class's count) beside the writer's offsets: nothing else grows with the
+    population. Its label skew is then computed from the written labels, read back in blocks of
+    clients, unless clients x classes passes FULL_COUNTS_LIMIT (StackOverflow's 10,004 words):
+    it is then that of the pictured clients."""
     print(f"\nSaving to {out_dir} ({writer.layout} layout)")
     _prepare_out_dir(out_dir)
-    # The npz layout's statistic needs every client's counts; a packed population of many classes
-    # (StackOverflow's 10,004 words) keeps those of the clients the picture draws.
-    counted = num_clients if writer.layout == "npz" or num_clients * num_classes <= FULL_COUNTS_LIMIT \
-        else min(num_clients, PICTURE_CLIENTS)
-    labels = np.zeros((counted, num_classes), dtype=np.int64 if num_clients <= PACKED_ABOVE else np.int32)
+    packed = writer.layout != "npz"
+    counted = min(num_clients, PICTURE_CLIENTS) if packed else num_clients
+    labels = np.zeros((counted, num_classes), dtype=np.int64)
     overall = np.zeros(num_classes, dtype=np.int64)
-    held = np.zeros(num_clients, dtype=np.int64)
-    sizes = {split: np.zeros(num_clients, dtype=np.int64) for split in ("train", "test")}
+    held_min, held_sum, held_max = num_classes, 0, 0
+    sizes = {split: [] for split in ("train", "test")}
     written = 0
     try:
         for client, (train_x, train_y, test_x, test_y) in enumerate(clients):
@@ -474,11 +486,13 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
             for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
                 writer.add(client, split, x, y)
                 mine += np.bincount(y, minlength=num_classes)[:num_classes]
-                sizes[split][client] = len(y)
+                if not packed:
+                    sizes[split].append(len(y))
             if client < counted:
                 labels[client] = mine
             overall += mine
-            held[client] = np.count_nonzero(mine)
+            held = int(np.count_nonzero(mine))
+            held_min, held_sum, held_max = min(held_min, held), held_sum + held, max(held_max, held)
             written += 1
         if written != num_clients:
             raise DatasetError(f"{written} clients written, {num_clients} expected")
@@ -486,8 +500,15 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
     except BaseException:
         writer.discard()
         raise
-    return keys, {"labels": labels, "train_sizes": sizes["train"], "test_sizes": sizes["test"],
-                  "totals": None if counted == num_clients else (sizes["train"] + sizes["test"], held, overall)}
+    if not packed:
+        return keys, {"labels": labels, "train_sizes": np.asarray(sizes["train"], dtype=np.int64),
+                      "test_sizes": np.asarray(sizes["test"], dtype=np.int64), "totals": None}
+    skew = None
+    if num_clients * num_classes <= FULL_COUNTS_LIMIT:
+        tv, over = label_skew(writer.label_counts(num_classes, max(1, SKEW_ENTRIES // num_classes)), overall)
+        skew = tv / max(over, 1)
+    totals = Population(writer.sizes(), (held_min, held_sum / max(num_clients, 1), held_max), overall, skew)
+    return keys, {"labels": labels, "train_rows": keys["train_rows"], "test_rows": keys["test_rows"], "totals": totals}
 
 
 def _one_line(exc: BaseException) -> str:

@@ -28,7 +28,7 @@ import hashlib
 import os
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -150,6 +150,33 @@ class PackedWriter:
         for files in self.files.values():
             for appender in files:
                 appender.discard()
+
+    def sizes(self) -> np.ndarray:
+        """Samples per client written so far, both splits together."""
+        train, test = (np.diff(np.frombuffer(self.offsets[split], dtype=np.int64)) for split in SPLITS)
+        return train + test
+
+    def label_counts(self, num_classes: int, block: int) -> Iterator[np.ndarray]:
+        """After :meth:`finish`: the ``[clients, classes]`` label counts of both splits, ``block``
+        clients at a time, read back from the written ``y.npy`` files with plain reads (no mapping,
+        so the pages read are not the process's resident memory)."""
+        offsets = {split: np.frombuffer(self.offsets[split], dtype=np.int64) for split in SPLITS}
+        clients = len(offsets["train"]) - 1
+        handles = {split: open(self.out_dir / split / "y.npy", "rb") for split in SPLITS}
+        try:
+            for start in range(0, clients, block):
+                stop = min(clients, start + block)
+                counts = np.zeros((stop - start) * num_classes, dtype=np.int64)
+                for split, handle in handles.items():
+                    first, last = int(offsets[split][start]), int(offsets[split][stop])
+                    handle.seek(_HEADER_BYTES + 8 * first)
+                    labels = np.fromfile(handle, dtype=np.int64, count=last - first)
+                    owner = np.repeat(np.arange(stop - start), np.diff(offsets[split][start:stop + 1]))
+                    counts += np.bincount(owner * num_classes + labels, minlength=len(counts))
+                yield counts.reshape(stop - start, num_classes)
+        finally:
+            for handle in handles.values():
+                handle.close()
 
 
 def save_npz(path: Path, x: np.ndarray, y: np.ndarray) -> None:

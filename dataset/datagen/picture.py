@@ -9,8 +9,9 @@ for a numeric skew parameter (``--feature-skew``: angle, noise level, jitter).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -31,33 +32,55 @@ def count_matrix(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: i
         if len(parts) else np.zeros((0, num_classes), dtype=np.int64)
 
 
+@dataclass
+class Population:
+    """What the summary says of a population whose label counts are not all held: every client's
+    size, the classes per client (min, mean, max), every class's count and, when it could be
+    computed from all clients (:func:`label_skew`), the mean label skew."""
+
+    sizes: np.ndarray
+    held: tuple[int, float, int]
+    class_totals: np.ndarray
+    skew: float | None = None
+
+
+def label_skew(blocks: Iterable[np.ndarray], class_totals: np.ndarray) -> tuple[float, int]:
+    """(sum, clients) of the total-variation distance of each client's label distribution from
+    the global one, over ``[clients, classes]`` count blocks: 0 for IID clients, near 1 for clients
+    holding classes that are rare overall."""
+    overall = class_totals / max(class_totals.sum(), 1)
+    total, clients = 0.0, 0
+    for counts in blocks:
+        local = np.maximum(counts.sum(axis=1), 1)[:, None]
+        total += float((0.5 * np.abs(counts / local - overall).sum(axis=1)).sum())
+        clients += len(counts)
+    return total, clients
+
+
 def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None, *,
-                  totals: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> list[str]:
+                  totals: Population | None = None) -> list[str]:
     """A few lines describing sizes, classes per client and label skew.
 
-    ``totals`` (every client's size and class count, every class's count) is given when
-    ``counts`` holds only the first clients' rows; the label skew is then theirs."""
+    ``totals`` is given when ``counts`` holds only the first clients' rows; the label skew is then
+    theirs unless ``totals`` has that of all clients."""
     if totals is None:
-        sizes, held, class_totals = counts.sum(axis=1), (counts > 0).sum(axis=1), counts.sum(axis=0)
-    else:
-        sizes, held, class_totals = totals
-    total = class_totals.sum()
-    overall = class_totals / max(total, 1)
-    local = counts.sum(axis=1)
-    # Total-variation distance of each client's label distribution from the global one:
-    # 0 for IID clients, near 1 for clients holding classes that are rare overall (in blocks of
-    # clients, so a population's float copies never exist at once).
-    block = max(1, SUMMARY_ENTRIES // max(counts.shape[1], 1))
-    tv = np.concatenate([0.5 * np.abs(counts[i:i + block] / np.maximum(local[i:i + block], 1)[:, None]
-                                      - overall).sum(axis=1)
-                         for i in range(0, len(counts), block)]) if len(counts) else np.zeros(0)
+        held = (counts > 0).sum(axis=1)
+        totals = Population(counts.sum(axis=1), (int(held.min()), float(held.mean()), int(held.max())),
+                            counts.sum(axis=0))
+    sizes, held, class_totals = totals.sizes, totals.held, totals.class_totals
+    if totals.skew is not None:
+        skew, over = totals.skew, len(sizes)
+    else:  # in blocks of clients, so a population's float copies never exist at once
+        block = max(1, SUMMARY_ENTRIES // max(counts.shape[1], 1))
+        tv, over = label_skew((counts[i:i + block] for i in range(0, len(counts), block)), class_totals)
+        skew = tv / max(over, 1)
     lines = [
-        f"Partition summary: {len(sizes)} clients, {int(total)} samples, {len(class_totals)} classes",
+        f"Partition summary: {len(sizes)} clients, {int(class_totals.sum())} samples, {len(class_totals)} classes",
         f"  samples per client: min {int(sizes.min())}, median {int(np.median(sizes))}, "
         f"max {int(sizes.max())}",
-        f"  classes per client: min {int(held.min())}, mean {held.mean():.1f}, max {int(held.max())}",
-        f"  label skew (total variation from the global label mix, 0 = IID): mean {tv.mean():.3f}"
-        + (f" over the first {len(counts)} clients" if len(counts) < len(sizes) else ""),
+        f"  classes per client: min {held[0]}, mean {held[1]:.1f}, max {held[2]}",
+        f"  label skew (total variation from the global label mix, 0 = IID): mean {skew:.3f}"
+        + (f" over the first {over} clients" if over < len(sizes) else ""),
     ]
     if domains is not None:
         values = list(domains)
