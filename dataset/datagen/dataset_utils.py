@@ -515,7 +515,7 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 
 
-def _guarded(run: Callable[[], int]) -> int:
+def guarded(run: Callable[[], int]) -> int:
     """Run ``run()``; report our errors as one ``error:`` line and exit status 2."""
     try:
         return run()
@@ -623,7 +623,7 @@ def main(argv: Sequence[str] | None, name: str, load: Loader | None, script_dir:
             return generate(args, name, load, script_dir, num_classes)
         loader, classes, extra = bind(args)
         return generate(args, name, loader, script_dir, classes, extra)
-    return _guarded(run)
+    return guarded(run)
 
 
 def synthetic_folder_name(alpha: float, beta: float, iid: bool) -> str:
@@ -711,4 +711,4 @@ def generate_synthetic_dataset(args: argparse.Namespace, script_dir: Path) -> in
 def main_synthetic(argv: Sequence[str] | None, script_dir: Path) -> int:
     """Entry point of ``generate_Synthetic.py``."""
     args = build_synthetic_parser().parse_args(argv)
-    return _guarded(lambda: generate_synthetic_dataset(args, script_dir))
+    return guarded(lambda: generate_synthetic_dataset(args, script_dir))

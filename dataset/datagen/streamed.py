@@ -30,8 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .dataset_utils import NATURAL, build_parser, check_split_sizes, is_generated, partition_options, write_clients
-from .dataset_utils import _guarded as guarded
+from .dataset_utils import NATURAL, build_parser, check_split_sizes, guarded, is_generated, partition_options, write_clients
 from .errors import DatasetError
 from .out_dir import output_folder
 from .partition import cap_samples, few_shot, train_test_split
