@@ -101,7 +101,8 @@ BUSY = ("train", "skip", "unselectable")
 #: how a round's delays are drawn (module docstring)
 DELAY_DRAWS = ("uniform", "each")
 #: what a delayed upload keeps of itself while in flight (the rest is rebuilt)
-KEPT = ("index", "num_samples", "num_steps", "params", "loss", "samples_processed", "attacker", "shared_numel")
+KEPT = ("index", "num_samples", "num_steps", "params", "loss", "extras", "uploads_params", "samples_processed",
+        "attacker", "shared_numel")
 
 
 def delay_of(seed: int, most: int, rnd: int, client: int) -> int:
