@@ -433,24 +433,20 @@ class VirtualClock(RoundPlugin):
             p.compute[missing], p.down[missing], p.up[missing] = drawn_speeds(self.args, [clients[i].cid for i in missing])
 
     def speeds_of(self, index: int) -> tuple[float, float, float]:
-        """Client ``index``'s effective (compute, down, up) speeds, drawn the first time they are
-        needed; -tsr's and -ssr's slow factors applied (computed when asked: no array per client)."""
-        p, args = self._profiles, self.args
-        if math.isnan(p.compute[index]):
-            self._draw_missing(np.asarray([index]))
-        compute, down, up = float(p.compute[index]), float(p.down[index]), float(p.up[index])
-        if self.train_slow[index]:
-            compute /= args.clock_train_slow_factor
-        if self.send_slow[index]:
-            down, up = down / args.clock_send_slow_factor, up / args.clock_send_slow_factor
-        return compute, down, up
+        """Client ``index``'s effective (compute, down, up) speeds (:meth:`effective_speeds`)."""
+        compute, down, up = self.effective_speeds(np.asarray([index]))[:, 0]
+        return float(compute), float(down), float(up)
 
-    def _all_speeds(self) -> np.ndarray:
-        """Every client's effective speeds (3, N), drawing those not drawn yet."""
+    def effective_speeds(self, positions: np.ndarray) -> np.ndarray:
+        """The effective speeds (3, len(positions)) of the clients at ``positions``: drawn the
+        first time they are needed, -tsr's and -ssr's slow factors applied (computed when asked:
+        no array per client)."""
         args, p = self.args, self._profiles
-        self._draw_missing(np.arange(len(p.compute)))
-        compute = np.where(self.train_slow, p.compute / args.clock_train_slow_factor, p.compute)
-        links = [np.where(self.send_slow, speed / args.clock_send_slow_factor, speed) for speed in (p.down, p.up)]
+        self._draw_missing(positions)
+        compute = np.where(self.train_slow[positions], p.compute[positions] / args.clock_train_slow_factor,
+                           p.compute[positions])
+        links = [np.where(self.send_slow[positions], speed[positions] / args.clock_send_slow_factor, speed[positions])
+                 for speed in (p.down, p.up)]
         return np.stack([compute, *links])
 
     @property
@@ -468,7 +464,7 @@ class VirtualClock(RoundPlugin):
         shared = vector.numel() if runtime.shared is None else int(runtime.shared.sum())
         model_bytes = shared * vector.element_size()
         samples = [client.expected_gradient_samples() for client in runtime.clients]
-        compute, down, up = self._all_speeds()
+        compute, down, up = self.effective_speeds(np.arange(len(runtime.clients)))
         return model_bytes / down + np.asarray(samples, dtype=np.float64) / compute + model_bytes / up
 
     # ------------------------------------------------------------------ plug-in hooks
@@ -572,10 +568,9 @@ class VirtualClock(RoundPlugin):
         duration = 0.0
         kept = []
         self.upload_seconds = {}
-        self._draw_missing(np.fromiter((u.index for u in trained), dtype=np.int64, count=len(trained)))
-        for update in trained:
+        speeds = self.effective_speeds(np.fromiter((u.index for u in trained), dtype=np.int64, count=len(trained)))
+        for update, (compute, down, up) in zip(trained, speeds.T.tolist()):
             i = update.index
-            compute, down, up = self.speeds_of(i)
             down_and_train = float(package.nbytes(i) / down + update.samples_processed / compute)
             seconds = down_and_train + float(update.nbytes() / up)
             self.upload_seconds[i] = seconds
