@@ -43,7 +43,8 @@ from . import feature_skew
 from .layout import FORMATS, LAYOUTS, NPZ_FORMAT, PACKED_ABOVE, PACKED_FILES, WRITERS, resolve_layout
 from .lock import writing
 from .out_dir import output_folder
-from .partition import (DIR_FALLBACKS, PARTITIONS, cap_samples, few_shot, make_partition, train_test_split)
+from .partition import (DIR_FALLBACKS, LABEL_SETS, PARTITIONS, cap_samples, few_shot, make_partition,
+                        train_test_split)
 from .picture import Population, label_skew, save_partition_png, summary_lines
 from .sources import Loader, RawDataset
 from .synthetic import SIZE_LOG_MEAN, SIZE_LOG_STD, SIZE_MIN, synthetic_clients, synthetic_sizes
@@ -121,6 +122,10 @@ def build_parser(name: str, *, default_num_clients: int = 20,
                              "for quantity (default 0.1; PFLlib suggests 100 for exdir)")
     parser.add_argument("--class-per-client", type=int, default=2,
                         help="labels per client for pat/exdir/classes (default 2)")
+    parser.add_argument("--label-sets", choices=LABEL_SETS, default="cover",
+                        help="how classes (#C=k) picks each client's classes: 'cover' takes classes nobody holds "
+                             "yet first, 'niid-bench' gives client i class i mod K and k-1 random others, as "
+                             "NIID-Bench's code does (default cover)")
     parser.add_argument("--shards-per-client", type=int, default=2,
                         help="shards per client for shard (default 2)")
     parser.add_argument("--dir-fallback", choices=DIR_FALLBACKS, default="repair",
@@ -209,6 +214,10 @@ def partition_options(args: argparse.Namespace, name: str,
         "test_split": args.test_split, "feature_skew": args.feature_skew,
         "skew_strength": strength,
     }
+    if partition == "classes" and args.label_sets != "cover":  # recorded only where it applies
+        options["label_sets"] = args.label_sets
+    elif args.label_sets != "cover":
+        raise DatasetError("--label-sets applies to the classes partition (noniid - classes)")
     if num_classes is None:
         del options["num_classes"]
     if partition == NATURAL and non_iid:
@@ -591,7 +600,7 @@ def generate(args: argparse.Namespace, name: str, load: Loader, script_dir: Path
         non_iid=options["non_iid"], balance=options["balance"], partition=options["partition"],
         alpha=args.alpha, class_per_client=args.class_per_client,
         shards_per_client=args.shards_per_client, batch_size=args.batch_size,
-        train_ratio=args.train_ratio, dir_fallback=args.dir_fallback)
+        train_ratio=args.train_ratio, dir_fallback=args.dir_fallback, label_sets=args.label_sets)
     parts = [pool[p] for p in local]
     write_federated(out_dir, data, parts, options, rng, shared_test=shared_test)
     return 0

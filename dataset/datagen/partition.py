@@ -41,8 +41,10 @@ Strategies not in PFLlib (Li et al., "Federated Learning on Non-IID Data Silos:
 An Experimental Study", ICDE 2022, NIID-Bench):
 
 * :func:`label_quantity` (``classes``): label-quantity skew ``#C=k``, every
-  client holds exactly ``k`` classes, chosen at random, and each class is split
-  equally at random among its holders.
+  client holds exactly ``k`` classes, and each class is split equally at random
+  among its holders; which classes, ``--label-sets``: ``cover`` (clients in random
+  order take classes nobody holds yet first) or ``niid-bench`` (NIID-Bench's rule:
+  client ``i`` holds class ``i mod K`` and ``k - 1`` others drawn at random).
 * :func:`quantity_skew` (``quantity``): client sizes from Dir(alpha), labels IID.
 
 :func:`few_shot` is PFLlib's ``-fs``: at most N training samples per label and client.
@@ -58,6 +60,8 @@ import numpy as np
 from .errors import PartitionError
 
 PARTITIONS = ("pat", "dir", "exdir", "shard", "classes", "quantity")
+#: how ``classes`` (#C=k) chooses each client's classes (:func:`label_quantity`)
+LABEL_SETS = ("cover", "niid-bench")
 """Partition names accepted as the third positional argument of the generators."""
 
 DIR_MAX_TRIES = 100
@@ -329,25 +333,42 @@ def _top_up(owner: np.ndarray, labels: np.ndarray, num_clients: int, num_classes
 
 
 def label_quantity(labels: np.ndarray, num_clients: int, num_classes: int,
-                   class_per_client: int, rng: np.random.Generator) -> list[np.ndarray]:
+                   class_per_client: int, rng: np.random.Generator,
+                   label_sets: str = "cover") -> list[np.ndarray]:
     """Label-quantity skew ``#C=k`` (NIID-Bench): each client holds exactly k classes.
 
-    Clients, in random order, first take classes no client holds yet, then random
-    distinct others, so every class has a holder whenever
-    ``num_clients * k >= num_classes`` (NIID-Bench instead drops classes nobody
-    drew; we keep every sample). Each class is split into equal random parts
-    (sizes differ by at most one) over its holders.
+    ``label_sets="cover"``: clients, in random order, first take classes no client
+    holds yet, then random distinct others, so every class has a holder whenever
+    ``num_clients * k >= num_classes``. ``"niid-bench"``: NIID-Bench's own rule
+    (``partition_data``, ``noniid-#label``): client ``i``'s first class is
+    ``i mod K``, then ``k - 1`` distinct others drawn uniformly; every class has
+    a holder only when ``num_clients >= num_classes`` (fewer is refused: NIID-Bench
+    would split a class over no client; we keep every sample). Each class is split
+    into equal random parts (sizes differ by at most one) over its holders.
     """
     labels = _check_common(labels, num_clients, num_classes)
     _check_label_sets("classes", num_clients, num_classes, class_per_client)
-    uncovered = list(rng.permutation(num_classes))
+    if label_sets not in LABEL_SETS:
+        raise PartitionError(f"label_sets must be one of {', '.join(LABEL_SETS)}, got {label_sets!r}")
     holders: list[list[int]] = [[] for _ in range(num_classes)]
-    for client in rng.permutation(num_clients):
-        mine = [int(uncovered.pop()) for _ in range(min(class_per_client, len(uncovered)))]
-        rest = np.setdiff1d(np.arange(num_classes), mine)
-        mine += [int(k) for k in rng.choice(rest, class_per_client - len(mine), replace=False)]
-        for k in mine:
-            holders[k].append(int(client))
+    if label_sets == "niid-bench":
+        if num_clients < num_classes:
+            raise PartitionError(
+                f"--label-sets niid-bench gives client i class i mod {num_classes}, so {num_clients} clients leave "
+                f"classes {num_clients}..{num_classes - 1} without a holder; use --label-sets cover or raise --num-clients")
+        for client in range(num_clients):
+            first = client % num_classes
+            others = np.setdiff1d(np.arange(num_classes), [first])
+            for k in [first, *(int(k) for k in rng.choice(others, class_per_client - 1, replace=False))]:
+                holders[k].append(client)
+    else:
+        uncovered = list(rng.permutation(num_classes))
+        for client in rng.permutation(num_clients):
+            mine = [int(uncovered.pop()) for _ in range(min(class_per_client, len(uncovered)))]
+            rest = np.setdiff1d(np.arange(num_classes), mine)
+            mine += [int(k) for k in rng.choice(rest, class_per_client - len(mine), replace=False)]
+            for k in mine:
+                holders[k].append(int(client))
     parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
     for k, idx_k in enumerate(_class_indices(labels, num_classes)):
         chunks = np.array_split(rng.permutation(idx_k), len(holders[k]))
@@ -535,7 +556,7 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
                    partition: str | None, alpha: float = 0.1, class_per_client: int = 2,
                    shards_per_client: int = 2, batch_size: int = 10,
                    train_ratio: float = 0.75, max_tries: int | None = None,
-                   dir_fallback: str = "repair") -> list[np.ndarray]:
+                   dir_fallback: str = "repair", label_sets: str = "cover") -> list[np.ndarray]:
     """Dispatch on PFLlib's ``(non_iid, balance, partition)`` triple.
 
     As in PFLlib, ``non_iid=False`` means IID whatever ``partition`` says, and
@@ -560,7 +581,7 @@ def make_partition(labels: np.ndarray, *, num_clients: int, num_classes: int,
                      min_size=min_size, fallback=dir_fallback,
                      max_tries=DIR_MAX_TRIES if max_tries is None else max_tries)
     if partition == "classes":
-        return label_quantity(labels, num_clients, num_classes, class_per_client, rng)
+        return label_quantity(labels, num_clients, num_classes, class_per_client, rng, label_sets)
     if partition == "quantity":
         _check_common(labels, num_clients, num_classes)
         return quantity_skew(labels, num_clients, alpha, rng, least=least)

@@ -124,6 +124,49 @@ def test_classes_gives_every_client_exactly_k_classes(k):
         assert max(counts) - min(counts) <= 1
 
 
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_classes_with_niid_benchs_label_sets(k):
+    """NIID-Bench's rule: client i holds class i mod K and k - 1 distinct others; every sample kept,
+    each class split equally over its holders; the default rule draws other sets from the same seed."""
+    y = np.random.default_rng(4).permutation(np.repeat(np.arange(10), 300))
+
+    def split(label_sets):
+        return P.make_partition(y, num_clients=13, num_classes=10, rng=np.random.default_rng(2), non_iid=True,
+                                balance=False, partition="classes", class_per_client=k, label_sets=label_sets)
+    parts = split("niid-bench")
+    assert_exact_cover(parts, len(y))
+    held = [set(np.unique(y[p]).tolist()) for p in parts]
+    assert all(len(h) == k and i % 10 in h for i, h in enumerate(held))
+    for label in range(10):
+        counts = [np.sum(y[p] == label) for p in parts if np.any(y[p] == label)]
+        assert max(counts) - min(counts) <= 1
+    if k > 1:
+        assert held != [set(np.unique(y[p]).tolist()) for p in split("cover")]
+    with pytest.raises(P.PartitionError, match="without a holder; use --label-sets cover"):
+        P.label_quantity(y, 9, 10, 2, np.random.default_rng(0), "niid-bench")
+
+
+def test_label_sets_on_the_command_line(tmp_path, capsys):
+    """--label-sets is recorded where it applies (and only when not the default, so folders made before
+    still match), and refused with another partition."""
+    import json
+
+    from datagen.dataset_utils import main  # scikit-learn's digits: 10 classes, offline
+    from datagen.sources import load_digits
+
+    def generate(*argv):
+        return main(list(argv), "Digits", load_digits, tmp_path, default_num_clients=10, raw_dir_help="")
+    base = ["noniid", "-", "classes", "--class-per-client", "2"]
+    assert generate(*base, "--label-sets", "niid-bench", "--out-dir", str(tmp_path / "nb")) == 0
+    assert generate(*base, "--out-dir", str(tmp_path / "cover")) == 0
+    config = json.loads((tmp_path / "nb" / "config.json").read_text())
+    assert config["label_sets"] == "niid-bench" and "label_sets" not in json.loads((tmp_path / "cover" / "config.json").read_text())
+    assert all(i % 10 in [label for label, _ in held] for i, held in enumerate(config["Size of samples for labels in clients"]))
+    capsys.readouterr()
+    assert generate("noniid", "-", "dir", "--label-sets", "niid-bench", "--out-dir", str(tmp_path / "d")) == 2
+    assert "--label-sets applies to the classes partition" in capsys.readouterr().err
+
+
 def test_classes_needs_enough_clients_to_cover_the_classes():
     y = np.repeat(np.arange(10), 5)
     with pytest.raises(P.PartitionError, match="without a client"):
