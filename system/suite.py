@@ -881,8 +881,9 @@ def command(args: argparse.Namespace) -> int:
     if args.command == "run":
         if args.jobs < 1:
             raise FLError("--jobs must be >= 1")
+        # --check compares the runs made here, so stored runs do not stand in for them
         status = run_suite(suite, args.profile, results_dir, args.shard, args.jobs, raw_dirs_of(args.raw_dir),
-                           args.only, args.stored)
+                           args.only, args.stored and not args.check)
         return status or (check(suite, results_dir) if args.check else 0)
     if args.command == "render":
         print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out), args.stored)}")

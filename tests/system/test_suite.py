@@ -327,3 +327,9 @@ def test_stored_runs_render_the_page_again_and_count_as_done(tmp_path, capsys, i
     assert (kept / "tiny-digits_FedAvg_full_0.h5").read_bytes() == before
     assert cli(tmp_path, "store", str(path), "--replace") == 0
     assert (kept / "tiny-digits_FedAvg_full_0.h5").read_bytes() == (tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5").read_bytes()
+
+    for f in (tmp_path / "res").glob("*.h5"):
+        f.unlink()
+    before = len(ran)
+    assert cli(tmp_path, "run", str(path), "--check") == 2  # runs here (stored ones do not count), then no curves
+    assert ran[before:] == ["FedAvg", "FedNova"]
