@@ -48,7 +48,7 @@ training an honest upload's mean entropy on the public data can still be ≥ 1. 
 Fashion-MNIST shards with E = 1 over ~140 rows (14 steps a round) it dropped 12–17% of the honest
 uploads of a stragglers-only run (on MNIST half of them in the first five rounds; on Fashion-MNIST
 about one in ten to the end of a 30-round run; docs/results/robustness.md,
-"Sageflow against ignoring stragglers over 30 rounds"); the official runs train E = 5 over
+"Waiting for all, the entropy filter and FedAsync's regulariser"); the official runs train E = 5 over
 ~600 rows. ``--sageflow_eth inf`` turns the filter off where no attacker is expected.
 
 Reduction: without stragglers, with E_th = inf, δ = 0 and γ = 1 (no halving), the new global model is
