@@ -23,8 +23,8 @@ here. So each copy is built into a compilation unit of its own (the global one i
 tracing, freezing and optimising; TorchScript's C++ side reads it from there), and
 :meth:`FrozenCopy.release` drops that unit's functions when the pass is done, then hands the heap's free
 pages back (:func:`return_free_heap_pages`). Measured on the 2-core CPU
-(``experiments/frozen_eval_memory.py``; docs/results/performance.md, "The nine unprofiled algorithms
-against FedAvg, and frozen copies freed after their pass"): bare, 20 copies of P1's CNN, RSS 266 -> 597
+(``experiments/frozen_eval_memory.py``; docs/results/performance.md, "Evaluation: group size,
+threads and frozen copies"): bare, 20 copies of P1's CNN, RSS 266 -> 597
 MB with the global unit, flat with a unit per copy; FedAvg on 100 MNIST clients, 12 evaluations of 2
 frozen passes, RSS +13.5 MB per evaluation before, +5 MB with private units alone (malloc's live bytes
 flat, its free bytes growing), flat at 424 MB with the trim too (eager: 427 MB), at the same CPU time;
