@@ -8,6 +8,19 @@ from fltest import (build_server, linear_grad, make_args, random_dataset, run_ma
                     two_client_server)
 
 
+def clients_by_hand(data, x, c, c_i, lr, steps, local):
+    """One round of both clients by hand: each trains ``local(y, gradient, correction)`` for ``steps``
+    steps from ``x``; returns their models and Δc_i, and updates ``c_i`` (option II)."""
+    ys, dcs = [], []
+    for k, client in enumerate(data.clients):
+        y = local(x.clone(), lambda w, cl=client: linear_grad(w, cl.train_x.double(), cl.train_y, 2), c - c_i[k])
+        new_c = c_i[k] - c + (x - y) / (steps * lr)
+        ys.append(y)
+        dcs.append(new_c - c_i[k])
+        c_i[k] = new_c
+    return ys, dcs
+
+
 def test_controls_and_global_step_match_hand_computation_over_two_rounds():
     # K = 2 local steps, η_g = 0.7.
     lr, slr, steps = 0.3, 0.7, 2
@@ -15,16 +28,13 @@ def test_controls_and_global_step_match_hand_computation_over_two_rounds():
     x = server.global_params.double()
     c = torch.zeros_like(x)
     c_i = [torch.zeros_like(x), torch.zeros_like(x)]
+
+    def local(y, grad, correction):
+        for _ in range(steps):
+            y = y - lr * (grad(y) + correction)
+        return y
     for rnd in range(2):
-        ys, dcs = [], []
-        for k, client in enumerate(data.clients):
-            y = x.clone()
-            for _ in range(steps):
-                y = y - lr * (linear_grad(y, client.train_x.double(), client.train_y, 2) - c_i[k] + c)
-            new_c = c_i[k] - c + (x - y) / (steps * lr)
-            ys.append(y)
-            dcs.append(new_c - c_i[k])
-            c_i[k] = new_c
+        ys, dcs = clients_by_hand(data, x, c, c_i, lr, steps, local)
         x = x + slr * ((ys[0] - x) + (ys[1] - x)) / 2  # uniform mean over the received uploads
         c = c + (dcs[0] + dcs[1]) / 2  # 1/N with N = 2 clients
         updates = run_round(server, rnd).updates
@@ -116,3 +126,58 @@ def test_adjust_grad_is_vmappable():
     w, g = torch.randn(2, n), torch.randn(2, n)
     batched = torch.func.vmap(client.adjust_grad)(w, g, stacked)
     assert torch.allclose(batched, g + stacked["correction"])
+
+
+def _momentum_rounds(correction: str, engine: str = "sequential"):
+    """Two rounds of SCAFFOLD with momentum on the two-client set-up, and the same by hand."""
+    import pytest
+
+    lr, beta, steps = 0.3, 0.5, 3
+    data, server = two_client_server("SCAFFOLD", "--scaffold_correction", correction, seed=7, local_learning_rate=lr,
+                                     local_epochs=steps, local_momentum=beta, engine=engine)
+    x = server.global_params.double()
+    c = torch.zeros_like(x)
+    c_i = [torch.zeros_like(x), torch.zeros_like(x)]
+
+    def local(y, grad, corr):
+        v = None
+        for _ in range(steps):
+            if correction == "gradient":  # the correction passes through the buffer
+                d = grad(y) + corr
+                v = d.clone() if v is None else beta * v + d
+                y = y - lr * v
+            else:  # the optimiser steps on g; the correction is applied to the weights after it
+                g = grad(y)
+                v = g.clone() if v is None else beta * v + g
+                y = y - lr * v - lr * corr
+        return y
+    for rnd in range(2):
+        ys, dcs = clients_by_hand(data, x, c, c_i, lr, steps, local)
+        x = x + ((ys[0] - x) + (ys[1] - x)) / 2
+        c = c + (dcs[0] + dcs[1]) / 2
+        updates = run_round(server, rnd).updates
+        for k, update in enumerate(updates):
+            assert update.params.double() == pytest.approx(ys[k], abs=1e-5), (correction, rnd, k)
+    assert c.abs().max() > 1e-3
+    return server
+
+
+def test_with_momentum_the_correction_passes_through_the_buffer_or_after_the_step():
+    """--scaffold_correction: ``gradient`` (default) puts c - c_i into the momentum buffer; ``step`` applies it to
+    the weights after each optimiser step (NIID-Bench's and Flower's code); both against a hand computation, and
+    ``step`` the same on the batched engine."""
+    _momentum_rounds("gradient")
+    sequential = _momentum_rounds("step")
+    batched = _momentum_rounds("step", engine="batched")
+    assert torch.allclose(sequential.global_params, batched.global_params, atol=1e-6, rtol=0)
+
+
+def test_the_step_correction_without_momentum_is_refused(tmp_path, capsys):
+    import main
+
+    from toydata import make_dataset
+    folder = make_dataset(tmp_path, num_clients=2)
+    assert main.main(["-data", str(folder), "-m", "DNN", "-algo", "SCAFFOLD", "-gr", "1", "--scaffold_correction", "step",
+                      "--results_dir", str(tmp_path / "r"), "-dev", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--scaffold_correction step differs from the default only with --local_momentum" in err

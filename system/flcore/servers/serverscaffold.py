@@ -27,6 +27,7 @@ from flcore.clients.clientscaffold import ScaffoldClient
 from flcore.registry import register_algorithm
 from flcore.servers.serverbase import Server, weighted_average
 from cli.flags import add_flag
+from utils.errors import FLError
 
 
 @register_algorithm("SCAFFOLD")
@@ -44,6 +45,9 @@ class ScaffoldServer(Server):
                  help="mean of the model updates: uniform over received uploads (paper, PFLlib) or by samples")
 
     def setup(self) -> None:
+        if self.args.scaffold_correction == "step" and not self.args.local_momentum:
+            raise FLError("--scaffold_correction step differs from the default only with --local_momentum "
+                          "(without momentum both are the same step); set --local_momentum or drop it")
         self.control = torch.zeros_like(self.global_params[: self.model.num_params])
 
     def make_package(self, rnd: int, cohort: list[int]) -> RoundPackage:
