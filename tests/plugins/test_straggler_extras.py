@@ -45,3 +45,17 @@ def test_a_run_with_scaffold_uploads_in_flight_resumes_exactly():
     for rnd in range(2, 5):
         run_round(resumed, rnd)
     assert torch.equal(resumed.global_params, whole.global_params)
+
+
+def test_fedfomo_adds_a_late_uploads_weights_to_the_models_of_its_own_round(tmp_path):
+    """FedFomo's upload names the models its weights are of (``fomo_ids``): a late one arrives after other
+    packages were sent, whose models it never weighed (it failed with a shape error before)."""
+    path = run_main_two_rounds(tmp_path, "FedFomo", "--straggler_delay", "2", "-gr", "3")
+    with h5py.File(path, "r") as f:
+        assert len(f["rs_test_acc"][()]) == 4
+    flags = dict(straggler_delay=2)
+    srv = server("FedFomo", **flags)
+    for rnd in range(4):
+        result = run_round(srv, rnd)
+        for update in result.updates:
+            assert len(update.extras["fomo_ids"]) == len(update.extras["fomo_weights"])

@@ -11,7 +11,8 @@ clients (``package.payload(i)``: ``ids`` and ``model_0`` … ``model_{M−1}``),
 2. moves to θ_ref + Σ_n ŵ_n (θ_n − θ_ref) with ŵ_n = max(w_n, 0) / Σ_m max(w_m, 0)
    (= Σ_n ŵ_n θ_n), or stays at θ_ref when no w_n is positive,
 3. trains that with FedAvg's local SGD; the result is its new θ_i and its upload, with the raw
-   w_n (``extras["fomo_weights"]``, in the order of ``ids``) for the server's affinity matrix.
+   w_n (``extras["fomo_weights"]``) and the ids of the models they weigh (``extras["fomo_ids"]``, 8
+   bytes each, counted in the upload) for the server's affinity matrix.
 
 Distances are over the trainable parameters, and only those are mixed (float buffers such as
 BatchNorm statistics stay θ_ref's, as in PFLlib). L_val is the mean cross-entropy over the
@@ -107,4 +108,7 @@ class FedFomoClient(Client):
         self.state.set("personal", self.index, params)
         update = ClientUpdate(self.index, self.num_train, steps, params, loss)
         update.extras["fomo_weights"] = ctx["fomo_weights"]
+        # which models the weights are of: the server adds them to P[i, ids] when the upload arrives,
+        # which for a late upload (stragglers) is rounds after the package that sent those models
+        update.extras["fomo_ids"] = package.payload(self.index).get("ids", torch.zeros(0, dtype=torch.long))
         return update

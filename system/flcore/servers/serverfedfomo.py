@@ -104,7 +104,7 @@ class FedFomoServer(Server):
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:
         """No global model: keep the uploads and add each client's weights to its row of P."""
         for update in updates:
-            ids = package.payload(update.index)["ids"]
+            ids = update.extras["fomo_ids"]  # the models its weights are of (a late upload's: of its own round)
             self.affinity[update.index, ids] += update.extras["fomo_weights"].to(self.affinity.dtype)
         for update in updates:
             self.state.set("latest", update.index, update.params)
