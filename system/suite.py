@@ -40,9 +40,9 @@ The runs behind a page are kept apart from scratch results: ``store`` copies eve
 suite file (``suites/runs/niid_bench/``, ignored by git like every result: copy the folder to
 carry it to another machine or checkout). ``run`` and ``render`` count a stored run as done, so
 a page is rendered again from the files its numbers came from and runs made on other machines
-or days, copied into that folder, add up; ``--no-stored`` ignores them (an independent rerun: ``run --no-stored --results_dir
-results/mine``, then ``render --no-stored --results_dir results/mine --out DIR``). ``check``
-never reads them: it compares the runs made here.
+or days, copied into that folder, add up; ``--no-stored`` ignores them (an independent rerun:
+``run --no-stored --results_dir results/mine``, then ``render --no-stored --results_dir
+results/mine --out DIR``). ``check`` never reads them: it compares the runs made here.
 Exit status: 0; 1 when a run failed or conflicted, or ``check`` found a changed number; 2 on a bad
 suite file or command line; 130 when interrupted.
 """
@@ -75,7 +75,7 @@ import main  # noqa: E402
 import sweep  # noqa: E402
 from reporting.cli import one_line_errors  # noqa: E402
 from reporting.loading import RunResult, load_run  # noqa: E402
-from reporting.results import reach_target  # noqa: E402
+from reporting.results import reach_target, write_atomically  # noqa: E402
 from reporting.stats import AlgorithmSummary, Stat, summarize_runs  # noqa: E402
 from cli.flags import IGNORED_DEST  # noqa: E402
 from cli.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
@@ -415,9 +415,13 @@ def record_machine(results_dir: Path) -> None:
     path = results_dir / "machines.json"
     machines = json.loads(path.read_text()) if path.is_file() else {}
     machines[platform.node() or "host"] = machine()
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    write_machines(results_dir, machines)
+
+
+def write_machines(folder: Path, machines: dict[str, Any]) -> None:
+    """``machines.json`` of ``folder``, written atomically."""
+    text = json.dumps(machines, indent=1, sort_keys=True) + "\n"
+    write_atomically(folder / "machines.json", lambda tmp: Path(tmp).write_text(text))
 
 
 def only(runs: list[Planned], patterns: Sequence[str]) -> list[Planned]:
@@ -750,18 +754,12 @@ def store(suite: Suite, results_dir: Path, replace: bool = False) -> int:
             if dest.is_file() and not replace:
                 differ.append(run.key)
                 continue
-            target.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            shutil.copyfile(run.job.path, tmp)
-            tmp.replace(dest)
+            write_atomically(dest, lambda tmp, source=run.job.path: shutil.copyfile(source, tmp))
             copied += 1
     if not copied and not same and not differ:
         raise FLError(f"{suite.path}: no finished run in {results_dir}; run it first: python system/suite.py run {suite.path}")
     if copied:
-        machines = machines_of(target, results_dir)
-        tmp = target / "machines.json.tmp"
-        tmp.write_text(json.dumps(machines, indent=1, sort_keys=True) + "\n")
-        tmp.replace(target / "machines.json")
+        write_machines(target, machines_of(target, results_dir))
     print(f"{PROG}: stored {copied} run(s) in {_shown_path(target)}, {same} there already")
     if differ:
         print(f"{PROG}: {len(differ)} run(s) differ from the stored ones and were left alone "
