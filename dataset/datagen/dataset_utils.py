@@ -514,8 +514,7 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
                       "test_sizes": np.asarray(sizes["test"], dtype=np.int64), "totals": None}
     skew = None
     if num_clients * num_classes <= FULL_COUNTS_LIMIT:
-        tv, over = label_skew(writer.label_counts(num_classes, max(1, SKEW_ENTRIES // num_classes)), overall)
-        skew = tv / max(over, 1)
+        skew = label_skew(writer.label_counts(num_classes, max(1, SKEW_ENTRIES // num_classes)), overall)[0]
     totals = Population(writer.sizes(), (held_min, held_sum / max(num_clients, 1), held_max), overall, skew)
     return keys, {"labels": labels, "train_rows": keys["train_rows"], "test_rows": keys["test_rows"], "totals": totals}
 

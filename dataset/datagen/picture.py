@@ -45,7 +45,7 @@ class Population:
 
 
 def label_skew(blocks: Iterable[np.ndarray], class_totals: np.ndarray) -> tuple[float, int]:
-    """(sum, clients) of the total-variation distance of each client's label distribution from
+    """(mean, clients) of the total-variation distance of each client's label distribution from
     the global one, over ``[clients, classes]`` count blocks: 0 for IID clients, near 1 for clients
     holding classes that are rare overall."""
     overall = class_totals / max(class_totals.sum(), 1)
@@ -54,7 +54,7 @@ def label_skew(blocks: Iterable[np.ndarray], class_totals: np.ndarray) -> tuple[
         local = np.maximum(counts.sum(axis=1), 1)[:, None]
         total += float((0.5 * np.abs(counts / local - overall).sum(axis=1)).sum())
         clients += len(counts)
-    return total, clients
+    return total / max(clients, 1), clients
 
 
 def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None, *,
@@ -72,8 +72,7 @@ def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None, *
         skew, over = totals.skew, len(sizes)
     else:  # in blocks of clients, so a population's float copies never exist at once
         block = max(1, SUMMARY_ENTRIES // max(counts.shape[1], 1))
-        tv, over = label_skew((counts[i:i + block] for i in range(0, len(counts), block)), class_totals)
-        skew = tv / max(over, 1)
+        skew, over = label_skew((counts[i:i + block] for i in range(0, len(counts), block)), class_totals)
     lines = [
         f"Partition summary: {len(sizes)} clients, {int(class_totals.sum())} samples, {len(class_totals)} classes",
         f"  samples per client: min {int(sizes.min())}, median {int(np.median(sizes))}, "
