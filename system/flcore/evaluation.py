@@ -84,7 +84,6 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from flcore.frozen import MIN_ROWS as FROZEN_MIN_ROWS
@@ -139,6 +138,8 @@ class _Totals:
             start += tensor.numel()
             if kind == "correct":
                 np.add.at(self.correct, clients, part)
+            elif kind == "units":
+                np.add.at(self.test_n, clients, part)
             elif kind == "auc":
                 self.auc[clients] = part
             else:
@@ -559,18 +560,26 @@ class Evaluator:
 
     def _accumulate(self, split: str, logits: torch.Tensor, y: torch.Tensor, rows: _Rows, totals: _Totals) -> None:
         """Add the metrics of ``logits`` (rows of ``rows.clients`` in order, labels ``y``)."""
+        objective = self.runtime.objective  # the label type's loss and metrics (flcore/objectives.py)
         if split == "train":
-            totals.pending.append(("loss", rows.slots, F.cross_entropy(logits, y, reduction="sum")))
+            totals.pending.append(("loss", rows.slots, objective.loss(logits, y, reduction="sum")))
             totals.train_n += len(y)
             return
-        hits = (logits.argmax(1) == y).double()
         lens = torch.tensor(rows.lens, dtype=torch.long, device=y.device)
         block = torch.repeat_interleave(torch.arange(len(rows.clients), device=y.device), lens)
-        per_client = torch.zeros(len(rows.clients), dtype=torch.float64, device=y.device).index_add_(0, block, hits)
-        totals.pending.append(("correct", rows.slots, per_client))
-        totals.test_n[rows.slots] += np.asarray(rows.lens, dtype=np.float64)
+
+        def per_client(values: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(len(rows.clients), dtype=torch.float64, device=y.device).index_add_(0, block, values)
+
+        totals.pending.append(("correct", rows.slots, per_client(objective.hits(logits, y))))
+        units = objective.units(y)  # what the hits are out of: a sample each, or (multi-label) its labels
+        if units is None:
+            totals.test_n[rows.slots] += np.asarray(rows.lens, dtype=np.float64)
+        else:
+            totals.pending.append(("units", rows.slots, per_client(units)))
         if self.runtime.args.eval_auc:  # every client's micro-AUC at once, on the device (utils/auc.py)
-            totals.pending.append(("auc", rows.slots, segment_micro_auc(logits.float().softmax(1), y, lens)))
+            positives = objective.positives(y, logits.shape[1])
+            totals.pending.append(("auc", rows.slots, segment_micro_auc(objective.scores(logits), y, lens, positives)))
 
     # ------------------------------------------------------------ memory
     def _group_for_memory(self) -> int:

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 import torch
 
+from flcore.objectives import Objective, objective_of
+
 if TYPE_CHECKING:  # annotations only: these modules sit at or below this layer's users
     from flcore.flat import FlatModel
     from flcore.state import ClientStateStore
@@ -185,10 +187,12 @@ class ClientUpdate:
 @dataclass(frozen=True)
 class Task:
     """What every client knows of the run besides its own data: the task's classes (not only those
-    it holds) and the length of the model's trainable prefix of the flat vector."""
+    it holds), the length of the model's trainable prefix of the flat vector and the objective of
+    the dataset's label type (its loss and metrics, flcore/objectives.py)."""
 
     num_classes: int
     num_params: int
+    objective: "Objective" = field(default_factory=lambda: objective_of({}))
 
 
 @dataclass
@@ -267,6 +271,11 @@ class Runtime:
     @property
     def num_classes(self) -> int:
         return self.dataset.num_classes
+
+    @cached_property
+    def objective(self) -> "Objective":
+        """The loss and metrics of the dataset's label type (flcore/objectives.py)."""
+        return objective_of(self.dataset.config)
 
 
 # ----------------------------------------------------------------------------- shared formulas

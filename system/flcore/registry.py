@@ -73,6 +73,8 @@ ENGINES: Registry = Registry("training engine", "--engine")
 PLUGINS: Registry = Registry("round plug-in", "the run's flags")
 #: local-step strategies (flcore/clients/localstep.py): how a client computes one SGD step
 LOCAL_STEPS: Registry = Registry("local step", "the run's flags")
+#: label types (flcore/objectives.py): a sample's label, its loss and its metrics
+OBJECTIVES: Registry = Registry("label type", 'config.json\'s "label_type"')
 
 register_algorithm = ALGORITHMS.register
 register_model = MODELS.register

@@ -55,6 +55,8 @@ from utils.mem_utils import device_room
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: config.json's "label_type": one class per sample (absent), or a set of label ids (flcore/objectives.py)
+LABEL_TYPES = ("class", "multilabel")
 DATASET_ROOT = REPO_ROOT / "dataset"
 
 def decode_inputs(x: torch.Tensor, table: torch.Tensor | None) -> torch.Tensor:
@@ -251,6 +253,13 @@ def load_config(path: Path, name: str) -> dict:
     if "num_classes" in config and not whole(config["num_classes"]):
         raise FLError(f"{config_file}: \"num_classes\" must be a whole number >= 1, got {config['num_classes']!r}; "
                       "regenerate the dataset with --force")
+    if config.get("label_type", "class") not in LABEL_TYPES:
+        raise FLError(f"{config_file}: \"label_type\" {config['label_type']!r} is not one of "
+                      f"{', '.join(LABEL_TYPES)}; regenerate the dataset with --force")
+    if config.get("label_type") == "multilabel" and not (whole(config.get("max_labels"))
+                                                         and whole(config.get("num_classes"))):
+        raise FLError(f"{config_file}: multi-label data need whole numbers \"max_labels\" and \"num_classes\" >= 1, "
+                      f"got {config.get('max_labels')!r} and {config.get('num_classes')!r}; regenerate the dataset with --force")
     shape = config.get("input_shape")
     if shape is not None and not (isinstance(shape, list) and all(whole(d) for d in shape)):
         raise FLError(f"{config_file}: \"input_shape\" must be a list of whole numbers >= 1, got {shape!r}; "
@@ -391,21 +400,40 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:200] or type(exc).__name__
 
 
-def _check_labels(file: Path, y: np.ndarray, num_classes: int | None, config_file: Path) -> np.ndarray:
-    """``y`` as int64 after checking it is a vector of whole numbers in [0, num_classes)."""
-    if y.ndim != 1:
-        raise FLError(f"{file}: labels y have shape {list(y.shape)}, expected one label per sample; {REGENERATE}")
+def label_width(config: dict) -> int | None:
+    """Labels per sample of a multi-label dataset (its ``y`` is ``[rows, width]``, -1 padding), None
+    for one class per sample (``y`` is ``[rows]``): config.json's ``label_type`` and ``max_labels``."""
+    return int(config["max_labels"]) if config.get("label_type") == "multilabel" else None
+
+
+def _label_problem(y: np.ndarray, width: int | None) -> str | None:
+    """What is wrong with the shape of labels ``y`` for ``width`` (:func:`label_width`), or None."""
+    if width is None and y.ndim != 1:
+        return f"labels y have shape {list(y.shape)}, expected one label per sample"
+    if width is not None and (y.ndim != 2 or y.shape[1] != width):
+        return f"labels y have shape {list(y.shape)}, expected [rows, {width}] label ids (multi-label, -1 padding)"
+    return None
+
+
+def _check_labels(file: Path, y: np.ndarray, num_classes: int | None, config_file: Path,
+                  width: int | None = None) -> np.ndarray:
+    """``y`` as int64 after checking it holds whole numbers in [0, num_classes) (multi-label ``y``
+    of ``width`` columns: in [-1, num_classes), -1 the padding)."""
+    problem = _label_problem(y, width)
+    if problem:
+        raise FLError(f"{file}: {problem}; {REGENERATE}")
     if y.dtype.kind not in "iub":
         whole = y.dtype.kind == "f" and bool(np.all(np.isfinite(y))) and bool(np.all(y == np.round(y)))
         if not whole:
             raise FLError(f"{file}: labels y are {y.dtype}, not whole class numbers; {REGENERATE}")
     if not len(y):
-        return np.zeros(0, dtype=np.int64)
+        return np.zeros(y.shape, dtype=np.int64)
     low, high = int(y.min()), int(y.max())
-    if low < 0 or (num_classes is not None and high >= num_classes):
-        bound = f"[0, {num_classes})" if num_classes is not None else "[0, ...)"
+    floor = 0 if width is None else -1
+    if low < floor or (num_classes is not None and high >= num_classes):
+        bound = f"[{floor}, {num_classes})" if num_classes is not None else "[0, ...)"
         fix = (f"set \"num_classes\": {high + 1} in {config_file} if the data are right, or {REGENERATE}"
-               if low >= 0 else REGENERATE)
+               if low >= floor else REGENERATE)
         raise FLError(f"{file} has labels {low}..{high}, outside {bound} of {config_file.name} "
                       f"(\"num_classes\": {num_classes}); {fix}")
     return y.astype(np.int64, copy=False)
@@ -543,6 +571,9 @@ def load_federated_dataset(
             "only use files you created yourself (dataset/convert_pfllib.py converts them once)",
             stacklevel=2,
         )
+    if few_shot > 0 and label_width(config) is not None:
+        raise FLError(f"--few_shot picks rows per client and class, and dataset {name!r} has a set of labels per "
+                      "sample (\"label_type\": \"multilabel\"); run it without --few_shot")
     if config.get("format") == PACKED_FORMAT:
         if legacy_pickle:
             raise FLError(f"--legacy-pickle is for PFLlib's pickled npz files; {path} is a packed folder of plain "
@@ -574,7 +605,8 @@ def load_federated_dataset(
     for cid in ids:
         for split in ("train", "test"):
             file = path / split / f"{cid}.npz"
-            y = _check_labels(file, _read_npz(file, legacy_pickle, inputs=False)[1], declared_classes, config_file)
+            y = _check_labels(file, _read_npz(file, legacy_pickle, inputs=False)[1], declared_classes, config_file,
+                              label_width(config))
             rows[split, cid] = len(y)
             if split == "train" and few_shot > 0:
                 keep[split, cid] = _few_shot_rows(y, few_shot)
@@ -754,8 +786,10 @@ def _packed_split(path: Path, split: str, config: dict, config_file: Path) -> tu
                 f"overlapping clients)" if bad is not None else
                 f"offsets run from {offsets[0]} to {offsets.max()} over {rows} rows of {files['y.npy'].name}")
         raise FLError(f"{files['offsets.npy']}: {what}; {REGENERATE}")
-    if y.ndim != 1 or y.dtype != np.int64:
-        raise FLError(f"{files['y.npy']} holds {y.dtype} {list(y.shape)}, expected int64 labels, one per row; {REGENERATE}")
+    width = label_width(config)
+    if _label_problem(y, width) or y.dtype != np.int64:
+        expected = "one per row" if width is None else f"[rows, {width}] (multi-label, -1 padding)"
+        raise FLError(f"{files['y.npy']} holds {y.dtype} {list(y.shape)}, expected int64 labels, {expected}; {REGENERATE}")
     if x.ndim == 0 or len(x) != rows:
         raise FLError(f"{files['x.npy']} has {len(x) if x.ndim else 0} rows, {files['y.npy']} {rows}; {REGENERATE}")
     if x.dtype not in (np.float32, np.int64):
@@ -771,8 +805,9 @@ def _packed_split(path: Path, split: str, config: dict, config_file: Path) -> tu
     num_classes = config.get("num_classes")
     if rows:  # one pass over the labels (8 bytes a row): the only check that reads every row
         low, high = int(y.min()), int(y.max())
-        if low < 0 or (num_classes is not None and high >= num_classes):
-            raise FLError(f"{files['y.npy']} has labels {low}..{high}, outside [0, {num_classes}) of "
+        floor = 0 if width is None else -1
+        if low < floor or (num_classes is not None and high >= num_classes):
+            raise FLError(f"{files['y.npy']} has labels {low}..{high}, outside [{floor}, {num_classes}) of "
                           f"{config_file.name}; {REGENERATE}")
     return x, y, offsets
 
@@ -882,7 +917,7 @@ def load_packed(path: Path, name: str, config: dict, device: torch.device | str 
         shapes[split] = (x.dtype, x.shape[1:])
         files[split] = path / split / "x.npy"
         xt = torch.from_numpy(x) if x.size else torch.zeros(x.shape, dtype=torch.float32 if x.dtype == np.float32 else torch.int64)
-        yt = torch.from_numpy(y) if y.size else torch.zeros(0, dtype=torch.int64)
+        yt = torch.from_numpy(y) if y.size else torch.zeros(y.shape, dtype=torch.int64)
         merged[split] = (xt, yt)
     if shapes["train"] != shapes["test"] and min(len(merged[s][1]) for s in merged):
         raise FLError(f"{files['train']} holds {shapes['train'][0]} inputs of shape {list(shapes['train'][1])}, "

@@ -51,6 +51,9 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
         model_bytes = server.global_params.numel() * server.global_params.element_size()
         summary = run_summary(history, run_args.avg_last, run_args.target_acc, model_bytes)
         summary.update(peak_rss_mb=peak_rss_mb(), wall_time_s=run_time())
+        metric = server.runtime.objective.metric
+        if metric != "accuracy":  # what rs_test_acc and the accuracies measure (absent: accuracy)
+            summary["metric"] = metric
         for plugin in server.plugins.values():  # the features' figures: final epsilon, new clients, DLG
             summary.update(plugin.results(history))
         gpu = peak_gpu_mb(device)
@@ -179,8 +182,9 @@ def stage_model(server, result: Path) -> dict[Path, Path]:
 
 
 def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None:
+    metric = summary.get("metric", "accuracy")  # a multi-label dataset's recall@5 (flcore/objectives.py)
     lines = [
-        f"Run {run_index}: best accuracy {summary['best_acc']:.4f}, final {summary['final_acc']:.4f}, "
+        f"Run {run_index}: best {metric} {summary['best_acc']:.4f}, final {summary['final_acc']:.4f}, "
         f"mean of last 10% {summary['mean_acc_last_10pct']:.4f}, mean of last {summary['avg_last']} "
         f"{summary['mean_acc_last_n']:.4f}",
         f"  time {summary['wall_time_s']:.1f} s ({summary['mean_round_time'] or 0:.3f} s/round), "
@@ -199,7 +203,7 @@ def print_summary(run_index: int, summary: dict, path: Path, plugins=()) -> None
         lines.append(f"  {summary['early_stop']}")
     if "target_acc" in summary:
         if summary["rounds_to_target"] is None:
-            lines.append(f"  target accuracy {summary['target_acc']} not reached")
+            lines.append(f"  target {metric} {summary['target_acc']} not reached")
         else:
             lines.append(
                 f"  target {summary['target_acc']} reached at round {summary['rounds_to_target']} after "

@@ -21,9 +21,12 @@ from __future__ import annotations
 import torch
 
 
-def segment_micro_auc(probs: torch.Tensor, labels: torch.Tensor, lens: list[int] | torch.Tensor) -> torch.Tensor:
+def segment_micro_auc(probs: torch.Tensor, labels: torch.Tensor, lens: list[int] | torch.Tensor,
+                      positives: torch.Tensor | None = None) -> torch.Tensor:
     """Micro-AUC of each client: ``probs`` [N, C] and ``labels`` [N] hold the clients' rows one
-    after another, client k owning ``lens[k]`` rows; returns a float64 tensor [K] on their device."""
+    after another, client k owning ``lens[k]`` rows; returns a float64 tensor [K] on their device.
+    ``positives`` (bool [N, C]) gives the positive entries instead of the one-hot ``labels``
+    (multi-label rows); a client without a positive or a negative entry then has NaN."""
     device = probs.device
     lens = torch.as_tensor(lens, dtype=torch.long, device=device)
     rows, classes = probs.shape
@@ -31,8 +34,11 @@ def segment_micro_auc(probs: torch.Tensor, labels: torch.Tensor, lens: list[int]
     if rows == 0:
         return torch.full((count,), float("nan"), dtype=torch.float64, device=device)
     scores = probs.reshape(-1)
-    positive = torch.zeros(rows, classes, dtype=torch.bool, device=device)
-    positive[torch.arange(rows, device=device), labels] = True
+    if positives is None:
+        positive = torch.zeros(rows, classes, dtype=torch.bool, device=device)
+        positive[torch.arange(rows, device=device), labels] = True
+    else:
+        positive = positives
     positive = positive.reshape(-1)
     client = torch.repeat_interleave(torch.arange(count, device=device), lens * classes)
 
@@ -55,7 +61,10 @@ def segment_micro_auc(probs: torch.Tensor, labels: torch.Tensor, lens: list[int]
 
     rank_sum = torch.zeros(count, dtype=torch.float64, device=device)
     rank_sum.index_add_(0, client, torch.where(positive, mean_rank, torch.zeros_like(mean_rank)))
-    n_pos = lens.double()
-    n_neg = lens.double() * (classes - 1)
+    if positives is None:
+        n_pos = lens.double()
+    else:
+        n_pos = torch.zeros(count, dtype=torch.float64, device=device).index_add_(0, client, positive.double())
+    n_neg = lens.double() * classes - n_pos
     auc = (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
-    return torch.where(lens > 0, auc, torch.full_like(auc, float("nan")))
+    return torch.where((n_pos > 0) & (n_neg > 0), auc, torch.full_like(auc, float("nan")))

@@ -68,7 +68,7 @@ def _matches_sequential_from_one_state(algo):
     ref = sequential_reference(algo)
     twin = engine_run(algo, "sequential")
     assert_same_training(ref, twin, exact=True)
-    twin.engine = BatchedEngine(twin)
+    twin.engine = BatchedEngine(twin.runtime)
     cohort = list(range(len(ref.clients)))
     rnd = ref.args.global_rounds
     seq = ref.engine.train([ref.clients[i] for i in cohort], ref.make_package(rnd, cohort))

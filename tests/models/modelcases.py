@@ -31,6 +31,7 @@ CASES: dict[str, Case] = {
     "HARCNN": Case("HAR", (9, 1, 128), 6), "VGG9": CIFAR10,
     "AmazonMLP": Case("AmazonReview", (5000,), 2),
     **{name: AGNEWS for name in ("LSTM", "BiLSTM", "fastText", "TextCNN", "Transformer")},
+    "BoWLR": Case("StackOverflow tag prediction (16 token ids, 20 tags)", (16,), 20, tokens=True),
 }
 
 #: small text sizes: -vs 100, -fd 32 (PFLlib's AGNews run uses -fd 32 too)

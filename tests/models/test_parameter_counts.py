@@ -145,6 +145,13 @@ def test_text_models(name, expected):
     assert count(name, (200,), 4, TEXT) == expected
 
 
+def test_bag_of_words_lr_is_tffs_dense_layer():
+    # -vs counts padding and out-of-vocabulary: 78 words -> 20 tags, and a bias per tag
+    assert count("BoWLR", (16,), 20, TEXT) == 78 * 20 + 20
+    # TFF's StackOverflow setting: 10,000 words, 500 tags
+    assert count("BoWLR", (16,), 500, Namespace(vocab_size=10_002, feature_dim=32, max_len=16)) == 5_000_500
+
+
 def test_text_models_scale_with_the_vocabulary():
     bigger = Namespace(vocab_size=1080, feature_dim=32, max_len=200)
     for name in ("fastText", "LSTM", "BiLSTM", "TextCNN", "Transformer"):

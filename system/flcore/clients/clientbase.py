@@ -46,12 +46,12 @@ from argparse import ArgumentParser, Namespace
 from typing import Any, Callable, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from flcore.capabilities import CLIENT_HOOKS, Capabilities
 from flcore.clients.localstep import PLAIN_SGD
 from flcore.extension import LocalStep, carried_names, carried_values, set_carried_values
 from flcore.flat import FlatModel, Net
+from flcore.objectives import objective_of
 from flcore.protocol import ClientUpdate, LocalJob, RoundPackage, Task, with_private_part
 from flcore.state import ClientStateStore
 from cli.flags import hyperparameters
@@ -103,6 +103,8 @@ class Client:
                  task: Task | None = None, local_step: LocalStep = PLAIN_SGD, hp: Any = None):
         self.index = index
         self.task = task
+        #: the loss and metrics of the dataset's label type (flcore/objectives.py)
+        self.objective = task.objective if task is not None else objective_of({})
         self.cid = data.cid
         self.data = data
         self.args = args
@@ -154,8 +156,9 @@ class Client:
         return g
 
     def local_loss(self, net: Net, x: torch.Tensor, y: torch.Tensor, ctx: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The minibatch loss (cross-entropy of the logits)."""
-        return F.cross_entropy(net(x), y)
+        """The minibatch loss: the dataset's objective (cross-entropy of the logits for one class per
+        sample, flcore/objectives.py)."""
+        return self.objective.loss(net(x), y)
 
     def pre_training(self, job: LocalJob, model: FlatModel) -> None:
         """Before the local SGD: ``model`` holds ``job.start``, and the SGD starts from whatever it

@@ -8,3 +8,5 @@ from flcore.clients.clientbase import Client
 
 class FedAvgClient(Client):
     """Plain local SGD; every hook is the base one."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+

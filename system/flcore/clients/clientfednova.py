@@ -32,6 +32,7 @@ def normalising_norm(steps: int, momentum: float) -> float:
 
 class FedNovaClient(FedAvgClient):
     """FedAvg's local SGD; the upload also carries ‖a_i‖₁ (``extras["a_i"]``, one float)."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     hooks_draw_no_rng = True  # end_round only computes a number
 

@@ -47,6 +47,7 @@ class ProximalClient(FedAvgClient):
 
 class FedProxClient(ProximalClient):
     """Local SGD with the proximal gradient μ·(w − w_t)."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:

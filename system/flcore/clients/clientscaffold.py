@@ -44,6 +44,7 @@ from flcore.clients.clientfedavg import FedAvgClient
 
 class ScaffoldClient(FedAvgClient):
     """Drift-corrected local SGD; the control variate c_i persists across participations."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     hooks_draw_no_rng = True  # begin_round/end_round only read and write the state store
     #: ``--scaffold_correction step``: the correction's weight at each local step (module docstring)

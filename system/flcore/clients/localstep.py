@@ -56,6 +56,7 @@ class WeightDecayStep(LocalStep):
     its Flower baseline train with λ = 1e-5). It is not ``plain`` but declares its ``l2_term``, which
     the batched engine adds to its per-client gradients itself. Clients with their own optimiser
     (those ``--local_momentum`` does not reach) are refused."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     name: ClassVar[str] = "weight_decay"
     transforms: ClassVar[frozenset[str]] = frozenset({"term"})

@@ -111,7 +111,6 @@ from argparse import ArgumentParser
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
 from flcore.capabilities import RNG_FREE_SEQUENCE
@@ -287,7 +286,8 @@ class BatchedEngine(Engine):
                 second = module(x)
             if not torch.equal(first, second):
                 return "the model's forward pass is random in train mode (dropout), which only the sequential engine reproduces per client"
-            y = torch.zeros(2, len(x), dtype=torch.long, device=x.device)
+            label_shape = self.runtime.dataset.split("train")[1].shape[1:]  # a multi-label row: [T] label ids
+            y = torch.zeros(2, len(x), *label_shape, dtype=torch.long, device=x.device)
             rows = flat.params.detach().unsqueeze(0).repeat(2, 1)
             with plain_convolutions(), batched_convolutions(self.batched_conv):
                 self._step(Client, False)(self._param_views(rows), x.unsqueeze(1).expand(len(x), 2, *x.shape[1:]), y)
@@ -318,6 +318,7 @@ class BatchedEngine(Engine):
         if fn is not None:
             return fn
         module, flat = self.flat.module, self.flat
+        objective = self.runtime.objective  # the dataset's loss (flcore/objectives.py)
 
         if own_loss:
             hook = owner.local_loss
@@ -328,13 +329,13 @@ class BatchedEngine(Engine):
             in_dims: tuple = (0, 1, 0, dict(ctx_dims or {}))
         elif masked:
             def loss_fn(params, x, y, m):
-                per_sample = F.cross_entropy(functional_call(module, params, (x,)), y, reduction="none")
+                per_sample = objective.loss(functional_call(module, params, (x,)), y, reduction="none")
                 return (per_sample * m).sum() / m.sum()
 
             in_dims = (0, 1, 0, 0)
         else:
             def loss_fn(params, x, y):
-                return F.cross_entropy(functional_call(module, params, (x,)), y)
+                return objective.loss(functional_call(module, params, (x,)), y)
 
             in_dims = (0, 1, 0)
         fn = vmap(grad_and_value(loss_fn), in_dims=in_dims) if batched else grad_and_value(loss_fn)

@@ -435,6 +435,9 @@ ATTACKS = (*MODEL_ATTACKS, *DATA_ATTACKS)
 @register_plugin("attack")
 class AttackPlugin(RoundPlugin):
     """Chooses the attackers, poisons their uploads (model attacks) and records who attacked."""
+    #: model attacks poison uploads, whatever the labels; the data attacks (and the backdoors' success
+    #: rate) are the data-poisoning local step's, which takes one class per sample (flcore/objectives.py)
+    objectives = ("class", "multilabel")
 
     flag_group = "attacks (flcore/features/attacks.py)"
     flag_order = 30

@@ -332,6 +332,7 @@ def _parse_windows(text: str, fail) -> np.ndarray:
 @register_plugin("clock")
 class VirtualClock(RoundPlugin):
     """Speeds, availability and the timing of rounds (module docstring)."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     flag_group = "system heterogeneity and the virtual clock (PFLlib's -cdr -tsr -ssr -ts -tth; flcore/features/clock.py)"
     flag_order = 10

@@ -88,6 +88,7 @@ def _part(dataset: FederatedDataset, first: int, stop: int) -> FederatedDataset:
 class NewClientEvaluation(RoundPlugin):
     """``-nnc``: holds the last clients out of training (``split_dataset``), evaluates them after
     training (``finish``), and at every evaluation round with ``--new_clients_every_eval``."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     flag_group = "new clients (PFLlib's -nnc -ften; flcore/features/newclients.py)"
     flag_order = 70
@@ -131,7 +132,7 @@ class NewClientEvaluation(RoundPlugin):
         flags = self.flags(runtime.args)
         self.epochs = flags.fine_tuning_epoch_new
         self.every_eval = flags.new_clients_every_eval
-        task = Task(runtime.num_classes, runtime.model.num_params)
+        task = Task(runtime.num_classes, runtime.model.num_params, runtime.objective)
         # the base client with the plain SGD step, also in a -dp run (see the module docstring)
         self.clients = [Client(i, client_data, runtime.args, runtime.state, task)
                         for i, client_data in enumerate(self.data.clients)]
@@ -155,8 +156,8 @@ class NewClientEvaluation(RoundPlugin):
         history.add_series("new_client_rounds", rnd)
         history.add_series("new_client_acc", result.test_acc)
         history.add_series("new_client_auc", result.test_auc)
-        log.info("new clients (%d, fine-tuned %d epoch(s)) after %d round(s): test acc %.4f (std %.4f) | test auc %.4f",
-                 len(self.clients), self.epochs, rnd, result.test_acc, result.test_acc_std, result.test_auc)
+        log.info("new clients (%d, fine-tuned %d epoch(s)) after %d round(s): test %s %.4f (std %.4f) | test auc %.4f",
+                 len(self.clients), self.epochs, rnd, self.runtime.objective.short, result.test_acc, result.test_acc_std, result.test_auc)
         return result
 
     def fine_tuned(self, position: int, rnd: int) -> torch.Tensor:
@@ -183,4 +184,5 @@ class NewClientEvaluation(RoundPlugin):
     def lines(self, results: dict[str, Any]) -> list[str]:
         if "new_client_acc" not in results:
             return []
-        return [f"  new clients: accuracy {results['new_client_acc']:.4f}, auc {results['new_client_auc']:.4f}"]
+        metric = self.runtime.objective.metric  # a multi-label dataset's recall@5
+        return [f"  new clients: {metric} {results['new_client_acc']:.4f}, auc {results['new_client_auc']:.4f}"]

@@ -206,7 +206,7 @@ def root_update(runtime: Runtime, public: PublicData, start: torch.Tensor, rnd: 
         for stop in stops:
             idx = order[stop - batch: min(stop, size)]
             model.zero_grad()
-            torch.nn.functional.cross_entropy(model.module(x_all[idx]), y_all[idx]).backward()
+            runtime.objective.loss(model.module(x_all[idx]), y_all[idx]).backward()  # the clients' loss
             with torch.no_grad():
                 model.params.sub_(model.grad, alpha=lr)
     update = model.snapshot() - start
@@ -337,6 +337,7 @@ def fedavg_mean(updates: list[ClientUpdate], weights: np.ndarray) -> torch.Tenso
 @register_plugin("robust")
 class RobustAggregation(RoundPlugin):
     """The run's pre-aggregation steps and aggregator (module docstring)."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     flag_group = "robust aggregation (flcore/features/robust.py)"
     flag_order = 40

@@ -135,6 +135,7 @@ def awaited(lateness: list[float], indices: list[int], share: float, at_least: i
 @register_plugin("stragglers")
 class Stragglers(RoundPlugin):
     """Holds late uploads back until the round they arrive in (module docstring)."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     flag_group = "stragglers (flcore/features/stragglers.py)"
     flag_order = 50

@@ -44,14 +44,15 @@ from torch import nn
 
 from flcore.capabilities import SERVER_HOOKS, Capabilities
 from flcore.clients.clientbase import Client
-from flcore.clients.localstep import local_step_for
+from flcore.clients.localstep import PLAIN_SGD, local_step_for
 from flcore.evaluation import Evaluator, resolve_eval_batch
 from flcore.flat import FlatModel
 from flcore.extension import Carries, RoundPlugin
-from flcore.features import plugins_for, split_for_features
+from flcore.features import plugins_for, split_for_features, wanted_plugins
+from flcore.objectives import declares, objective_of, refusal
 # RoundResult is the protocol's; importable from here as before
 from flcore.protocol import ClientUpdate, RoundPackage, RoundResult, Runtime, SentOnce, Task, sample_weights, with_private_part  # noqa: F401
-from flcore.registry import ENGINES, SELECTORS
+from flcore.registry import ALGORITHMS, ENGINES, SELECTORS
 from flcore.state import make_state_store
 from flcore.trainmodel.layout import resolve_conv_layout, use_channels_last
 from cli.flags import hyperparameters
@@ -159,6 +160,11 @@ class Server(Carries):
             name = getattr(type(self), "registered_name", type(self).__name__)
             raise FLError(f"{name} runs on at most {limit[0]:,} clients and the dataset has {len(dataset.clients):,}: "
                           f"{limit[1]}; use a smaller population or another algorithm")
+        objective = objective_of(dataset.config)
+        local_step = local_step_for(args)  # plain SGD, or the chain the flags ask for (DP-SGD, poisoning)
+        refusal(objective.name, self.run_parts(args, local_step),
+                [name for name in ALGORITHMS if all(declares(cls, objective.name) for _, cls in
+                                                    ALGORITHMS.get(name).run_parts(args, PLAIN_SGD)[:2])])
         if type(self).public_data_user(args):  # main.py refused it before any data was read; a server built directly
             self.public_data()  # is checked here
         self.device = device
@@ -172,8 +178,7 @@ class Server(Carries):
         self.global_params = self.model.snapshot()
         self.shared_mask = self.model.shared_mask(self.shared_parts())
         state = make_state_store(args, device)
-        task = Task(dataset.num_classes, self.model.num_params)
-        local_step = local_step_for(args)  # plain SGD, or the chain the flags ask for (DP-SGD, poisoning)
+        task = Task(dataset.num_classes, self.model.num_params, objective)
         #: each client built the first time it is touched (LazyClients); the first now, so that what a
         #: client class refuses of the flags is refused here
         self.clients = LazyClients(self.client_cls, dataset.clients, args, state, task, local_step)
@@ -192,6 +197,16 @@ class Server(Carries):
         #: what each client holds of the data packages send once (``package(..., static=...)``)
         self.sent_once = SentOnce()
         self.setup()
+
+    @classmethod
+    def run_parts(cls, args: Namespace, local_step) -> list[tuple[str, type]]:
+        """What trains and scores in a run of this algorithm with these flags, as (what the run
+        calls it, its class): the server and client classes, the wanted round plug-ins and the
+        local-step strategies. Each declares the label types it takes (flcore/objectives.py)."""
+        name = getattr(cls, "registered_name", cls.__name__)
+        return [(f"-algo {name}", cls), (f"-algo {name}'s client", cls.client_cls),
+                *((f"the {plugin.registered_name} feature", plugin) for plugin in wanted_plugins(args)),
+                *((f"the {link.name} local step", type(link)) for link in local_step.links)]
 
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
@@ -438,8 +453,9 @@ class Server(Carries):
             history.add_series("test_auc_global", global_result.test_auc)
             extra = f" | global model acc {global_result.test_acc:.4f}"
         log.info(
-            "round %4d | test acc %.4f (std %.4f) | test auc %.4f | train loss %s%s",
-            rnd, result.test_acc, result.test_acc_std, result.test_auc, loss, extra,
+            "round %4d | test %s %.4f (std %.4f) | test auc %.4f | train loss %s%s",
+            rnd, self.runtime.objective.short, result.test_acc, result.test_acc_std, result.test_auc,
+            loss, extra,
         )
         return result
 

@@ -10,4 +10,6 @@ from flcore.servers.serverbase import Server
 
 @register_algorithm("FedAvg")
 class FedAvgServer(Server):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     client_cls = FedAvgClient

@@ -36,6 +36,7 @@ from cli.flags import add_flag
 @register_algorithm("FedAvgM")
 class FedAvgMServer(Server):
     """Sample-weighted averaging followed by a heavy-ball step on the server."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     #: what persists across rounds (checkpoints): the server momentum
     carried = ("velocity",)

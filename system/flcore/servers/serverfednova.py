@@ -33,6 +33,8 @@ from flcore.servers.serverbase import Server, weighted_average
 
 @register_algorithm("FedNova")
 class FedNovaServer(Server):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     client_cls = FedNovaClient
 
     def aggregate(self, updates: list[ClientUpdate], package: RoundPackage) -> None:

@@ -116,6 +116,8 @@ def add_beta1_flag(parser: ArgumentParser, default: float, why: str) -> None:
 
 @register_algorithm("FedAdam")
 class FedAdamServer(FedOptServer):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_beta1_flag(parser, 0.9, "Adam's momentum, the paper's setting")
@@ -127,6 +129,8 @@ class FedAdamServer(FedOptServer):
 
 @register_algorithm("FedYogi")
 class FedYogiServer(FedOptServer):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     @classmethod
     def add_args(cls, parser: ArgumentParser) -> None:
         add_beta1_flag(parser, 0.9, "Yogi's momentum, the paper's setting")
@@ -137,6 +141,8 @@ class FedYogiServer(FedOptServer):
 
 @register_algorithm("FedAdagrad")
 class FedAdagradServer(FedOptServer):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     averaged_second_moment = False
 
     @classmethod

@@ -16,6 +16,8 @@ log = logging.getLogger("fl")
 
 @register_algorithm("FedProx")
 class FedProxServer(Server):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     client_cls = FedProxClient
 
     def setup(self) -> None:

@@ -32,6 +32,8 @@ from utils.errors import FLError
 
 @register_algorithm("SCAFFOLD")
 class ScaffoldServer(Server):
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
+
     #: what persists across rounds (checkpoints): the server control variate
     carried = ("control",)
 

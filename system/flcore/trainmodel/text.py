@@ -1,4 +1,5 @@
-"""PFLlib's text classifiers: ``LSTM``, ``BiLSTM``, ``fastText``, ``TextCNN``, ``Transformer``.
+"""PFLlib's text classifiers: ``LSTM``, ``BiLSTM``, ``fastText``, ``TextCNN``, ``Transformer``; and
+TFF's bag-of-words logistic regression for multi-label tag prediction, ``BoWLR``.
 
 Inputs are int64 token ids ``[N, L]``, right-padded with id 0 (PFLlib's ``padding_idx=0``); the
 dataset's ``input_shape`` is ``[L]``. The sizes follow PFLlib's ``main.py``: vocabulary ``-vs``
@@ -220,3 +221,41 @@ def transformer(input_shape: Sequence[int], num_classes: int, args: Namespace | 
     nn.init.uniform_(head.weight, -0.1, 0.1)
     nn.init.zeros_(head.bias)
     return SplitModel(TransformerBody(vocab, width, heads=8, layers=2, hidden=2048, dropout=0.1), head)
+
+
+class NormalisedBag(nn.Module):
+    """The bag of words of each row of token ids as TFF's tag prediction builds it: word ids
+    ``1 .. vocab - 2`` counted, divided by the row's number of non-padding ids (the
+    out-of-vocabulary id ``vocab - 1`` counts in that denominator, then is dropped; padding 0 is
+    neither). A row of padding alone gives zeros. Output ``[N, vocab - 2]``."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        if vocab < 3:
+            raise ValueError(f"BoWLR needs a vocabulary of padding, words and an out-of-vocabulary id (-vs >= 3), got {vocab}")
+        self.vocab = vocab
+        self.out_features = vocab - 2
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        check_token_ids("BoWLR", ids)
+        counts = torch.zeros(*ids.shape[:-1], self.vocab, dtype=torch.float32, device=ids.device)
+        counts = counts.scatter_add(-1, ids, torch.ones_like(ids, dtype=torch.float32))
+        length = (ids != PADDING_ID).sum(-1, keepdim=True).clamp(min=1).to(counts.dtype)
+        return counts[..., 1:-1] / length
+
+
+@register_model("BoWLR")
+def bag_of_words_lr(input_shape: Sequence[int], num_classes: int, args: Namespace | None = None) -> SplitModel:
+    """TFF's StackOverflow tag-prediction model: logistic regression, one dense layer from the
+    normalised bag of words (:class:`NormalisedBag`) to a logit per tag
+    (``tensorflow_federated/python/simulation/baselines/stackoverflow/tag_prediction_tasks.py``:
+    ``Dense(tag_vocab_size, activation='sigmoid')``; the sigmoid is the multi-label objective's,
+    flcore/objectives.py). Token ids as ``generate_StackOverflow.py --task tag`` writes them:
+    ``-vs`` (config.json's ``vocab_size``) is the number of words + 2. Weights Glorot-uniform and
+    bias zero, Keras' ``Dense`` initialisation."""
+    vocab, _, _ = text_options("BoWLR", input_shape, args)
+    body = NormalisedBag(vocab)
+    head = nn.Linear(body.out_features, num_classes)
+    nn.init.xavier_uniform_(head.weight)
+    nn.init.zeros_(head.bias)
+    return SplitModel(body, head)

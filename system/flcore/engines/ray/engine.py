@@ -202,7 +202,7 @@ class RayEngine(Engine):
         members = self.members[slot]
         clients = self.runtime.clients
         contract = {i: (type(clients[i]), clients[i].settings(), clients[i].carried_state()) for i in members}
-        task = Task(self.runtime.num_classes, self.flat.num_params)
+        task = Task(self.runtime.num_classes, self.flat.num_params, self.runtime.objective)
         # the data go through the object store once per actor; the reference is dropped once loaded
         # (a replacement puts them again from the driver's dataset, which holds them anyway)
         data = import_ray().put([(i, clients[i].data.owned()) for i in members])

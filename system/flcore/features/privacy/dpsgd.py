@@ -76,6 +76,7 @@ class DPSGD(LocalStep):
     """DP-SGD's local step with the run's settings (one object shared by every client; it holds no
     state). What the accountant charges each client, its number of DP-SGD steps, is the client's
     ``dp_steps`` (carried across rounds, counted after each round's job)."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     clip: float
     sigma: float

@@ -37,6 +37,7 @@ log = logging.getLogger("fl")
 @register_plugin("privacy")
 class PrivacyPlugin(RoundPlugin):
     """DP-SGD's accounting and DP-FedAvg's aggregation for one run."""
+    objectives = ("class", "multilabel")  # the label types it trains on (flcore/objectives.py)
 
     flag_group = "differential privacy (PFLlib's -dp/-dps, plus ours; flcore/features/privacy)"
     flag_order = 20
