@@ -392,6 +392,10 @@ def generic_parser() -> argparse.ArgumentParser:
     add_flag(g, "-vs", "--vocab_size", type=int, default=None, low=1,
              help=f"vocabulary size of text models; default: the dataset's config.json vocab_size, "
                   f"else {PFLLIB_VOCAB_SIZE} (PFLlib's)")
+    add_flag(g, "--bow_denominator", type=str, default=None, choices=("all", "vocabulary"),
+             help="-m BoWLR's bag of words divides the word counts by every word of the sample, out-of-vocabulary "
+                  "ones included (all: the default, the tag-prediction code of Reddi et al. 2021), or by the "
+                  "in-vocabulary words only (vocabulary: TFF's current baseline)")
     add_flag(g, "-ml", "--max_len", type=int, default=200, low=1, help="text length")
     add_flag(g, "-fs", "--few_shot", type=int, default=0, low=0, help="if > 0 keep at most fs training samples per label per client")
     add_flag(g, "--public_data", type=str, default=None, help="a public dataset the server holds (KT-pFL): a fraction "

@@ -16,6 +16,7 @@ from utils.errors import FLError
 
 def build_model(args: argparse.Namespace, dataset: FederatedDataset, device: torch.device) -> torch.nn.Module:
     factory = MODELS.get(args.model)
+    refuse_other_models_flags(args, factory)
     model_args = with_vocab_size(args, dataset)
     try:
         module = factory(dataset.input_shape, dataset.num_classes, model_args)
@@ -59,3 +60,13 @@ def check_token_ids(args: argparse.Namespace, dataset: FederatedDataset, module:
             f"dataset {args.dataset} has token ids {low}..{high}, model {args.model} embeds {min(tables)} tokens "
             f"(-vs {args.vocab_size}); pass -vs {high + 1}"
         )
+
+
+def refuse_other_models_flags(args: argparse.Namespace, factory) -> None:
+    """A flag that only some models read (a factory's ``own_flags``, argparse dests) given for a model
+    that does not read it changes nothing: refused in one line."""
+    own = set(getattr(factory, "own_flags", ()))
+    for name in MODELS:
+        for dest in getattr(MODELS.get(name), "own_flags", ()):
+            if dest not in own and getattr(args, dest, None) is not None:
+                raise FLError(f"--{dest} is a flag of -m {name}; -m {args.model} does not read it, so drop it")

@@ -72,6 +72,10 @@ def test_the_bag_of_words_model_is_a_dense_layer_on_the_normalised_bag():
     bag = NormalisedBag(vocab)(ids)
     # the out-of-vocabulary id counts in the denominator and is dropped; padding is neither
     assert bag.tolist() == [[0.25, 0.5, 0.0, 0.0], [0.0] * 4, [0.0, 0.0, 0.0, 1.0]]
+    # TFF's current rule: over the in-vocabulary words only
+    assert NormalisedBag(vocab, "vocabulary")(ids)[0].tolist() == pytest.approx([1 / 3, 2 / 3, 0.0, 0.0])
+    assert torch.equal(bag_of_words_lr([6], 3, make_args("FedAvg", "-vs", "6", "--bow_denominator", "vocabulary"))
+                       .body(ids), NormalisedBag(vocab, "vocabulary")(ids))
     args = make_args("FedAvg", "-vs", str(vocab))
     model = bag_of_words_lr([6], 3, args)
     assert list(model.head.weight.shape) == [3, 4] and not model.head.bias.any()
@@ -150,6 +154,12 @@ def test_what_reads_labels_as_classes_is_refused_in_one_line(tmp_path, capsys, f
     line = next(line for line in err.splitlines() if line.startswith("error:"))
     if flags[0] == "-algo":  # the refusal names the algorithms that do train on it
         assert "FedAvg" in line and "FedProx" in line and "MOON" not in line.split("train on them:")[1]
+
+
+def test_the_bag_of_words_flag_is_refused_for_another_model(tmp_path, capsys):
+    rc, _ = _run(tmp_path, make_tag_dataset(tmp_path), "-algo", "FedAvg", "-m", "fastText", "-fd", "8",
+                 "--bow_denominator", "vocabulary")
+    assert rc == 2 and "--bow_denominator is a flag of -m BoWLR; -m fastText does not read it" in capsys.readouterr().err
 
 
 def test_model_attacks_and_the_other_features_take_multi_label_data(tmp_path):

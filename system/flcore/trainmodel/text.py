@@ -224,24 +224,37 @@ def transformer(input_shape: Sequence[int], num_classes: int, args: Namespace | 
 
 
 class NormalisedBag(nn.Module):
-    """The bag of words of each row of token ids as TFF's tag prediction builds it: word ids
-    ``1 .. vocab - 2`` counted, divided by the row's number of non-padding ids (the
-    out-of-vocabulary id ``vocab - 1`` counts in that denominator, then is dropped; padding 0 is
-    neither). A row of padding alone gives zeros. Output ``[N, vocab - 2]``."""
+    """The bag of words of each row of token ids as TFF's tag prediction builds it: the counts of
+    word ids ``1 .. vocab - 2`` (the out-of-vocabulary id ``vocab - 1`` and padding 0 dropped),
+    divided by
 
-    def __init__(self, vocab: int):
+    * ``denominator="all"``: the row's number of non-padding ids, out-of-vocabulary ones included
+      (a mean of one-hots over V + 1 entries, the last dropped): the rule of the code behind Reddi
+      et al., "Adaptive Federated Optimization" (ICLR 2021; google-research/federated,
+      ``utils/datasets/stackoverflow_lr_dataset.py``) and of TFF's baseline of that time;
+    * ``denominator="vocabulary"``: the in-vocabulary words only (TFF's current
+      ``tag_prediction_preprocessing.py`` divides the in-vocabulary counts by their sum).
+
+    A row without a counted word gives zeros. Output ``[N, vocab - 2]``."""
+
+    def __init__(self, vocab: int, denominator: str = "all"):
         super().__init__()
         if vocab < 3:
             raise ValueError(f"BoWLR needs a vocabulary of padding, words and an out-of-vocabulary id (-vs >= 3), got {vocab}")
-        self.vocab = vocab
+        if denominator not in ("all", "vocabulary"):
+            raise ValueError(f"BoWLR's denominator is all or vocabulary, got {denominator!r}")
+        self.vocab, self.denominator = vocab, denominator
         self.out_features = vocab - 2
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         check_token_ids("BoWLR", ids)
         counts = torch.zeros(*ids.shape[:-1], self.vocab, dtype=torch.float32, device=ids.device)
-        counts = counts.scatter_add(-1, ids, torch.ones_like(ids, dtype=torch.float32))
-        length = (ids != PADDING_ID).sum(-1, keepdim=True).clamp(min=1).to(counts.dtype)
-        return counts[..., 1:-1] / length
+        counts = counts.scatter_add(-1, ids, torch.ones_like(ids, dtype=torch.float32))[..., 1:-1]
+        if self.denominator == "all":
+            length = (ids != PADDING_ID).sum(-1, keepdim=True).to(counts.dtype)
+        else:
+            length = counts.sum(-1, keepdim=True)
+        return counts / length.clamp(min=1)
 
 
 @register_model("BoWLR")
@@ -251,11 +264,16 @@ def bag_of_words_lr(input_shape: Sequence[int], num_classes: int, args: Namespac
     (``tensorflow_federated/python/simulation/baselines/stackoverflow/tag_prediction_tasks.py``:
     ``Dense(tag_vocab_size, activation='sigmoid')``; the sigmoid is the multi-label objective's,
     flcore/objectives.py). Token ids as ``generate_StackOverflow.py --task tag`` writes them:
-    ``-vs`` (config.json's ``vocab_size``) is the number of words + 2. Weights Glorot-uniform and
-    bias zero, Keras' ``Dense`` initialisation."""
+    ``-vs`` (config.json's ``vocab_size``) is the number of words + 2. ``--bow_denominator`` chooses
+    which words a count is divided by (:class:`NormalisedBag`; default ``all``, the rule of the
+    published results). Weights Glorot-uniform and bias zero, Keras' ``Dense`` initialisation."""
     vocab, _, _ = text_options("BoWLR", input_shape, args)
-    body = NormalisedBag(vocab)
+    denominator = getattr(args, "bow_denominator", None) or "all"
+    body = NormalisedBag(vocab, denominator)
     head = nn.Linear(body.out_features, num_classes)
     nn.init.xavier_uniform_(head.weight)
     nn.init.zeros_(head.bias)
     return SplitModel(body, head)
+
+
+bag_of_words_lr.own_flags = ("bow_denominator",)  # refused for other models (runner/model.py)
