@@ -60,10 +60,11 @@ Tag prediction (``--task tag``) as TFF's baseline defines it
 
 Here one example is one sample, stored as the ids (not the bag) so that the files stay small:
 ``x`` holds the example's word ids in order, word ``i`` of the word counts as ``i + 1``, an
-out-of-vocabulary word as ``V + 1``, right-padded with 0 to ``--max-len`` (default 128: a
-title is short, Stack Overflow caps it at 150 characters, and TFF's word task reads only 20 words of
-a sentence, so 128 words keep nearly every example whole while a few long code-like sentences
-do not grow every row); ``y`` holds the ids (positions in the sorted tag counts) of the
+out-of-vocabulary word as ``V + 1``, right-padded with 0 to ``--max-len`` (default 128: an
+example is one sentence and its question's title, where TFF's word task keeps 20 words of a
+sentence; 128 leaves room for a sentence several times that long and its title while every row
+stays 1 KiB, and the samples it cuts are counted, so a run says how many bags it changed;
+``--max-len`` sets another cap); ``y`` holds the ids (positions in the sorted tag counts) of the
 example's in-vocabulary tags, deduplicated, in their order, right-padded with -1 to 5 (Stack
 Overflow allows at most 5 tags a question; more in one example is refused as a damaged file).
 An example without in-vocabulary tags is kept (all -1), as TFF keeps it. Where this departs from
