@@ -630,3 +630,22 @@ def test_word_task_files_are_the_same_with_task_word(tmp_path, layout):
         assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
     config = read_config(outs[0])
     assert config["max_len"] == 5 and "label_type" not in config and "words_cut_samples" not in config
+
+
+def test_tag_task_summary_of_the_packed_layout_is_read_back_as_the_npz_one_counts(tmp_path):
+    """The packed writer computes the label skew from the y.npy it wrote ([rows, 5], -1 skipped);
+    the npz layout from the counts it held: the same lines. A cap counts the kept samples only."""
+    raw = make_raw(tmp_path / "raw", compress=False, users=TAG_USERS)
+    summaries = []
+    for layout in ("packed", "npz"):
+        proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--layout", layout, "--out-dir", str(tmp_path / layout))
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        summaries.append(lines[next(i for i, line in enumerate(lines) if line.startswith("Partition summary")):][:4])
+    assert summaries[0] == summaries[1] and "mean 0." in summaries[0][3]
+    proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--samples-per-client", "1", "--seed", "3",
+                      "--out-dir", str(tmp_path / "capped"))
+    assert proc.returncode == 0, proc.stderr
+    x, _, offsets = open_packed(tmp_path / "capped")["train"]
+    kept = x[offsets[1]:offsets[2]].tolist()  # u2's one training sample: the cut one or not
+    assert read_config(tmp_path / "capped")["words_cut_samples"] == int(kept == [[3, 8, 8, 8, 8, 8]])
