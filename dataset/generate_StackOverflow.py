@@ -1,4 +1,4 @@
-"""Generate federated StackOverflow (TensorFlow Federated's): one client per user, next-word prediction.
+"""Generate federated StackOverflow (TensorFlow Federated's): one client per user, next-word or tag prediction.
 
 Run from ``dataset/``: ``python generate_StackOverflow.py`` downloads TFF's
 ``stackoverflow.sqlite.lzma`` and ``stackoverflow.word_count.tar.bz2`` (``--raw-dir DIR`` reads
@@ -6,6 +6,11 @@ them, or the decompressed ``stackoverflow.sqlite``, from DIR). ``--num-clients 1
 1,000 users with most sentences; all 342,477 otherwise. Inputs are 20 token ids (a sentence up
 to a position), the label the next id of TFF's 10,004 (``datagen/stackoverflow.py`` gives every
 choice and its source). Written in the packed layout; train with ``-m LSTM``.
+
+``--task tag`` writes TFF's tag prediction instead (it also reads ``stackoverflow.tag_count.tar.bz2``):
+one sample per example, the word ids of its tokens and title (``--max-len``, default 128) and
+the ids of its tags among the ``--tag-vocab-size`` (500) most frequent, -1-padded to 5
+(``"label_type": "multilabel"`` in config.json).
 """
 
 import sys

@@ -45,7 +45,7 @@ from .lock import writing
 from .out_dir import output_folder
 from .partition import (DIR_FALLBACKS, LABEL_SETS, PARTITIONS, cap_samples, few_shot, make_partition,
                         train_test_split)
-from .picture import Population, label_skew, save_partition_png, summary_lines
+from .picture import Population, label_bincount, label_skew, save_partition_png, summary_lines
 from .sources import Loader, RawDataset
 from .synthetic import SIZE_LOG_MEAN, SIZE_LOG_STD, SIZE_MIN, synthetic_clients, synthetic_sizes
 
@@ -230,12 +230,15 @@ def partition_options(args: argparse.Namespace, name: str,
 
 
 def is_generated(out_dir: Path, options: dict[str, Any]) -> bool:
-    """True when ``out_dir`` is a complete dataset made with exactly ``options``."""
+    """True when ``out_dir`` is a complete dataset made with exactly ``options``. A folder of
+    multi-label data (config.json's ``label_type``) is never that of options without it, though it
+    may share all their keys (StackOverflow's two tasks)."""
     try:
         config = json.loads((out_dir / CONFIG_NAME).read_text())
     except (OSError, ValueError):
         return False
-    if not isinstance(config, dict) or any(config.get(k) != v for k, v in options.items()):
+    if not isinstance(config, dict) or any(config.get(k) != v for k, v in options.items()) \
+            or config.get("label_type") != options.get("label_type"):
         return False
     num_clients = config.get("num_clients")
     if not isinstance(num_clients, int):
@@ -278,13 +281,16 @@ FULL_COUNTS_LIMIT = 1 << 24
 SKEW_ENTRIES = 1 << 18
 
 
-def print_client_stats(counts: np.ndarray, limit: int | None = None, total_clients: int | None = None) -> None:
+def print_client_stats(counts: np.ndarray, limit: int | None = None, total_clients: int | None = None,
+                       sizes: np.ndarray | None = None) -> None:
     """PFLlib's per-client summary lines (of the first ``limit`` clients, if given; ``counts`` may
-    hold only the first of ``total_clients``)."""
+    hold only the first of ``total_clients``); ``sizes`` gives the samples per client where they are
+    not the counts' sums (multi-label samples)."""
     shown = counts if limit is None else counts[:limit]
     for client, row in enumerate(shown):
         labels = np.flatnonzero(row)
-        print(f"Client {client}\t Size of data: {int(row.sum())}\t Labels: ", labels)
+        size = int(row.sum()) if sizes is None else int(sizes[client])
+        print(f"Client {client}\t Size of data: {size}\t Labels: ", labels)
         print("\t\t Samples of labels: ", [(int(k), int(row[k])) for k in labels])
         print("-" * 50)
     total = len(counts) if total_clients is None else total_clients
@@ -424,9 +430,12 @@ def write_clients(out_dir: Path, options: dict[str, Any], clients: Iterable[tupl
         except OSError as exc:  # a full disk, a folder made read-only meanwhile
             raise DatasetError(f"cannot write {exc.filename or out_dir} ({exc.strerror or exc}); "
                                f"free some space or pass another --out-dir") from None
-        label_matrix = stats["labels"]
+        label_matrix, multilabel = stats["labels"], stats["multilabel"]
+        client_sizes = None
+        if multilabel:
+            client_sizes = stats["train_sizes"] + stats["test_sizes"] if layout == "npz" else stats["totals"].sizes
         print_client_stats(label_matrix, None if layout == "npz" else PRINTED_CLIENTS,
-                           total_clients=num_clients)
+                           total_clients=num_clients, sizes=client_sizes)
         if layout == "npz":
             train_sizes, test_sizes = stats["train_sizes"], stats["test_sizes"]
             print("Total number of samples:", int(train_sizes.sum() + test_sizes.sum()))
@@ -457,13 +466,15 @@ def write_clients(out_dir: Path, options: dict[str, Any], clients: Iterable[tupl
                     else "") + (f", {options['feature_skew']} skew" if options.get("feature_skew") else ""))
         save_partition_png(out_dir / PICTURE_NAME, shown, [str(c) for c in class_names],
                            title=title, domains=None if domains is None else list(domains[0])[:PICTURE_CLIENTS],
-                           domain_label=domains[1] if domains is not None else "domain")
+                           domain_label=domains[1] if domains is not None else "domain",
+                           unit="labels" if multilabel else "samples")
         for file_name, text in (extra_files or {}).items():
             tmp = out_dir / (file_name + ".tmp")
             tmp.write_text(text)
             os.replace(tmp, out_dir / file_name)
         write_json_atomic(out_dir / CONFIG_NAME, config)
-    for line in summary_lines(label_matrix, None if domains is None else domains[0], totals=stats["totals"]):
+    for line in summary_lines(label_matrix, None if domains is None else domains[0], totals=stats["totals"],
+                              sizes=client_sizes, multilabel=multilabel):
         print(line)
     print(f"Partition picture: {out_dir / PICTURE_NAME}")
     print("Finish generating dataset.")
@@ -479,7 +490,8 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
     per client, each class's count) beside the writer's offsets: nothing else grows with the
     population. Its label skew is then computed from the written labels, read back in blocks of
     clients, unless clients x classes passes FULL_COUNTS_LIMIT (StackOverflow's 10,004 words):
-    it is then that of the pictured clients."""
+    it is then that of the pictured clients. Multi-label clients (``y`` of shape ``[rows, T]``, -1
+    padding) count each label a sample holds."""
     print(f"\nSaving to {out_dir} ({writer.layout} layout)")
     _prepare_out_dir(out_dir)
     packed = writer.layout != "npz"
@@ -488,13 +500,14 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
     overall = np.zeros(num_classes, dtype=np.int64)
     held_min, held_sum, held_max = num_classes, 0, 0
     sizes = {split: [] for split in ("train", "test")}
-    written = 0
+    written, multilabel = 0, False
     try:
         for client, (train_x, train_y, test_x, test_y) in enumerate(clients):
             mine = np.zeros(num_classes, dtype=np.int64)
             for split, x, y in (("train", train_x, train_y), ("test", test_x, test_y)):
                 writer.add(client, split, x, y)
-                mine += np.bincount(y, minlength=num_classes)[:num_classes]
+                multilabel = multilabel or np.ndim(y) == 2
+                mine += label_bincount(y, num_classes)
                 if not packed:
                     sizes[split].append(len(y))
             if client < counted:
@@ -511,12 +524,14 @@ def _write_all(out_dir: Path, writer, clients: Iterable[tuple[np.ndarray, ...]],
         raise
     if not packed:
         return keys, {"labels": labels, "train_sizes": np.asarray(sizes["train"], dtype=np.int64),
-                      "test_sizes": np.asarray(sizes["test"], dtype=np.int64), "totals": None}
+                      "test_sizes": np.asarray(sizes["test"], dtype=np.int64), "totals": None,
+                      "multilabel": multilabel}
     skew = None
     if num_clients * num_classes <= FULL_COUNTS_LIMIT:
         skew = label_skew(writer.label_counts(num_classes, max(1, SKEW_ENTRIES // num_classes)), overall)[0]
     totals = Population(writer.sizes(), (held_min, held_sum / max(num_clients, 1), held_max), overall, skew)
-    return keys, {"labels": labels, "train_rows": keys["train_rows"], "test_rows": keys["test_rows"], "totals": totals}
+    return keys, {"labels": labels, "train_rows": keys["train_rows"], "test_rows": keys["test_rows"], "totals": totals,
+                  "multilabel": multilabel}
 
 
 def _one_line(exc: BaseException) -> str:

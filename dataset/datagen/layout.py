@@ -9,7 +9,7 @@ a reader maps them into memory (``np.load(f, mmap_mode="r")``) and touches only 
 the clients it uses::
 
     <out>/train/x.npy        [rows, *input_shape]  float32 (int64 for token ids)
-    <out>/train/y.npy        [rows]                int64
+    <out>/train/y.npy        [rows]                int64 ([rows, max_labels] for multi-label data)
     <out>/train/offsets.npy  [num_clients + 1]     int64: client c owns rows offsets[c]:offsets[c+1]
     <out>/test/...           the same
 
@@ -111,20 +111,20 @@ class PackedWriter:
         self.files: dict[str, tuple[_Appender, _Appender]] = {}
         self.offsets = {split: array("q", [0]) for split in SPLITS}
 
-    def _files(self, split: str, x: np.ndarray) -> tuple[_Appender, _Appender]:
+    def _files(self, split: str, x: np.ndarray, y: np.ndarray) -> tuple[_Appender, _Appender]:
         if split not in self.files:
             folder = self.out_dir / split
             folder.mkdir(parents=True, exist_ok=True)
             dtype = np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32
             self.files[split] = (_Appender(folder / "x.npy", dtype, tuple(x.shape[1:]), self.digest),
-                                 _Appender(folder / "y.npy", np.int64, (), self.digest))
+                                 _Appender(folder / "y.npy", np.int64, tuple(y.shape[1:]), self.digest))
         return self.files[split]
 
     def add(self, client: int, split: str, x: np.ndarray, y: np.ndarray) -> None:
         """Append client ``client``'s rows of ``split`` (clients come in order, each split once)."""
         if client != len(self.offsets[split]) - 1:
             raise ValueError(f"client {client} written out of order")
-        xs, ys = self._files(split, x)
+        xs, ys = self._files(split, x, y)
         xs.add(x)
         ys.add(y)
         self.offsets[split].append(self.offsets[split][-1] + len(y))
@@ -159,8 +159,10 @@ class PackedWriter:
     def label_counts(self, num_classes: int, block: int) -> Iterator[np.ndarray]:
         """After :meth:`finish`: the ``[clients, classes]`` label counts of both splits, ``block``
         clients at a time, read back from the written ``y.npy`` files with plain reads (no mapping,
-        so the pages read are not the process's resident memory)."""
+        so the pages read are not the process's resident memory). A multi-label row (``[rows, T]``)
+        counts each label it holds; its -1 padding is no label."""
         offsets = {split: np.frombuffer(self.offsets[split], dtype=np.int64) for split in SPLITS}
+        shapes = {split: self.files[split][1].row_shape for split in SPLITS}
         clients = len(offsets["train"]) - 1
         handles = {split: open(self.out_dir / split / "y.npy", "rb") for split in SPLITS}
         try:
@@ -169,9 +171,12 @@ class PackedWriter:
                 counts = np.zeros((stop - start) * num_classes, dtype=np.int64)
                 for split, handle in handles.items():
                     first, last = int(offsets[split][start]), int(offsets[split][stop])
-                    handle.seek(_HEADER_BYTES + 8 * first)
-                    labels = np.fromfile(handle, dtype=np.int64, count=last - first)
-                    owner = np.repeat(np.arange(stop - start), np.diff(offsets[split][start:stop + 1]))
+                    width = int(np.prod(shapes[split]))
+                    handle.seek(_HEADER_BYTES + 8 * first * width)
+                    labels = np.fromfile(handle, dtype=np.int64, count=(last - first) * width)
+                    owner = np.repeat(np.arange(stop - start), np.diff(offsets[split][start:stop + 1]) * width)
+                    if shapes[split]:
+                        owner, labels = owner[labels >= 0], labels[labels >= 0]
                     counts += np.bincount(owner * num_classes + labels, minlength=len(counts))
                 yield counts.reshape(stop - start, num_classes)
         finally:

@@ -26,6 +26,15 @@ BAR_SEGMENTS = 128
 SUMMARY_ENTRIES = 1 << 22
 
 
+def label_bincount(y: np.ndarray, num_classes: int) -> np.ndarray:
+    """Samples per class of one label array: ``[rows]`` one class a sample, or ``[rows, T]``
+    multi-label rows right-padded with -1, of which each label counts once and -1 not at all."""
+    y = np.asarray(y)
+    if y.ndim == 2:
+        y = y[y >= 0]
+    return np.bincount(y, minlength=num_classes)[:num_classes]
+
+
 def count_matrix(labels: np.ndarray, parts: Sequence[np.ndarray], num_classes: int) -> np.ndarray:
     """Samples per (client, class)."""
     return np.stack([np.bincount(labels[p], minlength=num_classes) for p in parts]) \
@@ -58,23 +67,27 @@ def label_skew(blocks: Iterable[np.ndarray], class_totals: np.ndarray) -> tuple[
 
 
 def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None, *,
-                  totals: Population | None = None) -> list[str]:
+                  totals: Population | None = None, sizes: np.ndarray | None = None,
+                  multilabel: bool = False) -> list[str]:
     """A few lines describing sizes, classes per client and label skew.
 
     ``totals`` is given when ``counts`` holds only the first clients' rows; the label skew is then
-    theirs unless ``totals`` has that of all clients."""
+    theirs unless ``totals`` has that of all clients. ``multilabel``: ``counts`` count label
+    occurrences, not samples, and the samples per client are ``sizes`` (or ``totals.sizes``)."""
     if totals is None:
         held = (counts > 0).sum(axis=1)
-        totals = Population(counts.sum(axis=1), (int(held.min()), float(held.mean()), int(held.max())),
-                            counts.sum(axis=0))
+        totals = Population(counts.sum(axis=1) if sizes is None else np.asarray(sizes),
+                            (int(held.min()), float(held.mean()), int(held.max())), counts.sum(axis=0))
     sizes, held, class_totals = totals.sizes, totals.held, totals.class_totals
     if totals.skew is not None:
         skew, over = totals.skew, len(sizes)
     else:  # in blocks of clients, so a population's float copies never exist at once
         block = max(1, SUMMARY_ENTRIES // max(counts.shape[1], 1))
         skew, over = label_skew((counts[i:i + block] for i in range(0, len(counts), block)), class_totals)
+    samples = f"{int(sizes.sum())} samples ({int(class_totals.sum())} labels)" if multilabel else \
+        f"{int(class_totals.sum())} samples"
     lines = [
-        f"Partition summary: {len(sizes)} clients, {int(class_totals.sum())} samples, {len(class_totals)} classes",
+        f"Partition summary: {len(sizes)} clients, {samples}, {len(class_totals)} classes",
         f"  samples per client: min {int(sizes.min())}, median {int(np.median(sizes))}, "
         f"max {int(sizes.max())}",
         f"  classes per client: min {held[0]}, mean {held[1]:.1f}, max {held[2]}",
@@ -94,8 +107,9 @@ def summary_lines(counts: np.ndarray, domains: Sequence[object] | None = None, *
 
 def save_partition_png(path: Path, counts: np.ndarray, class_names: Sequence[str], *,
                        title: str, domains: Sequence[object] | None = None,
-                       domain_label: str = "domain") -> Path:
-    """Draw the partition to ``path`` (written to a temporary name, then renamed)."""
+                       domain_label: str = "domain", unit: str = "samples") -> Path:
+    """Draw the partition to ``path`` (written to a temporary name, then renamed); ``counts`` are
+    ``unit`` (``labels`` for multi-label data, whose samples hold several)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -121,7 +135,7 @@ def save_partition_png(path: Path, counts: np.ndarray, class_names: Sequence[str
             ax.barh(np.arange(num_clients), counts[:, k], left=left, color=cmap(k), height=0.85,
                     label=str(class_names[k]) if num_classes <= 20 else None)
             left += counts[:, k]
-        ax.set_xlabel(f"samples (colour = {class_label})")
+        ax.set_xlabel(f"{unit} (colour = {class_label})")
         ax.set_ylim(num_clients - 0.5, -0.5)
         ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
         if num_classes <= 20:
@@ -129,7 +143,7 @@ def save_partition_png(path: Path, counts: np.ndarray, class_names: Sequence[str
     else:
         image = ax.imshow(np.log1p(counts), aspect="auto", interpolation="nearest", cmap="viridis")
         ax.set_xlabel(class_label)
-        fig.colorbar(image, ax=ax, label="log(1 + samples)", fraction=0.04)
+        fig.colorbar(image, ax=ax, label=f"log(1 + {unit})", fraction=0.04)
     ax.set_title(title, fontsize=10)
     if domains is None:
         ax.set_ylabel("client")

@@ -1,7 +1,9 @@
 """Conversion between the npz and the packed layouts (``convert_layout.py``), and a full check.
 
-Every client is read, checked (labels whole numbers in ``[0, num_classes)``, inputs numbers
-without NaN or infinity, as many inputs as labels, one input shape) and written in the other
+Every client is read, checked (labels whole numbers in ``[0, num_classes)``; for multi-label data,
+config.json's ``label_type`` ``multilabel``, rows of ``max_labels`` labels in ``[-1, num_classes)``,
+-1 the padding; inputs numbers without NaN or infinity, as many inputs as labels, one input
+shape) and written in the other
 layout client by client, so the memory holds one client at a time. The arrays are copied as
 they are: a run on the converted folder is the run on the original, bit for bit.
 ``--check`` reads and checks every client without writing anything.
@@ -42,6 +44,19 @@ def _read_config(folder: Path) -> tuple[dict[str, Any], str]:
     return config, layouts[0]
 
 
+def label_width(config: dict[str, Any], folder: Path) -> int | None:
+    """None for one class a sample; for multi-label data (``label_type`` ``multilabel``) the
+    labels a row holds, ``max_labels``."""
+    kind = config.get("label_type")
+    if kind is None:
+        return None
+    width = config.get("max_labels")
+    if kind != "multilabel" or not isinstance(width, int) or isinstance(width, bool) or width < 1:
+        raise DatasetError(f"{folder / CONFIG_NAME}: label_type {kind!r} with max_labels {width!r}; "
+                           f"a generator writes 'multilabel' with a positive max_labels (regenerate the dataset)")
+    return width
+
+
 def _clients(folder: Path, layout: str, num_clients: int) -> Iterator[tuple[int, str, np.ndarray, np.ndarray]]:
     """(client, split, x, y) of every client in order, as stored."""
     if layout == "packed":
@@ -70,15 +85,20 @@ def _clients(folder: Path, layout: str, num_clients: int) -> Iterator[tuple[int,
                 raise DatasetError(f"{file}: not a readable client file ({exc}); regenerate the dataset") from None
 
 
-def _checked(clients, num_classes: int | None, folder: Path):
-    """The clients of ``_clients``, each refused in one line where it breaks the format."""
+def _checked(clients, num_classes: int | None, folder: Path, width: int | None = None):
+    """The clients of ``_clients``, each refused in one line where it breaks the format
+    (``width``: :func:`label_width`)."""
     shape = None
+    low, dims = (0, 1) if width is None else (-1, 2)
     for client, split, x, y in clients:
         where = f"{folder} client {client} ({split})"
-        if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-            raise DatasetError(f"{where}: labels are {y.dtype} {list(y.shape)}, not whole numbers")
-        if len(y) and (y.min() < 0 or (num_classes is not None and y.max() >= num_classes)):
-            raise DatasetError(f"{where}: labels {y.min()}..{y.max()} outside [0, {num_classes})")
+        if y.ndim != dims or not np.issubdtype(y.dtype, np.integer):
+            raise DatasetError(f"{where}: labels are {y.dtype} {list(y.shape)}, not whole numbers"
+                               + ("" if width is None else f" in rows of {width}"))
+        if width is not None and y.shape[1] != width:
+            raise DatasetError(f"{where}: label rows of {y.shape[1]}, config.json's max_labels is {width}")
+        if y.size and (y.min() < low or (num_classes is not None and y.max() >= num_classes)):
+            raise DatasetError(f"{where}: labels {y.min()}..{y.max()} outside [{low}, {num_classes})")
         if x.ndim == 0 or len(x) != len(y) or x.dtype.kind not in "biuf":
             raise DatasetError(f"{where}: {len(x) if x.ndim else 0} {x.dtype} inputs for {len(y)} labels")
         if x.dtype.kind == "f" and not np.isfinite(x).all():
@@ -94,7 +114,8 @@ def check_folder(folder: str | Path) -> dict[str, Any]:
     """Read and check every client of a dataset folder of either layout; its config."""
     folder = Path(folder).resolve()
     config, layout = _read_config(folder)
-    for _ in _checked(_clients(folder, layout, config["num_clients"]), config.get("num_classes"), folder):
+    width = label_width(config, folder)
+    for _ in _checked(_clients(folder, layout, config["num_clients"]), config.get("num_classes"), folder, width):
         pass
     return config
 
@@ -111,17 +132,18 @@ def convert_layout(source: str | Path, out_dir: str | Path, to: str, *, force: b
     if (out_dir / CONFIG_NAME).is_file() and not force:
         raise DatasetError(f"{out_dir} already holds a dataset; pass --force to overwrite it")
     num_clients, num_classes = config["num_clients"], config.get("num_classes")
+    width = label_width(config, source)
     with writing(out_dir):
         _prepare_out_dir(out_dir)
         writer = WRITERS[to](out_dir)
         sizes = {split: np.zeros(num_clients, dtype=np.int64) for split in SPLITS}
         stats: list[dict[int, int]] = [{} for _ in range(num_clients)] if to == "npz" else []
         try:
-            for client, split, x, y in _checked(_clients(source, layout, num_clients), num_classes, source):
+            for client, split, x, y in _checked(_clients(source, layout, num_clients), num_classes, source, width):
                 writer.add(client, split, x, y)
                 sizes[split][client] = len(y)
                 if stats:
-                    for label, count in zip(*np.unique(y, return_counts=True)):
+                    for label, count in zip(*np.unique(y if width is None else y[y >= 0], return_counts=True)):
                         stats[client][int(label)] = stats[client].get(int(label), 0) + int(count)
             keys = writer.finish()
         except OSError as exc:

@@ -1,4 +1,4 @@
-"""StackOverflow (TensorFlow Federated): one client per user, next-word prediction.
+"""StackOverflow (TensorFlow Federated): one client per user, next-word or tag prediction.
 
 Source: ``tff.simulation.datasets.stackoverflow.load_data`` (google-parfait/tensorflow-federated,
 ``tensorflow_federated/python/simulation/datasets/stackoverflow.py``). Current TFF downloads
@@ -41,8 +41,40 @@ the target id ``s[t+1]``. A causal model reading the output at the last non-padd
 (``-m LSTM``) computes exactly what TFF's sequence model computes at position ``t``, and the
 per-sample cross-entropy is TFF's per-token loss without padding. A sentence of ``n`` words gives
 ``min(n, max_len) + 1`` samples (``max_len`` when cut). ``num_classes`` is ``V + 4``
-(padding and beginning-of-sentence are never labels). TFF's tag-prediction task (bag of words
--> the top 500 tags, multi-label) is not generated: a sample here has one integer label.
+(padding and beginning-of-sentence are never labels).
+
+Tag prediction (``--task tag``) as TFF's baseline defines it
+(``tensorflow_federated/python/simulation/baselines/stackoverflow/tag_prediction_preprocessing.py``,
+``build_to_ids_fn``; its defaults in ``tag_prediction_tasks.py`` and ``constants.py``: 10,000 words,
+500 tags; the model there is a logistic regression from the bag of words to one sigmoid a tag):
+
+* the tag vocabulary is the first ``--tag-vocab-size`` tags (TFF's default 500) of
+  ``stackoverflow.tag_count`` inside ``stackoverflow.tag_count.tar.bz2`` (same place, SHA-256
+  ``6fe281ce…``, TFF's ``load_tag_counts``): a JSON object tag -> count, which TFF sorts by
+  decreasing count (a stable sort: ties keep the file's order), as is done here;
+* the words of an example are ``tokens + ' ' + title`` split on whitespace, looked up in the first
+  ``--vocab-size`` words of the word counts with one out-of-vocabulary bucket; TFF's input is the
+  bag of those words (a vector over the vocabulary);
+* its tags are ``tags`` split on ``|``, looked up in the tag vocabulary with one OOV bucket whose
+  entry TFF drops: the label is a vector with a 1 per in-vocabulary tag.
+
+Here one example is one sample, stored as the ids (not the bag) so that the files stay small:
+``x`` holds the example's word ids in order, word ``i`` of the word counts as ``i + 1``, an
+out-of-vocabulary word as ``V + 1``, right-padded with 0 to ``--max-len`` (default 128: an
+example is one sentence and its question's title, where TFF's word task keeps 20 words of a
+sentence; 128 leaves room for a sentence several times that long and its title while every row
+stays 1 KiB, and the samples it cuts are counted, so a run says how many bags it changed;
+``--max-len`` sets another cap); ``y`` holds the ids (positions in the sorted tag counts) of the
+example's in-vocabulary tags, deduplicated, in their order, right-padded with -1 to 5 (Stack
+Overflow allows at most 5 tags a question; more in one example is refused as a damaged file).
+An example without in-vocabulary tags is kept (all -1), as TFF keeps it. Where this departs from
+TFF: the words past ``--max-len`` are cut (the count of such samples is printed and stored as
+``words_cut_samples``); a tag repeated within one example counts once (TFF's sum of one-hots
+would give it 2). The bag itself is the reader's: TFF's current ``build_to_ids_fn`` divides the
+in-vocabulary word counts by their sum, ignoring out-of-vocabulary words (``divide_no_nan``; an
+example of OOV words only is all zeros), where its older version averaged one-hots over ``V + 1``
+entries and dropped the OOV entry, so OOV words counted in the denominator; ``x`` keeps the OOV
+ids so that either can be computed.
 
 Clients are the users of TFF's ``train`` split (``--num-clients N`` keeps the N with most
 sentences, ties in TFF's sorted id order); ``--max-sentences N`` keeps each user's first N
@@ -59,6 +91,7 @@ with one query per user, as TFF's ``SqlClientData`` does), and the vocabulary.
 
 from __future__ import annotations
 
+import json
 import lzma
 import os
 import sqlite3
@@ -80,13 +113,24 @@ WORD_COUNT = "stackoverflow.word_count"
 FILES = (download.RemoteFile(DATABASE + ".lzma", None),
          download.RemoteFile(WORD_COUNT + ".tar.bz2", None,
                              sha256="1dc00256d6e527c54b9756d968118378ae14e6692c0b3b6cad470cdd3f0c519c"))
+TAG_COUNT = "stackoverflow.tag_count"
+#: TFF's load_tag_counts (datasets/stackoverflow.py)
+TAG_FILE = download.RemoteFile(TAG_COUNT + ".tar.bz2", None,
+                               sha256="6fe281cec490d9384a290d560072438e7e2b377bbb823876ce7bd6f82696772d")
 #: TFF's defaults (baselines/stackoverflow/constants.py)
 DEFAULT_VOCAB_SIZE = 10000
 DEFAULT_SEQUENCE_LENGTH = 20
+DEFAULT_TAG_VOCAB_SIZE = 500
+#: words kept per example of the tag task (module docstring)
+DEFAULT_TAG_MAX_LEN = 128
+#: tags a Stack Overflow question holds at most: the width of the tag task's labels
+MAX_TAGS = 5
+LABEL_PAD = -1
+TASKS = ("word", "tag")
 TRAIN, TEST = "train", "test"
 RAW_HELP = (f"folder holding {DATABASE} (or {DATABASE}.lzma, or older TFF's stackoverflow_train.h5 "
-            f"and stackoverflow_test.h5) and {WORD_COUNT} (or {WORD_COUNT}.tar.bz2), TFF's files; "
-            f"skips the download")
+            f"and stackoverflow_test.h5) and {WORD_COUNT} (or {WORD_COUNT}.tar.bz2), and for --task tag "
+            f"{TAG_COUNT} (or {TAG_COUNT}.tar.bz2), TFF's files; skips the download")
 
 
 # ------------------------------------------------------------------ tf.train.Example, decoded by hand
@@ -158,11 +202,22 @@ def parse_example(blob: bytes) -> dict[str, list]:
 
 def sentence_of(blob: bytes, where: str) -> str:
     """The ``tokens`` feature of one serialized example."""
+    return texts_of(blob, where, ("tokens",))[0]
+
+
+#: the features the tag task reads of an example
+TAG_FEATURES = ("tokens", "title", "tags")
+
+
+def texts_of(blob: bytes, where: str, names: Sequence[str] = TAG_FEATURES) -> tuple[str, ...]:
+    """The text features ``names`` of one serialized example."""
     try:
-        tokens = parse_example(blob)["tokens"]
-        return tokens[0].decode("utf-8")
+        features = parse_example(blob)
+        return tuple(features[name][0].decode("utf-8") for name in names)
     except (ValueError, KeyError, IndexError, UnicodeDecodeError, AttributeError) as exc:
-        raise ReadError(f"{where}: an example is not a tf.train.Example with a 'tokens' text "
+        named = f"a {names[0]!r} text" if len(names) == 1 else \
+            ", ".join(repr(n) for n in names[:-1]) + f" and {names[-1]!r} texts"
+        raise ReadError(f"{where}: an example is not a tf.train.Example with {named} "
                         f"({type(exc).__name__}: {exc})") from None
 
 
@@ -204,19 +259,75 @@ class Vocabulary:
         return ["<pad>", *self.words, "<oov>", "<bos>", "<eos>"]
 
 
-def read_word_counts(path: Path, size: int) -> list[str]:
-    """The first ``size`` words of ``stackoverflow.word_count`` (or of its ``.tar.bz2``)."""
+class TagVocabulary:
+    """The tag task's ids (module docstring) for the first words of the word counts and the first
+    tags of the tag counts; :meth:`example` makes one sample, :meth:`samples` stacks them."""
+
+    def __init__(self, words: Sequence[str], tags: Sequence[str], max_len: int) -> None:
+        self.words, self.tags, self.max_len = list(words), list(tags), max_len
+        self.index = {w: i + 1 for i, w in enumerate(self.words)}
+        self.tag_index = {t: i for i, t in enumerate(self.tags)}
+        self.oov = len(self.words) + 1
+        self.num_ids = len(self.words) + 2
+
+    def example(self, tokens: str, title: str, tags: str, where: str) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(word ids [max_len], tag ids [MAX_TAGS], whether words were cut) of one example."""
+        words = (tokens + " " + title).split()
+        ids = np.zeros(self.max_len, dtype=np.int64)
+        kept = [self.index.get(w, self.oov) for w in words[:self.max_len]]
+        ids[:len(kept)] = kept
+        found = list(dict.fromkeys(self.tag_index[t] for t in tags.split("|") if t in self.tag_index))
+        if len(found) > MAX_TAGS:
+            raise ReadError(f"{where}: an example has {len(found)} tags of the tag vocabulary ({tags!r}), "
+                            f"more than the {MAX_TAGS} Stack Overflow allows; the database is damaged or "
+                            f"not TFF's, download it again")
+        labels = np.full(MAX_TAGS, LABEL_PAD, dtype=np.int64)
+        labels[:len(found)] = found
+        return ids, labels, len(words) > self.max_len
+
+    def samples(self, examples: Sequence[tuple[np.ndarray, np.ndarray, bool]]) -> tuple[np.ndarray, ...]:
+        """(x [n, max_len], y [n, MAX_TAGS], cut [n]) of examples made by :meth:`example`."""
+        if not examples:
+            return (np.zeros((0, self.max_len), dtype=np.int64),
+                    np.zeros((0, MAX_TAGS), dtype=np.int64), np.zeros(0, dtype=bool))
+        return (np.stack([e[0] for e in examples]), np.stack([e[1] for e in examples]),
+                np.array([e[2] for e in examples], dtype=bool))
+
+
+def _member_text(path: Path, member_name: str, what: str) -> str:
+    """The text of ``path``, or of its member ``member_name`` for a ``.tar.bz2``."""
     try:
         if path.name.endswith(".tar.bz2"):
             with tarfile.open(path, "r:bz2") as tar:
-                member = next((m for m in tar if m.isfile() and Path(m.name).name == WORD_COUNT), None)
+                member = next((m for m in tar if m.isfile() and Path(m.name).name == member_name), None)
                 if member is None:
-                    raise ReadError(f"{path}: no {WORD_COUNT} inside")
-                text = tar.extractfile(member).read().decode("utf-8")
-        else:
-            text = path.read_text(encoding="utf-8")
+                    raise ReadError(f"{path}: no {member_name} inside")
+                return tar.extractfile(member).read().decode("utf-8")
+        return path.read_text(encoding="utf-8")
     except (tarfile.TarError, EOFError, OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ReadError(f"{path}: corrupt or truncated word-count file ({type(exc).__name__}: {exc})") from None
+        raise ReadError(f"{path}: corrupt or truncated {what} file ({type(exc).__name__}: {exc})") from None
+
+
+def read_tag_counts(path: Path, size: int) -> list[str]:
+    """The ``size`` most frequent tags of ``stackoverflow.tag_count`` (or of its ``.tar.bz2``): a
+    JSON object tag -> count, sorted by decreasing count, ties in the file's order (TFF's
+    ``load_tag_counts``)."""
+    text = _member_text(path, TAG_COUNT, "tag-count")
+    try:
+        counts = json.loads(text)
+    except ValueError as exc:
+        raise ReadError(f"{path}: corrupt or truncated tag-count file, not JSON ({exc})") from None
+    if not isinstance(counts, dict) or not all(isinstance(c, int) and not isinstance(c, bool)
+                                               for c in counts.values()):
+        raise ReadError(f"{path}: not a tag-count file (a JSON object of tag -> count)")
+    if len(counts) < size:
+        raise ReadError(f"{path}: {len(counts)} tags, fewer than --tag-vocab-size {size}")
+    return [tag for tag, _ in sorted(counts.items(), key=lambda item: item[1], reverse=True)][:size]
+
+
+def read_word_counts(path: Path, size: int) -> list[str]:
+    """The first ``size`` words of ``stackoverflow.word_count`` (or of its ``.tar.bz2``)."""
+    text = _member_text(path, WORD_COUNT, "word-count")
     words = []
     for line_number, line in enumerate(text.splitlines(), 1):
         parts = line.split()
@@ -306,11 +417,18 @@ class Database:
                                "GROUP BY client_id", (split,))
         return {str(user): int(n) for user, n in rows}
 
-    def sentences(self, user: str, split: str, limit: int | None) -> list[str]:
+    def _blobs(self, user: str, split: str, limit: int | None) -> list[bytes]:
         rows = self._query("SELECT serialized_example_proto FROM examples WHERE client_id = ? AND "
                            "split_name = ? ORDER BY rowid" + ("" if limit is None else " LIMIT ?"),
                            (user, split) if limit is None else (user, split, limit))
-        return [sentence_of(bytes(blob), f"{self.path}: user {user!r}") for (blob,) in rows]
+        return [bytes(blob) for (blob,) in rows]
+
+    def sentences(self, user: str, split: str, limit: int | None) -> list[str]:
+        return [sentence_of(blob, f"{self.path}: user {user!r}") for blob in self._blobs(user, split, limit)]
+
+    def examples(self, user: str, split: str, limit: int | None) -> list[tuple[str, ...]]:
+        """(tokens, title, tags) of each of the user's examples."""
+        return [texts_of(blob, f"{self.path}: user {user!r}") for blob in self._blobs(user, split, limit)]
 
 
 class H5Splits:
@@ -333,11 +451,11 @@ class H5Splits:
                                 f"or a truncated copy ({exc})") from None
         return self.files[split]
 
-    def _tokens(self, split: str, user: str):
+    def _tokens(self, split: str, user: str, feature: str = "tokens"):
         try:
-            return self._examples(split)[user]["tokens"]
+            return self._examples(split)[user][feature]
         except (KeyError, OSError) as exc:
-            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r} has no readable 'tokens' "
+            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r} has no readable {feature!r} "
                             f"({exc})") from None
 
     def counts(self, split: str) -> dict[str, int]:
@@ -346,12 +464,25 @@ class H5Splits:
     def sentences(self, user: str, split: str, limit: int | None) -> list[str]:
         if user not in self._examples(split):
             return []
-        tokens = self._tokens(split, user)
+        return self._texts(user, split, limit, "tokens")
+
+    def _texts(self, user: str, split: str, limit: int | None, feature: str) -> list[str]:
+        values = self._tokens(split, user, feature)
         try:
-            values = tokens[()] if limit is None else tokens[:limit]
+            values = values[()] if limit is None else values[:limit]
             return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
         except (OSError, UnicodeDecodeError) as exc:
-            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r}: unreadable tokens ({exc})") from None
+            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r}: unreadable {feature} ({exc})") from None
+
+    def examples(self, user: str, split: str, limit: int | None) -> list[tuple[str, ...]]:
+        """(tokens, title, tags) of each of the user's examples."""
+        if user not in self._examples(split):
+            return []
+        columns = [self._texts(user, split, limit, feature) for feature in TAG_FEATURES]
+        if len({len(c) for c in columns}) != 1:
+            raise ReadError(f"{self.folder / self.FILES[split]}: user {user!r}: "
+                            f"{', '.join(f'{len(c)} {n}' for c, n in zip(columns, TAG_FEATURES))}; download it again")
+        return list(zip(*columns))
 
 
 def _quoted(name: str) -> str:
@@ -388,9 +519,20 @@ def locate(raw_dir: Path | None, download_dir: Path) -> tuple[Path, Path]:
     return database, words
 
 
+def locate_tag_counts(raw_dir: Path | None, download_dir: Path) -> Path:
+    """The tag-count file (``--raw-dir``'s, or downloaded and checked against TFF's SHA-256)."""
+    if raw_dir is None:
+        return download.download_all([TAG_FILE], download_dir, download.mirrors_from_env(MIRRORS),
+                                     dataset="StackOverflow")[0]
+    return _raw_file(Path(raw_dir), TAG_COUNT, TAG_FILE.name)
+
+
 def open_stackoverflow(raw_dir: Path | None, download_dir: Path, options: dict[str, Any]) -> StreamedSource:
     database_path, words_path = locate(raw_dir, download_dir)
-    vocabulary = Vocabulary(read_word_counts(words_path, options["requested_vocab_size"]), options["max_len"])
+    words = read_word_counts(words_path, options["requested_vocab_size"])
+    tag_task = options.get("label_type") == "multilabel"
+    if tag_task:
+        tags = read_tag_counts(locate_tag_counts(raw_dir, download_dir), options["tag_vocab_size"])
     db = H5Splits(database_path) if database_path.is_dir() else Database(database_path)
     counts = db.counts(TRAIN)
     names = sorted(counts)  # TFF's SqlClientData sorts its client ids
@@ -404,6 +546,9 @@ def open_stackoverflow(raw_dir: Path | None, download_dir: Path, options: dict[s
     if options["test_split"] == "global":
         test_counts = db.counts(TEST)
         test_sizes = np.array([test_counts.get(n, 0) for n in kept], dtype=np.int64)
+    if tag_task:
+        return _tag_source(db, kept, sizes[order], test_sizes, limit, TagVocabulary(words, tags, options["max_len"]))
+    vocabulary = Vocabulary(words, options["max_len"])
     return StreamedSource(
         names=kept, sizes=sizes[order],
         units=lambda c: db.sentences(kept[c], TRAIN, limit),
@@ -416,21 +561,67 @@ def open_stackoverflow(raw_dir: Path | None, download_dir: Path, options: dict[s
                               "label = the next id"})
 
 
+def _tag_source(db, kept: list[str], sizes: np.ndarray, test_sizes: np.ndarray | None, limit: int | None,
+                vocabulary: TagVocabulary) -> StreamedSource:
+    """The tag task's users: one sample per example (module docstring)."""
+    def examples(user: str, split: str, cap: int | None) -> list[tuple[np.ndarray, np.ndarray, bool]]:
+        where = f"{getattr(db, 'path', getattr(db, 'folder', ''))}: user {user!r}"
+        return [vocabulary.example(*texts, where) for texts in db.examples(user, split, cap)]
+
+    length = vocabulary.max_len
+    return StreamedSource(
+        names=kept, sizes=sizes,
+        units=lambda c: examples(kept[c], TRAIN, limit),
+        test_units=lambda c: examples(kept[c], TEST, None),
+        test_sizes=test_sizes, encode=vocabulary.samples, num_classes=len(vocabulary.tags),
+        class_names=list(vocabulary.tags), input_shape=[length],
+        extra_config={"label_type": "multilabel", "max_labels": MAX_TAGS, "label_pad": LABEL_PAD,
+                      "vocab_size": vocabulary.num_ids, "pad_id": 0, "oov_id": vocabulary.oov,
+                      "max_len": length,
+                      "task": f"tag prediction (TFF): input = the word ids of tokens + ' ' + title (cut "
+                              f"to {length}, 0-padded, OOV = oov_id), labels = the ids of its "
+                              f"in-vocabulary tags (at most {MAX_TAGS}, -1-padded)"},
+        flagged="words_cut_samples",
+        flagged_note=f"had more than --max-len {length} words, cut to {length} (their bag of words misses the rest)")
+
+
 def add_arguments(parser) -> None:
+    parser.add_argument("--task", choices=TASKS, default="word",
+                        help="word: TFF's next-word prediction, one class a sample; tag: TFF's tag "
+                             "prediction, the words of an example -> its tags, multi-label (default word)")
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE,
                         help=f"most frequent words of the word-count file kept (default "
-                             f"{DEFAULT_VOCAB_SIZE}, TFF's); ids add padding, OOV, BOS, EOS")
-    parser.add_argument("--max-len", type=int, default=DEFAULT_SEQUENCE_LENGTH,
-                        help=f"words kept per sentence (default {DEFAULT_SEQUENCE_LENGTH}, TFF's)")
+                             f"{DEFAULT_VOCAB_SIZE}, TFF's); ids add padding, OOV (and for the word "
+                             f"task BOS, EOS)")
+    parser.add_argument("--tag-vocab-size", type=int, default=None,
+                        help=f"--task tag: most frequent tags of the tag-count file kept, the classes "
+                             f"(default {DEFAULT_TAG_VOCAB_SIZE}, TFF's)")
+    parser.add_argument("--max-len", type=int, default=None,
+                        help=f"words kept per sentence (default {DEFAULT_SEQUENCE_LENGTH}, TFF's) or, for "
+                             f"--task tag, per example (default {DEFAULT_TAG_MAX_LEN})")
     parser.add_argument("--max-sentences", type=int, default=None, metavar="N",
                         help="keep each user's first N training sentences (default: all)")
 
 
 def extra_options(args) -> dict[str, Any]:
-    if args.vocab_size < 1 or args.max_len < 1:
+    tag_task = args.task == "tag"
+    max_len = args.max_len if args.max_len is not None else \
+        DEFAULT_TAG_MAX_LEN if tag_task else DEFAULT_SEQUENCE_LENGTH
+    if args.vocab_size < 1 or max_len < 1:
         raise DatasetError(f"--vocab-size and --max-len must be at least 1, got {args.vocab_size} "
-                           f"and {args.max_len}")
+                           f"and {max_len}")
     if args.max_sentences is not None and args.max_sentences < 1:
         raise DatasetError(f"--max-sentences must be at least 1, got {args.max_sentences}")
-    return {"requested_vocab_size": args.vocab_size, "max_len": args.max_len,
-            "max_sentences": args.max_sentences}
+    options = {"requested_vocab_size": args.vocab_size, "max_len": max_len,
+               "max_sentences": args.max_sentences}
+    if not tag_task:
+        if args.tag_vocab_size is not None:
+            raise DatasetError("--tag-vocab-size applies to --task tag")
+        return options
+    tag_vocab_size = DEFAULT_TAG_VOCAB_SIZE if args.tag_vocab_size is None else args.tag_vocab_size
+    if tag_vocab_size < 1:
+        raise DatasetError(f"--tag-vocab-size must be at least 1, got {tag_vocab_size}")
+    if args.few_shot is not None:
+        raise DatasetError("--few-shot keeps N samples per label, which a sample of several tags does not "
+                           "have; leave it out for --task tag (--samples-per-client caps the samples)")
+    return {"label_type": "multilabel", **options, "tag_vocab_size": tag_vocab_size}

@@ -35,8 +35,9 @@ from .errors import DatasetError
 from .out_dir import output_folder
 from .partition import cap_samples, few_shot, train_test_split
 
-#: a user's units (sentences, tweets) -> (inputs, labels) of the samples they make
-Encoder = Callable[[Sequence[Any]], tuple[np.ndarray, np.ndarray]]
+#: a user's units (sentences, tweets) -> (inputs, labels) of the samples they make, and for a
+#: source with ``flagged`` a bool per sample
+Encoder = Callable[[Sequence[Any]], tuple[np.ndarray, ...]]
 
 
 @dataclass
@@ -45,7 +46,10 @@ class StreamedSource:
 
     ``names`` and ``sizes`` (training units per user) are in writing order; ``units(c)`` reads
     user ``c``'s training units, ``test_units(c)`` its official test units (None: the source has
-    no official test split, and ``test_sizes`` is None too)."""
+    no official test split, and ``test_sizes`` is None too). Labels are ``[n]`` (one class a
+    sample) or ``[n, T]`` (multi-label, -1 padding). ``flagged`` names the config.json key counting
+    the written samples the encoder flags (``encode`` then returns ``(inputs, labels, flags)``);
+    ``flagged_note`` says what a flag means, for the line printed at the end."""
 
     names: list[str]
     sizes: np.ndarray
@@ -58,6 +62,8 @@ class StreamedSource:
     test_units: Callable[[int], Sequence[Any]] | None = None
     extra_config: dict[str, Any] = field(default_factory=dict)
     extra_files: dict[str, str] | None = None
+    flagged: str | None = None
+    flagged_note: str = ""
 
 
 def client_rng(seed: int, client: int) -> np.random.Generator:
@@ -117,7 +123,9 @@ def check_official_test(names: Sequence[str], test_sizes: np.ndarray) -> None:
               f"split ({shown}): their test parts are empty", file=sys.stderr)
 
 
-def _client_samples(source: StreamedSource, client: int, options: dict[str, Any]) -> tuple[np.ndarray, ...]:
+def _client_samples(source: StreamedSource, client: int,
+                    options: dict[str, Any]) -> tuple[tuple[np.ndarray, ...], int]:
+    """(train x, train y, test x, test y) of one client, and how many of them the encoder flags."""
     units = source.units(client)
     if options["test_split"] == "global":
         train_units, test_units = units, source.test_units(client)
@@ -125,11 +133,12 @@ def _client_samples(source: StreamedSource, client: int, options: dict[str, Any]
     else:
         train, test, rng = split_units(len(units), client, options)
         train_units, test_units = [units[i] for i in train], [units[i] for i in test]
-    train_x, train_y = source.encode(train_units)
-    test_x, test_y = source.encode(test_units)
+    train, test = source.encode(train_units), source.encode(test_units)
+    (train_x, train_y), (test_x, test_y) = train[:2], test[:2]
     keep = few_shot(np.arange(len(train_y)), train_y, options.get("few_shot"), rng)
     keep = cap_samples(keep, options["samples_per_client"], rng)
-    return train_x[keep], train_y[keep], test_x, test_y
+    flagged = int(train[2][keep].sum() + test[2].sum()) if source.flagged else 0
+    return (train_x[keep], train_y[keep], test_x, test_y), flagged
 
 
 def generate_streamed(args: argparse.Namespace, name: str, script_dir: Path,
@@ -154,15 +163,24 @@ def generate_streamed(args: argparse.Namespace, name: str, script_dir: Path,
         train_sizes = np.floor(options["train_ratio"] * sizes + 1e-9).astype(np.int64)
         check_split_sizes(sizes, train_sizes, sizes - train_sizes, options)
 
+    flagged = [0, 0]  # flagged samples, samples
+
     def clients() -> Iterator[tuple[np.ndarray, ...]]:
         for client in range(len(source.names)):
-            yield _client_samples(source, client, options)
+            samples, count = _client_samples(source, client, options)
+            flagged[0] += count
+            flagged[1] += len(samples[1]) + len(samples[3])
+            yield samples
 
     write_clients(out_dir, options, clients(), num_clients=len(source.names),
                   num_classes=source.num_classes, class_names=source.class_names,
                   input_shape=source.input_shape,
-                  extra_config=lambda: {**source.extra_config, "client_names": list(source.names)},
+                  extra_config=lambda: {**source.extra_config,
+                                        **({source.flagged: flagged[0]} if source.flagged else {}),
+                                        "client_names": list(source.names)},
                   extra_files=source.extra_files)
+    if source.flagged:
+        print(f"{flagged[0]} of {flagged[1]} samples {source.flagged_note} ({source.flagged} in config.json)")
     return 0
 
 

@@ -1,11 +1,13 @@
 """StackOverflow from TFF's files, made small by the test in their real formats: an SQLite database
 of TFF's ``SqlClientData`` schema whose rows are serialized ``tf.train.Example`` protos (encoded
-here by hand from the proto definitions), and the word-count file in its ``.tar.bz2``."""
+here by hand from the proto definitions), the word-count file and the tag-count file (a JSON
+object) in their ``.tar.bz2``."""
 
 from __future__ import annotations
 
 import datetime
 import io
+import json
 import lzma
 import os
 import sqlite3
@@ -16,7 +18,7 @@ import tarfile
 import numpy as np
 import pytest
 from conftest import REPO
-from datagen_helpers import LocalServer, read_config, trains_one_round
+from datagen_helpers import LocalServer, load_client, read_config, trains_one_round
 
 from datagen import download, stackoverflow
 from datagen.errors import ReadError
@@ -57,9 +59,8 @@ def example(**features) -> bytes:
 POSTED = datetime.datetime(2010, 1, 8, 9, 34, 5).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def so_example(tokens: str) -> bytes:
-    return example(creation_date=POSTED, score=-3, tags="python|sql",
-                   title="a title", tokens=tokens, type="answer")
+def so_example(tokens: str, title: str = "a title", tags: str = "python|sql") -> bytes:
+    return example(creation_date=POSTED, score=-3, tags=tags, title=title, tokens=tokens, type="answer")
 
 
 #: user -> split -> sentences (users sort as TFF sorts its ids: '10' < '7' < '8')
@@ -82,8 +83,9 @@ def make_database(path, users=USERS, counts=True, indexes=True):
                     + (", num_examples INTEGER NOT NULL)" if counts else ")"))
         for user, splits in users.items():
             for split, sentences in splits.items():
-                for s in sentences:
-                    con.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, user, so_example(s)))
+                for s in sentences:  # a sentence, or (tokens, title, tags)
+                    blob = so_example(*s) if isinstance(s, tuple) else so_example(s)
+                    con.execute("INSERT INTO examples VALUES (?, ?, ?)", (split, user, blob))
                 if sentences:
                     con.execute("INSERT INTO client_metadata VALUES (?, ?" + (", ?)" if counts else ")"),
                                 (user, split, len(sentences)) if counts else (user, split))
@@ -99,9 +101,22 @@ def make_word_counts(folder, words=WORDS):
         tar.addfile(info, io.BytesIO(text))
 
 
-def make_raw(folder, compress=True):
+#: tag -> count as in TFF's stackoverflow.tag_count, in no particular order: sorted by count (ties
+#: in this order) python, java, sql, css
+TAG_COUNTS = {"sql": 5, "python": 9, "css": 5, "java": 7}
+
+
+def make_tag_counts(folder, counts=TAG_COUNTS):
+    text = json.dumps(counts).encode()
+    info = tarfile.TarInfo(stackoverflow.TAG_COUNT)
+    info.size = len(text)
+    with tarfile.open(folder / (stackoverflow.TAG_COUNT + ".tar.bz2"), "w:bz2") as tar:
+        tar.addfile(info, io.BytesIO(text))
+
+
+def make_raw(folder, compress=True, users=USERS):
     folder.mkdir(parents=True, exist_ok=True)
-    database = make_database(folder / "db.sqlite")
+    database = make_database(folder / "db.sqlite", users)
     if compress:
         (folder / (stackoverflow.DATABASE + ".lzma")).write_bytes(lzma.compress(database.read_bytes(),
                                                                              format=lzma.FORMAT_ALONE))
@@ -109,6 +124,7 @@ def make_raw(folder, compress=True):
     else:
         database.rename(folder / stackoverflow.DATABASE)
     make_word_counts(folder)
+    make_tag_counts(folder)
     return folder
 
 
@@ -395,6 +411,7 @@ def make_h5(folder, users=USERS):
                 n = len(splits[split])
                 group["tokens"] = np.array([s.encode() for s in splits[split]], dtype=object).astype(h5py.string_dtype("ascii"))
                 group["tags"] = np.array([b"python|sql"] * n, dtype="S10")
+                group["title"] = np.array([b"a title"] * n, dtype="S7")
                 group["score"] = np.arange(n, dtype=np.int64)
     make_word_counts(folder)
     return folder
@@ -414,6 +431,221 @@ def test_older_tffs_h5_files_give_the_same_clients(tmp_path):
     a, b = open_packed(outs[0]), open_packed(outs[1])
     for split in ("train", "test"):
         assert all(np.array_equal(u, v) for u, v in zip(a[split], b[split]))
+    make_tag_counts(h5_raw)
+    tag_outs = []
+    for raw in (sqlite_raw, h5_raw):  # the tag task reads title and tags of either
+        tag_outs.append(tmp_path / f"tags_{raw.name}")
+        proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--out-dir", str(tag_outs[-1]))
+        assert proc.returncode == 0, proc.stderr
+    a, b = open_packed(tag_outs[0]), open_packed(tag_outs[1])
+    assert all(np.array_equal(u, v) for split in ("train", "test") for u, v in zip(a[split], b[split]))
+    assert a["train"][1][0].tolist() == [0, 2, -1, -1, -1]  # python, sql
     (h5_raw / "stackoverflow_train.h5").write_bytes((h5_raw / "stackoverflow_train.h5").read_bytes()[:3000])
     proc = run_script("--raw-dir", str(h5_raw), "--vocab-size", "7", "--out-dir", str(tmp_path / "bad"))
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "stackoverflow_train.h5" in proc.stderr, proc.stderr
+
+
+# ------------------------------------------------------------------ tag prediction (--task tag)
+#: (tokens, title, tags) examples; the words are WORDS (ids 1..7, OOV 8), the tags with
+#: --tag-vocab-size 3 python 0, java 1, sql 2 (css is out of the vocabulary)
+TAG_USERS = {
+    "u1": {"train": [("the code is .", "a title", "python|sql"),   # 6 words, "title" OOV
+                     ("it is", "to", "css|java|java")],            # OOV tag dropped, java once
+           "test": [("code", "the", "")]},                          # no tag: kept, all -1
+    "u2": {"train": [("a b c d e f g h i j", "it", "sql|python|java"),  # 11 words, cut to 6
+                     ("x", "y", "java")],
+           "test": [("is", "a", "python")]},
+    "u3": {"train": [("the", "", "java|css")], "test": []},
+}
+#: each example's x (6 word ids) and y (5 tag ids), worked out by hand
+TAG_EXPECTED = {
+    ("the code is .", "a title", "python|sql"): ([1, 5, 2, 4, 3, 8], [0, 2, -1, -1, -1]),
+    ("it is", "to", "css|java|java"): ([6, 2, 7, 0, 0, 0], [1, -1, -1, -1, -1]),
+    ("code", "the", ""): ([5, 1, 0, 0, 0, 0], [-1, -1, -1, -1, -1]),
+    ("a b c d e f g h i j", "it", "sql|python|java"): ([3, 8, 8, 8, 8, 8], [2, 0, 1, -1, -1]),
+    ("x", "y", "java"): ([8, 8, 0, 0, 0, 0], [1, -1, -1, -1, -1]),
+    ("is", "a", "python"): ([2, 3, 0, 0, 0, 0], [0, -1, -1, -1, -1]),
+    ("the", "", "java|css"): ([1, 0, 0, 0, 0, 0], [1, -1, -1, -1, -1]),
+}
+TAG_FLAGS = ("--task", "tag", "--vocab-size", "7", "--tag-vocab-size", "3", "--max-len", "6",
+             "--test-split", "global")
+
+
+def expected_rows(user, split):
+    rows = [TAG_EXPECTED[e] for e in TAG_USERS[user][split]]
+    return [r[0] for r in rows], [r[1] for r in rows]
+
+
+def written_rows(out, layout, client, split):
+    if layout == "npz":
+        x, y = load_client(out, split, client)
+    else:
+        x, y, offsets = open_packed(out)[split]
+        x, y = x[offsets[client]:offsets[client + 1]], y[offsets[client]:offsets[client + 1]]
+    assert x.dtype == y.dtype == np.int64 and x.shape[1:] == (6,) and y.shape[1:] == (5,)
+    return x.tolist(), y.tolist()
+
+
+@pytest.mark.parametrize("layout", ["packed", "npz"])
+def test_tag_task_writes_word_ids_and_tag_ids_as_worked_out_by_hand(tmp_path, layout):
+    raw = make_raw(tmp_path / "raw", compress=False, users=TAG_USERS)
+    out = tmp_path / "tags"
+    proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--layout", layout, "--out-dir", str(out))
+    assert proc.returncode == 0, proc.stderr
+    config = read_config(out)
+    assert config["client_names"] == ["u1", "u2", "u3"]
+    for client, user in enumerate(config["client_names"]):
+        for split in ("train", "test"):
+            assert written_rows(out, layout, client, split) == expected_rows(user, split), (user, split)
+    assert {k: config[k] for k in ("label_type", "num_classes", "max_labels", "label_pad", "vocab_size",
+                                   "pad_id", "oov_id", "max_len", "input_shape", "class_names",
+                                   "words_cut_samples", "tag_vocab_size")} == {
+        "label_type": "multilabel", "num_classes": 3, "max_labels": 5, "label_pad": -1, "vocab_size": 9,
+        "pad_id": 0, "oov_id": 8, "max_len": 6, "input_shape": [6], "class_names": ["python", "java", "sql"],
+        "words_cut_samples": 1, "tag_vocab_size": 3}
+    assert config["task"].startswith("tag prediction") and "bos_id" not in config
+    assert "1 of 7 samples had more than --max-len 6 words" in proc.stdout
+    # 7 samples holding 9 in-vocabulary tags; u1's tags: python, sql (train), java (train)
+    assert "3 clients, 7 samples (9 labels), 3 classes" in proc.stdout
+    if layout == "npz":
+        assert config["Size of samples for labels in clients"][0] == [[0, 1], [1, 1], [2, 1]]
+        assert config["train_samples"] == [2, 2, 1] and config["test_samples"] == [1, 1, 0]
+    rerun = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--layout", layout, "--out-dir", str(out))
+    assert rerun.returncode == 0 and "already generated" in rerun.stdout
+    # the word task on the same flags is another dataset: it regenerates the folder
+    word = run_script("--raw-dir", str(raw), "--vocab-size", "7", "--max-len", "6", "--test-split", "global",
+                      "--layout", layout, "--out-dir", str(out))
+    assert word.returncode == 0 and "already generated" not in word.stdout, word.stderr
+    assert "label_type" not in read_config(out)
+
+
+def test_tag_task_default_cap_and_the_tag_vocabulary_of_tffs_sorted_counts(tmp_path):
+    vocab = stackoverflow.TagVocabulary(WORDS, ["python", "java"], stackoverflow.DEFAULT_TAG_MAX_LEN)
+    x, y, cut = vocab.samples([vocab.example(" ".join(["it"] * 130), "", "java|python", "w")])
+    assert x.shape == (1, 128) and (x == 6).all() and y.tolist() == [[1, 0, -1, -1, -1]] and cut.tolist() == [True]
+    make_tag_counts(tmp_path)
+    archive = tmp_path / (stackoverflow.TAG_COUNT + ".tar.bz2")
+    assert stackoverflow.read_tag_counts(archive, 4) == ["python", "java", "sql", "css"]  # ties in file order
+    with pytest.raises(ReadError, match="fewer than --tag-vocab-size 5"):
+        stackoverflow.read_tag_counts(archive, 5)
+
+
+def test_tag_task_converts_between_layouts_bit_for_bit(tmp_path):
+    from datagen.relayout import check_folder, convert_layout
+
+    raw = make_raw(tmp_path / "raw", compress=False, users=TAG_USERS)
+    proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--out-dir", str(tmp_path / "packed"))
+    assert proc.returncode == 0, proc.stderr
+    convert_layout(tmp_path / "packed", tmp_path / "npz", "npz")
+    convert_layout(tmp_path / "npz", tmp_path / "back", "packed")
+    assert check_folder(tmp_path / "npz")["label_type"] == "multilabel"
+    assert read_config(tmp_path / "npz")["Size of samples for labels in clients"][1] == [[0, 2], [1, 2], [2, 1]]
+    for split in ("train", "test"):
+        for a, b in zip(open_packed(tmp_path / "packed")[split], open_packed(tmp_path / "back")[split]):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert read_config(tmp_path / "back")["content_digest"] == read_config(tmp_path / "packed")["content_digest"]
+    # a label outside [-1, num_classes) is refused in one line
+    y = np.load(tmp_path / "npz" / "train" / "0.npz")["y"].copy()
+    x = np.load(tmp_path / "npz" / "train" / "0.npz")["x"]
+    y[0, 4] = 3
+    np.savez_compressed(tmp_path / "npz" / "train" / "0.npz", x=x, y=y)
+    check = subprocess.run([sys.executable, "convert_layout.py", str(tmp_path / "npz"), "--check"],
+                           cwd=REPO / "dataset", capture_output=True, text=True, timeout=60)
+    assert check.returncode == 2 and check.stderr.count("\n") == 1 and "outside [-1, 3)" in check.stderr
+
+
+def test_tag_count_download_from_local_mirror_checks_tffs_sha256(tmp_path, monkeypatch):
+    www = make_raw(tmp_path / "www", users=TAG_USERS)
+    with LocalServer(www) as server:
+        monkeypatch.setenv(download.MIRROR_ENV, server.url)
+        # the test's tag counts are not TFF's file: refused by TFF's published SHA-256
+        with pytest.raises(download.ChecksumError, match="SHA-256"):
+            stackoverflow.locate_tag_counts(None, tmp_path / "dl")
+        assert server.requests[0] == "/stackoverflow.tag_count.tar.bz2"
+        digest = download.file_digests(www / stackoverflow.TAG_FILE.name)["sha256"]
+        monkeypatch.setattr(stackoverflow, "TAG_FILE", download.RemoteFile(stackoverflow.TAG_FILE.name, None,
+                                                                           sha256=digest))
+        path = stackoverflow.locate_tag_counts(None, tmp_path / "dl")
+    assert path == tmp_path / "dl" / stackoverflow.TAG_FILE.name
+    assert stackoverflow.read_tag_counts(path, 3) == ["python", "java", "sql"]
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_json", "not_counts", "six_tags", "missing"])
+def test_bad_tag_inputs_are_refused_in_one_line(tmp_path, damage):
+    users = TAG_USERS
+    if damage == "six_tags":
+        users = {**TAG_USERS, "u2": {"train": [("it", "", "a|b|c|d|e|f")], "test": [("is", "", "a")]}}
+    raw = make_raw(tmp_path / "raw", compress=False, users=users)
+    archive = raw / stackoverflow.TAG_FILE.name
+    if damage == "truncated":
+        archive.write_bytes(archive.read_bytes()[:-30])
+    elif damage == "not_json":
+        (raw / stackoverflow.TAG_COUNT).write_text('{"python": 9, "java"')
+        archive.unlink()
+    elif damage == "not_counts":
+        (raw / stackoverflow.TAG_COUNT).write_text('["python", "java"]')
+        archive.unlink()
+    elif damage == "missing":
+        archive.unlink()
+    flags = list(TAG_FLAGS)
+    if damage == "six_tags":
+        make_tag_counts(raw, {t: 10 - i for i, t in enumerate("abcdef")})
+        flags[flags.index("--tag-vocab-size") + 1] = "6"
+    out = tmp_path / "so"
+    proc = run_script("--raw-dir", str(raw), *flags, "--out-dir", str(out))
+    lines = proc.stderr.splitlines()  # the one error after the warning that user u3 has no test examples
+    assert proc.returncode == 2 and lines[-1].startswith("error: "), proc.stderr
+    assert all(line.startswith("warning: ") for line in lines[:-1]), proc.stderr
+    assert "Traceback" not in proc.stderr and not (out / "config.json").exists()
+    assert not (out / "train").exists() or not any((out / "train").iterdir())
+    expected = {"truncated": "corrupt or truncated tag-count file", "not_json": "not JSON",
+                "not_counts": "not a tag-count file", "six_tags": "user 'u2': an example has 6 tags",
+                "missing": "stackoverflow.tag_count"}[damage]
+    assert expected in proc.stderr, proc.stderr
+
+
+def test_tag_task_options_are_checked(tmp_path):
+    raw = make_raw(tmp_path / "raw", compress=False, users=TAG_USERS)
+    for flags, message in ((("--task", "tag", "--few-shot", "1"), "--few-shot"),
+                           (("--tag-vocab-size", "3"), "--tag-vocab-size applies to --task tag"),
+                           (("--task", "tag", "--tag-vocab-size", "0"), "--tag-vocab-size must be at least 1"),
+                           (("--task", "tag", "--tag-vocab-size", "9"), "fewer than --tag-vocab-size 9")):
+        proc = run_script("--raw-dir", str(raw), "--vocab-size", "7", *flags, "--out-dir", str(tmp_path / "o"))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("layout", ["packed", "npz"])
+def test_word_task_files_are_the_same_with_task_word(tmp_path, layout):
+    raw = make_raw(tmp_path / "raw", compress=False)
+    outs = []
+    for extra in ((), ("--task", "word")):
+        out = tmp_path / f"so{len(outs)}"
+        proc = run_script("--raw-dir", str(raw), "--vocab-size", "7", "--max-len", "5", "--layout", layout,
+                          *extra, "--out-dir", str(out))
+        assert proc.returncode == 0, proc.stderr
+        outs.append(out)
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(outs[1]) for p in outs[1].rglob("*") if p.is_file())
+    for name in files:
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    config = read_config(outs[0])
+    assert config["max_len"] == 5 and "label_type" not in config and "words_cut_samples" not in config
+
+
+def test_tag_task_summary_of_the_packed_layout_is_read_back_as_the_npz_one_counts(tmp_path):
+    """The packed writer computes the label skew from the y.npy it wrote ([rows, 5], -1 skipped);
+    the npz layout from the counts it held: the same lines. A cap counts the kept samples only."""
+    raw = make_raw(tmp_path / "raw", compress=False, users=TAG_USERS)
+    summaries = []
+    for layout in ("packed", "npz"):
+        proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--layout", layout, "--out-dir", str(tmp_path / layout))
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        summaries.append(lines[next(i for i, line in enumerate(lines) if line.startswith("Partition summary")):][:4])
+    assert summaries[0] == summaries[1] and "mean 0." in summaries[0][3]
+    proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--samples-per-client", "1", "--seed", "3",
+                      "--out-dir", str(tmp_path / "capped"))
+    assert proc.returncode == 0, proc.stderr
+    x, _, offsets = open_packed(tmp_path / "capped")["train"]
+    kept = x[offsets[1]:offsets[2]].tolist()  # u2's one training sample: the cut one or not
+    assert read_config(tmp_path / "capped")["words_cut_samples"] == int(kept == [[3, 8, 8, 8, 8, 8]])
