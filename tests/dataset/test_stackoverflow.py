@@ -649,3 +649,29 @@ def test_tag_task_summary_of_the_packed_layout_is_read_back_as_the_npz_one_count
     x, _, offsets = open_packed(tmp_path / "capped")["train"]
     kept = x[offsets[1]:offsets[2]].tolist()  # u2's one training sample: the cut one or not
     assert read_config(tmp_path / "capped")["words_cut_samples"] == int(kept == [[3, 8, 8, 8, 8, 8]])
+
+
+def test_the_tag_task_trains_with_tffs_model_and_reports_recall_at_5(tmp_path):
+    """Generated tag data, end to end: FedAvg with -m BoWLR trains on it from either layout with the
+    same numbers, and the run's file and summary name the metric recall@5."""
+    import h5py
+
+    import main as fl_main
+
+    raw = make_raw(tmp_path / "raw", compress=False, users=TAG_USERS)
+    curves = {}
+    for layout in ("npz", "packed"):
+        out = tmp_path / f"tags-{layout}"
+        proc = run_script("--raw-dir", str(raw), *TAG_FLAGS, "--layout", layout, "--out-dir", str(out))
+        assert proc.returncode == 0, proc.stderr
+        results = tmp_path / f"res-{layout}"
+        code = fl_main.main(["-dev", "cpu", "--progress", "False", "-q", "-data", str(out), "-m", "BoWLR", "-gr", "2",
+                             "-lbs", "1", "-lr", "1", "--results_dir", str(results), "--save_model", "False"])
+        assert code == 0
+        (found,) = results.glob("*.h5")
+        with h5py.File(found) as f:
+            assert f.attrs["metric"] == "recall@5"
+            curves[layout] = (f["rs_test_acc"][()], f["rs_train_loss"][()])
+    np.testing.assert_allclose(curves["packed"][0], curves["npz"][0])
+    np.testing.assert_allclose(curves["packed"][1], curves["npz"][1], rtol=1e-6)
+    assert np.isfinite(curves["npz"][1]).all() and curves["npz"][1][-1] < curves["npz"][1][0]
