@@ -98,6 +98,12 @@ class RunResult:
         return True if self.get("rs_test_acc_global") is not None else None
 
     @property
+    def metric(self) -> str:
+        """What ``rs_test_acc`` measures: the file's ``metric`` attribute (a multi-label dataset's
+        ``recall@5``), accuracy for files without one."""
+        return str(self.attrs.get("metric", "accuracy"))
+
+    @property
     def is_pfllib_format(self) -> bool:
         """True for files with no attributes, as PFLlib itself writes them."""
         return not self.attrs
@@ -186,6 +192,16 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], np.ndarray
     except (OSError, KeyError, ValueError, TypeError, RuntimeError) as exc:
         raise ResultFileError(f"{path}: not a readable HDF5 result file ({_one_line(exc)})") from exc
     return attrs, series, final_client_acc
+
+
+def measured_metric(runs: Sequence[RunResult]) -> str:
+    """What the accuracies of ``runs`` measure (:attr:`RunResult.metric`); runs that measure
+    different things cannot be averaged or drawn on one axis: refused in one line."""
+    names = sorted({r.metric for r in runs})
+    if len(names) > 1:
+        raise PlotError(f"the runs' rs_test_acc measure different things ({', '.join(names)}); "
+                        "summarise or plot them apart")
+    return names[0] if names else "accuracy"
 
 
 def load_run(path: Path | str) -> RunResult:

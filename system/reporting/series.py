@@ -5,12 +5,12 @@ Repeated runs are combined point-wise into a mean with a population standard dev
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
-from reporting.loading import Note, PlotError, RunResult
+from reporting.loading import Note, PlotError, RunResult, measured_metric
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,17 @@ def _x_values(usable: Sequence[RunResult], metric: MetricSpec, x_mode: str, leng
     return first.astype(float)
 
 
+def measured(metric: MetricSpec, runs: Sequence[RunResult]) -> MetricSpec:
+    """``metric`` named for what the runs' accuracy measures (``measured_metric``: a multi-label
+    dataset's ``recall@5``)."""
+    if not metric.key.startswith("rs_test_acc"):
+        return metric
+    name = measured_metric(runs)
+    if name == "accuracy":
+        return metric
+    return replace(metric, label=f"Test {name} (%)", title=f"test {name}")
+
+
 def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rounds",
                smooth: int = 1, note: Note | None = None, name: str | None = None) -> GroupedSeries | None:
     """Combine the runs of one algorithm into a mean ± std curve for one metric; None when no
@@ -191,7 +202,7 @@ def group_runs(runs: Sequence[RunResult], metric: MetricSpec, x_mode: str = "rou
         say(f"{name}: runs have different lengths ({', '.join(map(str, lengths))} {unit}); "
             f"curves truncated to the shortest ({length} {unit})")
     x = _x_values(usable, metric, x_mode, length, name, say)
-    return GroupedSeries(algorithm=name, metric=metric, x=x, mean=mean, std=std,
+    return GroupedSeries(algorithm=name, metric=measured(metric, usable), x=x, mean=mean, std=std,
                          lengths=lengths, runs=[r.run for r in usable])
 
 

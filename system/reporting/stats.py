@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from reporting.loading import RunResult
+from reporting.loading import RunResult, measured_metric
 from reporting.results import reach_target, tail_means
 
 MISSING = "–"  # a figure the files do not allow to compute (PFLlib's files lack most series)
@@ -66,6 +66,8 @@ class AlgorithmSummary:
     unfinished: int = 0
     stats: dict[str, Stat] = field(default_factory=dict)
     collapsed: int = 0
+    #: what the accuracies measure (``RunResult.metric``: a multi-label dataset's recall@5)
+    metric: str = "accuracy"
 
 
 @dataclass(frozen=True)
@@ -250,4 +252,5 @@ def summarize_runs(runs: Sequence[RunResult], avg_last: int = 10, target_acc: fl
         unfinished=sum(not r.finished for r in runs),
         stats=stats,
         collapsed=sum(r.diverged for r in runs),
+        metric=measured_metric(runs),
     )

@@ -45,7 +45,9 @@ def summary_cells(summaries: Sequence[AlgorithmSummary], avg_last: int = 10,
     whose = any(s.personalized is not False for s in summaries)
     any_unfinished = any(s.unfinished for s in summaries)
     any_collapsed = any(s.collapsed for s in summaries)
+    measures = any(s.metric != "accuracy" for s in summaries)  # a multi-label dataset's recall@5
     header = ["algorithm", "runs", "evals", "last round"]
+    header += ["acc is"] if measures else []
     header += ["acc of"] if whose else []
     header += [column_header(c, avg_last, target_acc) for c in columns]
     header += ["unfinished"] if any_unfinished else []
@@ -54,6 +56,7 @@ def summary_cells(summaries: Sequence[AlgorithmSummary], avg_last: int = 10,
     for s in summaries:
         evals = str(s.n_evals[0]) if s.n_evals[0] == s.n_evals[1] else f"{s.n_evals[0]}-{s.n_evals[1]}"
         row = [s.algorithm, str(s.n_runs), evals, str(s.last_round)]
+        row += [s.metric] if measures else []
         row += [WHOSE_ACCURACY[s.personalized]] if whose else []
         row += [format_cell(s, c) for c in columns]
         row += [f"{s.unfinished} of {s.n_runs}" if s.unfinished else ""] if any_unfinished else []
@@ -110,7 +113,7 @@ def summary_records(summaries: Sequence[AlgorithmSummary]) -> list[dict[str, Any
         record: dict[str, Any] = {
             "dataset": s.dataset, "goal": s.goal, "algorithm": s.algorithm, "runs": s.n_runs,
             "unfinished": s.unfinished, "collapsed": s.collapsed, "evals_min": s.n_evals[0], "evals_max": s.n_evals[1],
-            "last_round": s.last_round, "accuracy_of": WHOSE_ACCURACY[s.personalized],
+            "last_round": s.last_round, "accuracy_of": WHOSE_ACCURACY[s.personalized], "metric": s.metric,
         }
         for column in SUMMARY_COLUMNS:
             stat = s.stats.get(column.key)

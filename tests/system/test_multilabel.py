@@ -13,12 +13,16 @@ import torch
 from sklearn.metrics import roc_auc_score
 
 import main
-from fltest import build_server, make_args
+from fltest import build_server, make_args, run_main_two_rounds
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 from multilabel_data import TAGS, WORDS, make_tag_dataset
 from flcore.objectives import MultiLabel, SingleClass, objective_of
 from flcore.trainmodel.text import NormalisedBag, bag_of_words_lr
 from fldata.loading import load_federated_dataset
+from reporting.loading import PlotError, load_run
+from reporting.series import METRICS, group_runs
+from reporting.stats import summarize_runs
+from reporting.tables import summary_cells
 from utils.auc import segment_micro_auc
 from utils.errors import FLError
 
@@ -138,6 +142,16 @@ def test_fedavg_trains_multi_label_data_the_same_from_both_layouts_and_on_every_
         np.testing.assert_allclose(runs["packed"][key], values, rtol=1e-5, atol=1e-7, err_msg=key)
     # training moved the model: the loss fell
     assert runs["npz"]["rs_train_loss"][-1] < runs["npz"]["rs_train_loss"][0]
+    # a plot of the runs names what they measure; with an accuracy run beside them they are refused
+    runs_read = [load_run(path) for path in sorted(tmp_path.glob("res-*/*.h5"))]
+    assert group_runs(runs_read, METRICS["acc"]).metric.label == "Test recall@5 (%)"
+    accuracy_run = load_run(run_main_two_rounds(tmp_path, "FedAvg"))
+    assert group_runs([accuracy_run], METRICS["acc"]).metric.label == "Test accuracy (%)"
+    with pytest.raises(PlotError, match="measure different things"):
+        group_runs([*runs_read, accuracy_run], METRICS["acc"])
+    # and the summary table says it beside the figures
+    header, rows = summary_cells([summarize_runs(runs_read), summarize_runs([accuracy_run])])
+    assert header[4] == "acc is" and [row[4] for row in rows] == ["recall@5", "accuracy"]
 
 
 @pytest.mark.parametrize("flags, says", [
