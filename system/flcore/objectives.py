@@ -28,7 +28,7 @@ metrics says so in its own body (``objectives = ("class", "multilabel")``, not i
 """
 from __future__ import annotations
 
-from typing import ClassVar, Iterable
+from typing import Callable, ClassVar, Iterable
 
 import torch
 import torch.nn.functional as F
@@ -140,14 +140,14 @@ def declares(part: type, name: str) -> bool:
     return name == DEFAULT or name in vars(part).get("objectives", ())
 
 
-def refusal(name: str, parts: Iterable[tuple[str, type]], algorithms: Iterable[str]) -> None:
+def refusal(name: str, parts: Iterable[tuple[str, type]], algorithms: Callable[[], Iterable[str]]) -> None:
     """Refuse in one line a run on label type ``name`` that one of ``parts`` (what the run is
-    called, the class) has not declared (module docstring); ``algorithms``: those that have."""
+    called, the class) has not declared (module docstring); ``algorithms()``: those that have."""
     if name == DEFAULT:
         return
     for what, part in parts:
         if not declares(part, name):
-            fix = (f"the algorithms that train on them: {', '.join(algorithms)}" if what.startswith("-algo")
+            fix = (f"the algorithms that train on them: {', '.join(algorithms())}" if what.startswith("-algo")
                    else "run without it")
             raise FLError(f"{what} is not written for {name} labels (config.json's \"label_type\": {name!r}; it "
                           f"takes one class per sample); {fix}")

@@ -18,7 +18,8 @@ from fltest import one_thread  # noqa: F401  (fixture: importing it switches it 
 from multilabel_data import TAGS, WORDS, make_tag_dataset
 from flcore.objectives import MultiLabel, SingleClass, objective_of
 from flcore.trainmodel.text import NormalisedBag, bag_of_words_lr
-from fldata.loading import load_federated_dataset
+from flcore.registry import OBJECTIVES
+from fldata.loading import LABEL_TYPES, load_federated_dataset
 from reporting.loading import PlotError, load_run
 from reporting.series import METRICS, group_runs
 from reporting.stats import summarize_runs
@@ -201,6 +202,10 @@ def test_multi_label_files_that_lie_are_refused_in_one_line(tmp_path, change, sa
     with pytest.raises(FLError, match=None) as caught:
         load_federated_dataset(str(folder))
     assert says in str(caught.value)
+
+
+def test_the_loader_knows_every_label_type_the_platform_trains():
+    assert set(LABEL_TYPES) == set(OBJECTIVES.names())
 
 
 def test_a_dataset_of_one_class_per_sample_keeps_its_rule(tmp_path):

@@ -163,8 +163,8 @@ class Server(Carries):
         objective = objective_of(dataset.config)
         local_step = local_step_for(args)  # plain SGD, or the chain the flags ask for (DP-SGD, poisoning)
         refusal(objective.name, self.run_parts(args, local_step),
-                [name for name in ALGORITHMS if all(declares(cls, objective.name) for _, cls in
-                                                    ALGORITHMS.get(name).run_parts(args, PLAIN_SGD)[:2])])
+                lambda: [name for name in ALGORITHMS if all(declares(cls, objective.name) for _, cls in
+                                                            ALGORITHMS.get(name).run_parts(args, PLAIN_SGD)[:2])])
         if type(self).public_data_user(args):  # main.py refused it before any data was read; a server built directly
             self.public_data()  # is checked here
         self.device = device
