@@ -26,6 +26,7 @@ from flcore.engines.ray.warm import WARM, keep_actors_warm
 from fltest import ENGINE_SIZES, assert_same_training, build_server, engine_run, make_args, random_dataset
 from fltest import one_thread  # noqa: F401  (fixture: importing it switches it on here)
 from raycrash import crashing_worker
+from multilabel_data import make_tag_dataset
 from toydata import make_dataset
 
 HAVE_RAY = importlib.util.find_spec("ray") is not None
@@ -180,6 +181,18 @@ def test_result_file_equals_the_sequential_engine(algorithm, flags, tmp_path):
     ref = h5_arrays(run_main(folder, tmp_path / "seq", algorithm, "--engine", "sequential", *flags))
     out = h5_arrays(run_main(folder, tmp_path / "ray", algorithm, "--engine", "ray", "--ray_workers", "2", *flags))
     assert ref.keys() == out.keys() and "rs_test_acc" in ref and "rs_client_acc" in ref
+    for name in ref:
+        assert np.array_equal(ref[name], out[name]), name
+
+
+@pytest.mark.usefixtures("local_ray")
+@pytest.mark.ray
+def test_multi_label_data_train_on_the_actors_as_sequentially(tmp_path):
+    """The actors' clients get the dataset's objective with their task (flcore/objectives.py)."""
+    folder = make_tag_dataset(tmp_path)
+    flags = ("-m", "BoWLR", "-lr", "5")
+    ref = h5_arrays(run_main(folder, tmp_path / "seq", "SCAFFOLD", "--engine", "sequential", *flags))
+    out = h5_arrays(run_main(folder, tmp_path / "ray", "SCAFFOLD", "--engine", "ray", "--ray_workers", "2", *flags))
     for name in ref:
         assert np.array_equal(ref[name], out[name]), name
 
