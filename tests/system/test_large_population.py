@@ -60,7 +60,10 @@ def test_a_large_population_starts_without_work_per_client_and_trains_a_round(po
     assert len(result.cohort) == 50 and len(result.updates) == 50
     assert server.clients.built <= 1 + 50 + 20  # the cohort and the evaluated sample
     assert len(server.history.client_acc[-1]) == 20
-    assert server.plugin("clock").now > 0
+    clock = server.plugin("clock")
+    assert clock.now > 0
+    # the clock keeps the speeds and time costs of the clients it timed, not of the population
+    assert len(clock._drawn) == len(clock.client_seconds) == len(clock.client_rounds) == 50
 
 
 @pytest.mark.parametrize("algorithm,flags,why", [

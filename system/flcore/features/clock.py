@@ -119,11 +119,12 @@ PFLLIB_DEFAULT_THRESHOLD = 10000.0
 
 @dataclass
 class Profiles:
-    """Every client's speeds and availability (arrays indexed by client position)."""
+    """Every client's speeds and availability (arrays indexed by client position; the speeds None
+    while they are drawn client by client as needed, :meth:`VirtualClock.effective_speeds`)."""
 
-    compute: np.ndarray  # samples per second
-    down: np.ndarray  # bytes per second, server -> client
-    up: np.ndarray  # bytes per second, client -> server
+    compute: np.ndarray | None  # samples per second
+    down: np.ndarray | None  # bytes per second, server -> client
+    up: np.ndarray | None  # bytes per second, client -> server
     #: client position -> an (k, 2) array of [start, end) windows, for the clients windows limit
     windows: dict[int, np.ndarray]
     period: np.ndarray  # duty cycle length; 0 = no duty cycle
@@ -132,7 +133,7 @@ class Profiles:
 
     def available(self, t: float) -> np.ndarray:
         """Which clients are available at virtual time ``t``."""
-        ok = np.ones(len(self.compute), dtype=bool)
+        ok = np.ones(len(self.period), dtype=bool)
         cycled = self.period > 0
         if cycled.any():
             phase = np.mod(t + self.offset[cycled], self.period[cycled])
@@ -175,9 +176,9 @@ def drawn_speeds(args, cids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.
 
 def drawn_profiles(args, cids: Sequence[int], speeds: bool = True) -> Profiles:
     """Log-normal speeds and the seeded duty cycle (module docstring), one stream per client; with
-    ``speeds`` False the speeds are left NaN, to be drawn (``drawn_speeds``) when first needed."""
+    ``speeds`` False the speeds are left None, to be drawn (``drawn_speeds``) when first needed."""
     n = len(cids)
-    compute, down, up = drawn_speeds(args, cids) if speeds else (np.full(n, np.nan) for _ in range(3))
+    compute, down, up = drawn_speeds(args, cids) if speeds else (None, None, None)
     # one value for every client: read-only views of it, no memory per client
     period = np.broadcast_to(float(args.clock_avail_period), (n,))
     duty = np.broadcast_to(float(args.clock_avail_duty), (n,))
@@ -394,6 +395,8 @@ class VirtualClock(RoundPlugin):
         else:  # speeds drawn when first needed (speeds_of); phases, where there are any, now
             cids = [c.cid for c in clients] if args.clock_avail_period > 0 else range(n)
             self._profiles = drawn_profiles(args, cids, speeds=False)
+        #: the drawn speeds (compute, down, up) of the clients timed so far, by position (no trace)
+        self._drawn: dict[int, tuple[float, float, float]] = {}
         self.batch_size = int(args.batch_size)
         #: -tsr slow trainers and -ssr slow senders (boolean masks over client positions)
         self.train_slow = slow_clients(args.seed, args.train_slow_rate, n, "slow-clients")
@@ -416,22 +419,36 @@ class VirtualClock(RoundPlugin):
         self.restricts_selection = self.time_select or self._profiles.limited
         #: virtual seconds since the start of training
         self.now = 0.0
-        #: each client's virtual seconds over the rounds it trained in, and their number (-tth)
-        self.client_seconds = np.zeros(n)
-        self.client_rounds = np.zeros(n, dtype=np.int64)
+        #: each client's virtual seconds over the rounds it trained in, and their number (-tth): client
+        #: position -> value, for the clients that trained (memory follows them, not the population)
+        self.client_seconds: dict[int, float] = {}
+        self.client_rounds: dict[int, int] = {}
         self._round_began = 0.0
         #: the virtual time the round's training began (after any wait), and each upload's seconds from it
         self._round_start = 0.0
         self.upload_seconds: dict[int, float] = {}
 
-    def _draw_missing(self, positions: np.ndarray) -> None:
-        """Draw, at once, the speeds of those of ``positions`` not drawn yet (a cohort of new
-        clients: one vectorised fill instead of one per client); a trace gives every client's."""
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        rounds = self.client_rounds
+        if isinstance(rounds, np.ndarray):  # a checkpoint of when these were arrays over every client
+            trained = np.flatnonzero(rounds).tolist()
+            self.client_seconds = {i: float(self.client_seconds[i]) for i in trained}
+            self.client_rounds = {i: int(rounds[i]) for i in trained}
+
+    def _base_speeds(self, positions: np.ndarray) -> np.ndarray:
+        """(compute, down, up) of the clients at ``positions`` before the slow factors, (3, k): the
+        trace's, or drawn; those not drawn yet are drawn at once (a cohort of new clients: one
+        vectorised draw) and kept for the clients timed, not for the population."""
         p = self._profiles
-        missing = positions[np.isnan(p.compute[positions])]
-        if missing.size:
+        if p.compute is not None:
+            return np.stack([p.compute[positions], p.down[positions], p.up[positions]])
+        missing = [int(i) for i in dict.fromkeys(positions.tolist()) if int(i) not in self._drawn]
+        if missing:
             clients = self.runtime.clients
-            p.compute[missing], p.down[missing], p.up[missing] = drawn_speeds(self.args, [clients[i].cid for i in missing])
+            drawn = np.stack(drawn_speeds(self.args, [clients[i].cid for i in missing]), axis=1)
+            self._drawn.update(zip(missing, map(tuple, drawn.tolist())))
+        return np.asarray([self._drawn[int(i)] for i in positions.tolist()], dtype=np.float64).reshape(-1, 3).T
 
     def speeds_of(self, index: int) -> tuple[float, float, float]:
         """Client ``index``'s effective (compute, down, up) speeds (:meth:`effective_speeds`)."""
@@ -442,19 +459,19 @@ class VirtualClock(RoundPlugin):
         """The effective speeds (3, len(positions)) of the clients at ``positions``: drawn the
         first time they are needed, -tsr's and -ssr's slow factors applied (computed when asked:
         no array per client)."""
-        args, p = self.args, self._profiles
-        self._draw_missing(positions)
-        compute = np.where(self.train_slow[positions], p.compute[positions] / args.clock_train_slow_factor,
-                           p.compute[positions])
-        links = [np.where(self.send_slow[positions], speed[positions] / args.clock_send_slow_factor, speed[positions])
-                 for speed in (p.down, p.up)]
+        args = self.args
+        base, down, up = self._base_speeds(positions)
+        compute = np.where(self.train_slow[positions], base / args.clock_train_slow_factor, base)
+        links = [np.where(self.send_slow[positions], speed / args.clock_send_slow_factor, speed) for speed in (down, up)]
         return np.stack([compute, *links])
 
     @property
     def profiles(self) -> Profiles:
         """Every client's speeds (all drawn) and availability."""
-        self._draw_missing(np.arange(len(self._profiles.compute)))
-        return self._profiles
+        p = self._profiles
+        if p.compute is None:
+            p.compute, p.down, p.up = self._base_speeds(np.arange(len(p.period)))
+        return p
 
     @functools.cached_property
     def predicted(self) -> np.ndarray:
@@ -465,6 +482,7 @@ class VirtualClock(RoundPlugin):
         shared = vector.numel() if runtime.shared is None else int(runtime.shared.sum())
         model_bytes = shared * vector.element_size()
         samples = [client.expected_gradient_samples() for client in runtime.clients]
+        self.profiles  # every client's speeds, drawn into arrays at once  # noqa: B018
         compute, down, up = self.effective_speeds(np.arange(len(runtime.clients)))
         return model_bytes / down + np.asarray(samples, dtype=np.float64) / compute + model_bytes / up
 
@@ -571,12 +589,12 @@ class VirtualClock(RoundPlugin):
         self.upload_seconds = {}
         speeds = self.effective_speeds(np.fromiter((u.index for u in trained), dtype=np.int64, count=len(trained)))
         for update, (compute, down, up) in zip(trained, speeds.T.tolist()):
-            i = update.index
+            i = int(update.index)
             down_and_train = float(package.nbytes(i) / down + update.samples_processed / compute)
             seconds = down_and_train + float(update.nbytes() / up)
             self.upload_seconds[i] = seconds
-            self.client_seconds[i] += seconds
-            self.client_rounds[i] += 1
+            self.client_seconds[i] = self.client_seconds.get(i, 0.0) + seconds
+            self.client_rounds[i] = self.client_rounds.get(i, 0) + 1
             if id(update) not in reached:  # a drop-out: noticed when its upload should begin
                 duration = max(duration, down_and_train)
                 continue
