@@ -47,8 +47,9 @@ Speeds without a trace (``--client_trace``) are drawn per client from the seed, 
 
 with z1, z2 standard normals from (seed, "clock-speeds", client), so the same seed gives the same
 speeds whatever the engine, cohort or round. A client's speeds are drawn the first time a round
-times it (the same values whenever they are drawn), so building the clock costs nothing per client
-unless ``-ts`` needs every client's prediction; ``--clock_avail_period`` draws every client's phase. ``--clock_avail_period P`` with ``--clock_avail_duty D``
+times it (the same values whenever they are drawn) and kept, as its time costs are, for the clients
+timed so far, so the clock's memory follows the clients that trained, not the population, unless
+``-ts`` needs every client's prediction; ``--clock_avail_period`` draws every client's phase. ``--clock_avail_period P`` with ``--clock_avail_duty D``
 makes every client available a fraction D of each period of P virtual seconds, from a phase drawn
 from (seed, "clock-phase", client); the default (P = 0) keeps every client always available.
 
