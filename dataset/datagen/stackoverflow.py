@@ -74,7 +74,7 @@ would give it 2). The bag itself is the reader's: TFF's current ``build_to_ids_f
 in-vocabulary word counts by their sum, ignoring out-of-vocabulary words (``divide_no_nan``; an
 example of OOV words only is all zeros), where its older version averaged one-hots over ``V + 1``
 entries and dropped the OOV entry, so OOV words counted in the denominator; ``x`` keeps the OOV
-ids so that either can be computed.
+ids so that either can be computed (``-m BoWLR``'s ``--bow_denominator``, ``system/flcore/trainmodel/text.py``).
 
 Clients are the users of TFF's ``train`` split (``--num-clients N`` keeps the N with most
 sentences, ties in TFF's sorted id order); ``--max-sentences N`` keeps each user's first N
