@@ -598,7 +598,7 @@ def load_federated_dataset(
     # Two passes, so the inputs are written once into one tensor per split: the peak is the data
     # plus one client's file, not the data twice (the per-client arrays plus their concatenation).
     # The first reads and checks the labels (and the sample counts config.json records).
-    declared_classes = config.get("num_classes")
+    declared_classes, width = config.get("num_classes"), label_width(config)
     keep: dict[tuple[str, int], np.ndarray | None] = {}
     rows: dict[tuple[str, int], int] = {}
     labels: dict[str, list[np.ndarray]] = {"train": [], "test": []}
@@ -606,7 +606,7 @@ def load_federated_dataset(
         for split in ("train", "test"):
             file = path / split / f"{cid}.npz"
             y = _check_labels(file, _read_npz(file, legacy_pickle, inputs=False)[1], declared_classes, config_file,
-                              label_width(config))
+                              width)
             rows[split, cid] = len(y)
             if split == "train" and few_shot > 0:
                 keep[split, cid] = _few_shot_rows(y, few_shot)

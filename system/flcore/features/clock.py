@@ -444,12 +444,13 @@ class VirtualClock(RoundPlugin):
         p = self._profiles
         if p.compute is not None:
             return np.stack([p.compute[positions], p.down[positions], p.up[positions]])
-        missing = [int(i) for i in dict.fromkeys(positions.tolist()) if int(i) not in self._drawn]
+        wanted = positions.tolist()
+        missing = [i for i in dict.fromkeys(wanted) if i not in self._drawn]
         if missing:
             clients = self.runtime.clients
             drawn = np.stack(drawn_speeds(self.args, [clients[i].cid for i in missing]), axis=1)
             self._drawn.update(zip(missing, map(tuple, drawn.tolist())))
-        return np.asarray([self._drawn[int(i)] for i in positions.tolist()], dtype=np.float64).reshape(-1, 3).T
+        return np.asarray([self._drawn[i] for i in wanted], dtype=np.float64).reshape(-1, 3).T
 
     def speeds_of(self, index: int) -> tuple[float, float, float]:
         """Client ``index``'s effective (compute, down, up) speeds (:meth:`effective_speeds`)."""
@@ -469,10 +470,15 @@ class VirtualClock(RoundPlugin):
     @property
     def profiles(self) -> Profiles:
         """Every client's speeds (all drawn) and availability."""
+        self._draw_every_client()
+        return self._profiles
+
+    def _draw_every_client(self) -> None:
+        """Draw the speeds of the clients not timed yet into arrays over every client (what ``-ts``'s
+        predictions and :attr:`profiles` need)."""
         p = self._profiles
         if p.compute is None:
             p.compute, p.down, p.up = self._base_speeds(np.arange(len(p.period)))
-        return p
 
     @functools.cached_property
     def predicted(self) -> np.ndarray:
@@ -483,7 +489,7 @@ class VirtualClock(RoundPlugin):
         shared = vector.numel() if runtime.shared is None else int(runtime.shared.sum())
         model_bytes = shared * vector.element_size()
         samples = [client.expected_gradient_samples() for client in runtime.clients]
-        self.profiles  # every client's speeds, drawn into arrays at once  # noqa: B018
+        self._draw_every_client()
         compute, down, up = self.effective_speeds(np.arange(len(runtime.clients)))
         return model_bytes / down + np.asarray(samples, dtype=np.float64) / compute + model_bytes / up
 
