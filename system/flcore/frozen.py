@@ -6,38 +6,29 @@ graph for oneDNN: convolution weights prepacked once instead of reordered at eve
 convolution + ReLU fused, activations kept in oneDNN's blocked layout between layers. Logits equal
 the eager module's up to float rounding (about 1e-7 for the CNNs).
 
-Measured on the project's 2-core EPYC (torch 2.13, P1's MNIST CNN, batch 128, one intra-op thread,
-CPU time, eager and frozen interleaved in one process at a load of 6-9;
-``experiments/cpu_step_variants.py --part eval|evaluation``): on real MNIST rows 8,357 rows per
-CPU second eager, 10,618 frozen (1.27x; 1.6-1.9x on random inputs at a higher load); a whole P1
-evaluation (70,000 rows) 8.59 -> 7.09 CPU s with the same accuracy, AUC and loss to 8 digits.
-A copy costs about 25 ms of CPU (trace about 20, freeze and optimise about 5), so only passes of at
-least ``MIN_ROWS`` rows use one (one batch saves about 12 ms). It is rebuilt for every pass: it holds the
+On a CPU a frozen copy evaluates faster than the eager module with the same accuracy, AUC and loss (figures
+and their command: docs/results/performance.md, "Evaluation: group size, threads and frozen copies"). A copy
+costs about 25 ms of CPU (trace about 20, freeze and optimise about 5), so only passes of at least
+``MIN_ROWS`` rows use one (one batch saves about 12 ms). It is rebuilt for every pass: it holds the
 parameters of the pass as constants (that is what lets oneDNN prepack them), and tracing afresh also picks
 up any Python attribute of the model that changed since (a traced graph keeps such values as constants).
 
-**Memory.** TorchScript registers every traced module's types and methods (graphs, optimised plans) in
-its global compilation unit, ``torch.jit._state._python_cu``, and never removes them (pytorch#35600,
-#96726): a copy per pass kept 18-25 MB of P1's CNN when traced on 128 rows, ~3 MB on the 2 rows used
-here. So each copy is built into a compilation unit of its own (the global one is swapped out while
-tracing, freezing and optimising; TorchScript's C++ side reads it from there), and
-:meth:`FrozenCopy.release` drops that unit's functions when the pass is done, then hands the heap's free
-pages back (:func:`return_free_heap_pages`). Measured on the 2-core CPU
-(``experiments/frozen_eval_memory.py``; docs/results/performance.md, "Evaluation: group size,
-threads and frozen copies"): bare, 20 copies of P1's CNN, RSS 266 -> 597
-MB with the global unit, flat with a unit per copy; FedAvg on 100 MNIST clients, 12 evaluations of 2
-frozen passes, RSS +13.5 MB per evaluation before, +5 MB with private units alone (malloc's live bytes
-flat, its free bytes growing), flat at 424 MB with the trim too (eager: 427 MB), at the same CPU time;
-the same with 20 clients a round, ``-t 3 -gr 5``, RSS after each run: 646, 890, 1,117 MB before, 457,
-465, 468 now (eager 477, 486, 489). What stays: 12 small Python classes per copy (TorchScript's
-``QualnameWrapper``, held from C++) and the heap's address space (its free holes, not resident); over
-200 evaluations (docs/results/performance.md, "Frozen evaluation copies over 200 evaluations, against eager") RSS still
-grew about 130 KB and malloc's free bytes about 2.3 MB per evaluation, where the eager run stayed flat:
-that is why ``--eval_frozen`` stays off by default. Ways that do not help: one traced copy per model object reused across passes (it
-shares the parameters, so it sees the loaded weights, and does not grow), traced and frozen without
-``optimize_for_inference`` (its constants alias the parameters here), or a trace with the weights as
-graph inputs: all run at the eager speed, because the gain is all in oneDNN's prepacked constant
-weights.
+**Memory.** TorchScript registers every traced module's types and methods (graphs, optimised plans) in its
+global compilation unit, ``torch.jit._state._python_cu``, and never removes them (pytorch#35600, #96726): a
+copy per pass kept 18-25 MB of P1's CNN when traced on 128 rows, ~3 MB on the 2 rows used here. So each copy
+is built into a compilation unit of its own (the global one is swapped out while tracing, freezing and
+optimising; TorchScript's C++ side reads it from there), and :meth:`FrozenCopy.release` drops that unit's
+functions when the pass is done, then hands the heap's free pages back (:func:`return_free_heap_pages`).
+With both, RSS stays level over evaluations where the global unit grew it by megabytes each time
+(``experiments/frozen_eval_memory.py``; figures in docs/results/performance.md, "Evaluation: group size,
+threads and frozen copies"). What stays: 12 small Python classes per copy (TorchScript's
+``QualnameWrapper``, held from C++) and the heap's address space (its free holes, not resident); over many
+evaluations RSS still grows slowly where the eager run stays flat (docs/results/performance.md, "Frozen
+evaluation copies over 200 evaluations, against eager"): that is why ``--eval_frozen`` stays off by default.
+Ways that do not help: one traced copy per model object reused across passes (it shares the parameters, so
+it sees the loaded weights, and does not grow), traced and frozen without ``optimize_for_inference`` (its
+constants alias the parameters here), or a trace with the weights as graph inputs: all run at the eager
+speed, because the gain is all in oneDNN's prepacked constant weights.
 
 Not used (the eager module runs, and the evaluator says so once) when the model has forward hooks
 (tracing would run them once, on the example rows, and the frozen copy never), when tracing
@@ -103,7 +94,7 @@ class FrozenCopy:
 def return_free_heap_pages() -> None:
     """glibc's ``malloc_trim(0)``: the heap's free pages go back to the system. Building and freeing a
     copy leaves holes in the heap that later blocks do not fill (malloc's live bytes stay flat while
-    its free bytes grow ~5 MB per evaluation); without this they stay resident. It also returns what
+    its free bytes grow by megabytes per evaluation); without this they stay resident. It also returns what
     ``--malloc_keep_freed`` keeps, which training then faults in again once a pass (a few ms)."""
     if glibc_version() is not None:
         ctypes.CDLL(None).malloc_trim(0)

@@ -428,15 +428,22 @@ def _check_labels(file: Path, y: np.ndarray, num_classes: int | None, config_fil
             raise FLError(f"{file}: labels y are {y.dtype}, not whole class numbers; {REGENERATE}")
     if not len(y):
         return np.zeros(y.shape, dtype=np.int64)
+    _check_label_range(file, y, num_classes, config_file, width)
+    return y.astype(np.int64, copy=False)
+
+
+def _check_label_range(file: Path, y: np.ndarray, num_classes: int | None, config_file: Path,
+                       width: int | None) -> None:
+    """Labels in [0, num_classes), or in [-1, num_classes) for multi-label ``y`` (-1 the padding); one
+    pass over a non-empty ``y``."""
     low, high = int(y.min()), int(y.max())
     floor = 0 if width is None else -1
     if low < floor or (num_classes is not None and high >= num_classes):
-        bound = f"[{floor}, {num_classes})" if num_classes is not None else "[0, ...)"
+        bound = f"[{floor}, {num_classes})" if num_classes is not None else f"[{floor}, ...)"
         fix = (f"set \"num_classes\": {high + 1} in {config_file} if the data are right, or {REGENERATE}"
                if low >= floor else REGENERATE)
         raise FLError(f"{file} has labels {low}..{high}, outside {bound} of {config_file.name} "
                       f"(\"num_classes\": {num_classes}); {fix}")
-    return y.astype(np.int64, copy=False)
 
 
 def _check_sample_counts(config: dict, config_file: Path, cid: int, train: int, test: int) -> None:
@@ -804,11 +811,7 @@ def _packed_split(path: Path, split: str, config: dict, config_file: Path) -> tu
                       f"{REGENERATE}")
     num_classes = config.get("num_classes")
     if rows:  # one pass over the labels (8 bytes a row): the only check that reads every row
-        low, high = int(y.min()), int(y.max())
-        floor = 0 if width is None else -1
-        if low < floor or (num_classes is not None and high >= num_classes):
-            raise FLError(f"{files['y.npy']} has labels {low}..{high}, outside [{floor}, {num_classes}) of "
-                          f"{config_file.name}; {REGENERATE}")
+        _check_label_range(files['y.npy'], y, num_classes, config_file, width)
     return x, y, offsets
 
 
