@@ -163,10 +163,9 @@ class _Rows:
         self.total = int(sum(self.lens))
 
 
-#: ``--eval_batch_size 0`` (auto) by device type: 128 on a CPU (measured fastest there, see the
-#: module docstring); on a GPU P1's evaluation at 128 rows a batch is ~550 batches of a few tiny
-#: kernels each, bound by launches, so GPUs take 2048: P1's evaluation on an H200 took 0.19 s at
-#: 128, 0.032 s at 2048 and 0.031 s at 8192 (peak GPU memory 976, 1,176 and 1,980 MB)
+#: ``--eval_batch_size 0`` (auto) by device type: 128 on a CPU (where the batch did not matter);
+#: on a GPU P1's evaluation at 128 rows a batch is ~550 batches of a few tiny kernels each, bound
+#: by launches, so GPUs take 2048 (the figures: docs/results/performance.md, the GPU section)
 AUTO_EVAL_BATCH = {"cpu": 128}
 AUTO_EVAL_BATCH_GPU = 2048
 

@@ -35,10 +35,9 @@ Not used (the eager module runs, and the evaluator says so once) when the model 
 warns that the graph may not generalise (data-dependent Python control flow), or when tracing or
 freezing fails (also where a PyTorch release lacks the private compilation-unit hook). The evaluator
 also compares the copy's first batch with the eager module's and falls back when they differ beyond
-float rounding. Other ways to the same end were measured slower on this CPU
-(same script): ``torch.compile`` of the forward pass 0.73x the eager time per batch (its own
-kernels for max-pooling), oneDNN tensors through ``torch.utils.mkldnn`` 0.77x (layout conversions
-at every layer). TorchScript is deprecated in PyTorch; if a release drops it, the fallback keeps
+float rounding. Other ways to the same end, ``torch.compile`` of the forward pass (its own kernels
+for max-pooling) and oneDNN tensors through ``torch.utils.mkldnn`` (layout conversions at every
+layer), were slower than eager (``docs/results/performance.md``, "Tried, not kept"). TorchScript is deprecated in PyTorch; if a release drops it, the fallback keeps
 evaluation correct.
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ Design (what a reader should know before changing it):
   skipped when the class keeps the base identity. With an ``adjust_grad`` the per-name gradients
   are concatenated into one ``[K, P]`` tensor and the update is one fused op on ``[K, P]``; plain
   SGD updates each parameter's ``[K, *shape]`` view in place instead, which saves a full copy of
-  the gradient per step (measured: the concatenation was ~12% of a CPU step). Learning rates are
+  the gradient per step (the concatenation was ~12% of a CPU step: the performance page). Learning rates are
   per client (``-ld`` decays them with each client's own participations); equal rates use a
   scalar ``add_`` (the sequential arithmetic), different ones an ``addcmul_`` with a ``[K, 1]``
   rate tensor. With ``--local_momentum`` each client's momentum buffer is a row of a ``[K, P]``

@@ -14,8 +14,7 @@ it runs:
   copies the state back; the step function trains the first n rows of the buffers, so one set
   of buffers serves every row count. On CUDA (``graph``, ``auto`` on a GPU) the replay
   is a CUDA graph captured on first use per (function, shapes): one launch instead of hundreds
-  of kernel launches and the Python of vmap, which dominate a batch-10 step (4.8 ms
-  eager, 1.1 ms replayed for P1's 20 clients on an H200). ``compiled`` replays a
+  of kernel launches and the Python of vmap, which dominate a batch-10 step. ``compiled`` replays a
   ``torch.compile`` of the function on the same buffers. On a CPU, or after a capture failed,
   the replay is the eager function on the static buffers: the same code path, which is what the
   CPU tests exercise.
@@ -30,14 +29,9 @@ it runs:
   (Poisson batches, per-sample clipping) never reach the batched step: the engine trains them
   sequentially.
 
-Measured on one NVIDIA H200 (torch 2.11 + CUDA 13), one step of the MNIST CNN over
-20 clients at B=10: eager 5.9 ms, CUDA graph 1.44 ms, ``compiled`` (Inductor, then captured)
-1.15 ms after a 16 s compile per shape. P1's round (20 clients, up to 641 steps, 6 buckets):
-3.09 s eager, 0.49 s with graphs (train 0.46; PFLlib's own main.py: 16.63 s, so 33.9x). At P2's
-shape (50 clients, 3x32x32) a captured step is 3.18 ms (eager 5.87), 82% of P2's 19.4 ms round;
-``compiled`` made that round 17.6 ms after a 20 s compile. ``auto`` takes the graph: the compile
-would cost about 100 s over P1's bucket shapes for 0.3 ms a step. The graphs' pool costs GPU
-memory: P1 peaks at 1,176 MB captured against 426 MB eager; P3 (5.3 GB of SCAFFOLD state) 3% more.
+``auto`` takes the graph: on the GPU it measured nearly as fast as ``compiled`` without a compile
+per bucket shape; the graphs' pool costs GPU memory beyond the eager step's. The figures are in
+``docs/results/performance.md`` ("How fast against PFLlib on a GPU").
 
 Graphs share one memory pool (they are replayed one after another on one stream), and capture
 happens inside the engine's ``no_grad`` and layout contexts, so replays see the same settings.

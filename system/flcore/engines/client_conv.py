@@ -1,10 +1,9 @@
 """Per-client convolutions for the batched engine's vmapped step (``--batched_conv``).
 
 Under ``torch.func.vmap`` over K clients, a 2-d convolution whose input and weight both carry
-the client axis becomes one grouped convolution (``groups=K``). On an H200 (torch 2.11, cuDNN
-9) cuDNN runs that grouped convolution for the platform's CNN as a loop over the groups: one
-kernel per client for the 32-to-64-channel layer's forward pass, input gradient and weight
-gradient (a kernel profile of P2's captured step over 50 clients: 50 launches of each;
+the client axis becomes one grouped convolution (``groups=K``). cuDNN runs that grouped
+convolution for the platform's CNN as a loop over the groups: one kernel per client for the
+32-to-64-channel layer's forward pass, input gradient and weight gradient (a kernel profile:
 ``SB_PROFILE=1 python experiments/gpu_step_runners.py cuda``). Those loops are most of the step.
 
 ``unfold`` (opt-in) runs each convolution as a custom autograd function with its own vmap rule:
@@ -20,19 +19,15 @@ up to float rounding (the products sum in another order; cuDNN's convolutions us
 ``grouped_nhwc`` (opt-in) keeps vmap's grouped convolution (the clients as groups) but lays its
 input, weight and output gradient out channels-last, through the same custom function and
 ``aten.convolution_backward`` with ``groups=K``: whether cuDNN then takes all groups in one kernel
-is for the GPU to tell (on this project's CPU oneDNN is no faster with it: 123 against 106 ms for
-P2's 32-to-64 layer over 50 clients, forward and both gradients, one thread, a loaded machine).
+is for the GPU to tell (on a CPU oneDNN is no faster with it).
 
-Measured so far (H200, torch 2.11): the im2col written with ``F.unfold`` / ``F.fold``
-was six times slower than the grouped convolution, captured: P2's step 19.4 ms against 3.19 ms
-over 50 clients, P1's 6.8 ms against 1.2 ms over 20 (a first attempt with ``F.unfold`` inside
-the vmapped function, commit 8761237, was three times slower on P2's round). The cause is in
-ATen: its im2col launches one kernel per image, on CUDA as on the CPU, i.e. 500 launches per
-layer and pass at P2's 50 clients x batch 10. The strided view here is one copy instead; its
-GPU speed is not measured yet, nor ``grouped_nhwc``'s (``PART=unfold bash
-experiments/gpu_speed.sh`` measures both), so the default stays ``grouped``. On this project's
-2-core CPU unfold is slower than oneDNN's grouped convolution (P2's step over 50 clients: 542 ms
-against 304 ms), where the batched engine is not ``auto``'s choice anyway.
+Why the strided view: ATen's im2col (``F.unfold`` / ``F.fold``) launches one kernel per image,
+on CUDA as on the CPU, i.e. 500 launches per layer and pass at 50 clients x batch 10, and
+written with it the step was several times slower than the grouped convolution. The strided
+view is one copy instead. The default stays ``grouped`` until the GPU has measured ``unfold``
+and ``grouped_nhwc`` (``PART=unfold bash experiments/gpu_speed.sh``); the figures, and those of
+the CPU (where the batched engine is not ``auto``'s choice), are in ``docs/results/performance.md``
+("Tried, not kept, and why"; "Where P2's captured step goes").
 """
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ Only local training is affected: evaluation, aggregation and the servers' own op
 too), around the SGD loop in each worker thread (the threaded engine; autocast is per thread), or
 inside the vmapped step (the batched engine, captured with it); the Ray engine's actors run a
 sequential or threaded engine, which apply it there (the driver refuses what the actors' device
-cannot run before Ray starts). Measured on P1 (20 rounds, batched engine, H200): accuracy 91.49% in bf16 vs 91.44% in
-fp32, but 0.68 vs 0.61 s per round: the batch-10 CNN is launch-bound there, and autocast adds casts
-(rerun with the GPU evaluation batch: fp32 0.49, TF32 0.48, bf16 0.56 s per round).
-On the project's CPU (AVX512-BF16) one CNN step at B=10 took 5.9 vs 7.0 ms. DP-SGD (``-dp``) is refused: its per-sample gradients and clipping bound
-the sensitivity that the accountant's ε assumes, and we have not checked that bound in bf16.
+cannot run before Ray starts). bf16 pays on a CPU with AVX512-BF16; on a GPU the platform's
+batch-10 CNNs are launch-bound and autocast only adds casts (the figures, at equal accuracy:
+``docs/results/performance.md``, "bf16 against fp32"). DP-SGD (``-dp``) is refused: its
+per-sample gradients and clipping bound the sensitivity that the accountant's ε assumes, and
+that bound is not checked in bf16.
 """
 from __future__ import annotations
 
