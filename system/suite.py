@@ -555,6 +555,18 @@ def _to_target(stat: Stat | None, runs: int, digits: int) -> str:
     return text if stat.count == runs else f"{text} ({stat.count}/{runs})"
 
 
+def seconds_per_round(cell: Cell) -> str:
+    """The runs' mean wall seconds a round, with the intra-op threads they ran on where a run set
+    ``--num_threads`` (``run --jobs N`` runs N at a time on one thread each; 0 is one per core)."""
+    stat = cell.summary.stats.get("s_per_round") if cell.summary else None
+    text = _num(stat.mean if stat is not None else None)
+    threads = sorted({int(r.config.get("num_threads") or 0) for r in cell.runs})
+    if text == "–" or threads == [0]:
+        return text
+    shown = "/".join("one per core" if t == 0 else str(t) for t in threads)
+    return f"{text} ({shown} thread{'' if threads == [1] else 's'})"
+
+
 def scored(cell: Cell) -> str:
     """Which model is scored over which clients, from the files themselves."""
     config = cell.runs[0].config
@@ -597,7 +609,7 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
                    _to_target(s.stats.get("rounds_to_target"), s.n_runs, 1) if reached else "–",
                    _to_target(cell.uploads, s.n_runs, 0) if reached else "–",
                    _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1) if reached else "–",
-                   _num(s.stats["s_per_round"].mean if "s_per_round" in s.stats else None),
+                   seconds_per_round(cell),
                    f"{_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)}", scored(cell)]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
@@ -670,7 +682,9 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
                 else "") + ". "
              f"The reference column is compared with *{FIGURE_HEADERS[METRICS[suite.metric]]}*. *uploads*: the models "
              "the clients sent in the training rounds before the target is first reached; *virtual s*: the virtual "
-             "clock's reading then; *MB up / down a round*: all clients' traffic per training round.", ""]
+             "clock's reading then; *s/round*: wall seconds a round on the machine below, with the intra-op threads of "
+             "the run where it set them (`run --jobs N` runs N at a time, one thread each); *MB up / down a round*: all "
+             "clients' traffic per training round.", ""]
     if suite.notes:
         lines += [*[f"- {note}" for note in suite.notes], ""]
     lines += published_lines(suite)

@@ -4,7 +4,9 @@ sharded; the CI check fails on a changed curve."""
 from __future__ import annotations
 
 import json
+import os
 import re
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -172,7 +174,8 @@ def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process
         assert cells[4] == f"{100 * acc[1:].mean():.2f} ± 0.00"  # mean of the (fewer than 10) trained evaluations
         assert cells[7] == f"{reached:.1f}"
         assert cells[8] == f"{3 * reached:.0f}"  # 3 clients upload in every round before it
-        assert cells[10] == f"{seconds.mean():.2f}"
+        threads = max(1, os.cpu_count() or 1)  # run --jobs 1: one run on every core
+        assert cells[10] == f"{seconds.mean():.2f} ({threads} thread{'' if threads == 1 else 's'})"
         assert cells[11].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
         assert "global model" in cells[12]
     fedavg = page_row(page, "FedAvg")
@@ -333,3 +336,17 @@ def test_stored_runs_render_the_page_again_and_count_as_done(tmp_path, capsys, i
     before = len(ran)
     assert cli(tmp_path, "run", str(path), "--check") == 2  # runs here (stored ones do not count), then no curves
     assert ran[before:] == ["FedAvg", "FedNova"]
+
+
+def test_seconds_per_round_name_the_threads_the_runs_had():
+    """A page's s/round says on how many intra-op threads the runs measured it (``run --jobs N``
+    gives each of N runs one), so rows timed with other thread counts are not compared blindly."""
+    def cell(*threads):
+        runs = [SimpleNamespace(config={"num_threads": t}) for t in threads]
+        return suite.Cell(runs, SimpleNamespace(stats={"s_per_round": suite.Stat(12.345, 0.0, len(runs))}))
+    assert suite.seconds_per_round(cell(1, 1)) == "12.35 (1 thread)"
+    assert suite.seconds_per_round(cell(2)) == "12.35 (2 threads)"
+    assert suite.seconds_per_round(cell(1, 2)) == "12.35 (1/2 threads)"
+    assert suite.seconds_per_round(cell(0, 0)) == "12.35"  # PyTorch's default: one per core
+    assert suite.seconds_per_round(suite.Cell([SimpleNamespace(config={"num_threads": 1})],
+                                              SimpleNamespace(stats={}))) == "–"
