@@ -19,7 +19,12 @@ its files are ``results/<dataset>_<algo>_<goal>_<run>.h5``. A file that already 
 rerun when its stored configuration matches the job (an interrupted sweep continues where it
 stopped); one made with other settings is reported as a conflict and left alone. A failed run is
 reported with the last line of its error output (the whole output goes to
-``<results>/sweep-logs/``) and the sweep goes on.
+``<results>/sweep-logs/``) and the sweep goes on. Ctrl-C (or SIGTERM) stops a sweep as it stops one
+run: every running ``main.py`` gets one SIGTERM, finishes the round it is in, writes its checkpoint
+and exits, and the sweep waits for them however long a round takes; the same command then resumes
+each from its checkpoint. A second Ctrl-C stops them at once, losing what they trained since their
+last checkpoint. The runs are in their own sessions, so a terminal's Ctrl-C reaches them only
+through the sweep (once, not twice: a second signal would stop them unsaved).
 
 At the end, the summary table that ``plot.py`` and ``summarize.py`` print
 (:func:`reporting.stats.summarize_runs`: best, final and tail-mean accuracy, seconds per round,
@@ -378,7 +383,7 @@ class Runner:
             if self._stopping:
                 return 130, "not started: the sweep was interrupted", 0.0
             process = subprocess.Popen([sys.executable, str(MAIN_SCRIPT), *job.argv], stdout=subprocess.PIPE,
-                                       stderr=subprocess.PIPE, text=True)
+                                       stderr=subprocess.PIPE, text=True, start_new_session=True)
             self._running.add(process)
         out, err = process.communicate()
         with self._lock:
@@ -395,20 +400,38 @@ class Runner:
         return process.returncode, f"{lines[-1] if lines else 'no error output'} (log: {log})", seconds
 
     def stop(self) -> None:
-        """Interrupt the running processes as Ctrl-C would (main.py then writes no partial file)."""
+        """Stop the running processes as Ctrl-C stops one run: one SIGTERM each, then wait while they
+        finish their round and write their checkpoint (a round may take minutes). A second Ctrl-C
+        meanwhile sends the second signal that stops them at once; one still alive 5 s later is killed."""
         with self._lock:
             self._stopping = True
-            running = list(self._running)
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + 10
-        for process in running:
-            try:
-                process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:  # SIGINT ignored (a background job): end it, no file is written
-                process.kill()
-                process.wait()
+            running = [process for process in self._running if process.poll() is None]
+        if not running:
+            return
+        self._signal(running)
+        print(f"{PROG}: waiting for {len(running)} run(s) to finish their round and write a checkpoint "
+              "(Ctrl-C again stops them at once, unsaved)", file=sys.stderr, flush=True)
+        try:
+            for process in running:
+                while process.poll() is None:  # in short waits, so that a second Ctrl-C is seen at once
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=0.5)
+        except KeyboardInterrupt:
+            self._signal(running)
+            deadline = time.monotonic() + 5
+            for process in running:
+                try:
+                    process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
+    @staticmethod
+    def _signal(processes: list[subprocess.Popen]) -> None:
+        for process in processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
 
 
 def run_jobs(jobs: list[Job], parallel: int, log_dir: Path) -> list[str]:

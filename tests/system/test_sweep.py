@@ -166,3 +166,79 @@ def test_a_diverged_run_is_listed_as_failed_not_todo(toy, swept, tmp_path, capsy
     out, err = capsys.readouterr()
     assert f"failed; needs --overwrite {name}" in out and "1 failed earlier" in out
     assert "--overwrite" in err and name.removesuffix("_0.h5") in err
+
+
+#: stands for main.py: the first SIGTERM lets it finish its round (a second of work here) and write
+#: its checkpoint; a second one stops it at once, unsaved, as runner.run_control.StopOnSignal does
+SLOW_ROUND = """
+import os, signal, sys, time
+marker = sys.argv[-1]
+got = []
+def handle(signum, frame):
+    got.append(signum)
+    if len(got) > 1:
+        open(marker, "w").write("stopped at once after " + " ".join(map(str, got)))
+        sys.exit(130)
+signal.signal(signal.SIGINT, handle)
+signal.signal(signal.SIGTERM, handle)
+open(marker + ".ready", "w").write(str(os.getsid(0)))
+while not got:
+    time.sleep(0.01)
+time.sleep(float(os.environ.get("ROUND_LEFT_S", "1")))
+open(marker, "w").write("checkpointed after " + " ".join(map(str, got)))
+sys.exit(143)
+"""
+
+
+def start_slow_run(tmp_path, monkeypatch, round_left_s):
+    import signal
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    script = tmp_path / "slow_round.py"
+    script.write_text(SLOW_ROUND)
+    monkeypatch.setattr(sweep, "MAIN_SCRIPT", script)
+    monkeypatch.setenv("ROUND_LEFT_S", str(round_left_s))
+    marker = tmp_path / "marker"
+    runner, results = sweep.Runner(tmp_path / "logs"), []
+    job = SimpleNamespace(argv=[str(marker)], path=tmp_path / "run.h5")
+    thread = threading.Thread(target=lambda: results.append(runner.run(job)))
+    thread.start()
+    ready = marker.with_name("marker.ready")
+    deadline = time.monotonic() + 60
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ready.exists(), "the stand-in run did not start"
+    return runner, thread, results, marker, int(ready.read_text()), signal.SIGTERM
+
+
+def test_a_stopped_sweep_waits_for_each_run_to_checkpoint(tmp_path, monkeypatch):
+    """Ctrl-C on a sweep: each run gets one signal (it is in its own session, so a terminal's Ctrl-C
+    does not reach it a second time) and the sweep waits while it finishes its round, however long."""
+    import os
+    import time
+
+    runner, thread, results, marker, session, sigterm = start_slow_run(tmp_path, monkeypatch, round_left_s=1.5)
+    assert session != os.getsid(0)  # not in the terminal's session: its Ctrl-C reaches the run only via the sweep
+    started = time.monotonic()
+    runner.stop()
+    assert time.monotonic() - started >= 1.4  # it waited for the round
+    assert marker.read_text() == f"checkpointed after {int(sigterm)}"  # one signal, and a saved stop
+    thread.join(timeout=30)
+    assert results == [(143, "interrupted", results[0][2])]
+    assert runner.run(None)[:2] == (130, "not started: the sweep was interrupted")
+
+
+def test_a_second_ctrl_c_stops_the_runs_at_once(tmp_path, monkeypatch):
+    import _thread
+    import threading
+    import time
+
+    runner, thread, _, marker, _, sigterm = start_slow_run(tmp_path, monkeypatch, round_left_s=120)
+    threading.Timer(0.5, _thread.interrupt_main).start()  # the second Ctrl-C, while the sweep waits
+    started = time.monotonic()
+    runner.stop()
+    assert time.monotonic() - started < 30
+    assert marker.read_text() == f"stopped at once after {int(sigterm)} {int(sigterm)}"
+    thread.join(timeout=30)
