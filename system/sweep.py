@@ -23,8 +23,8 @@ reported with the last line of its error output (the whole output goes to
 run: every running ``main.py`` gets one SIGTERM, finishes the round it is in, writes its checkpoint
 and exits, and the sweep waits for them however long a round takes; the same command then resumes
 each from its checkpoint. A second Ctrl-C stops them at once, losing what they trained since their
-last checkpoint. The runs are in their own sessions, so a terminal's Ctrl-C reaches them only
-through the sweep (once, not twice: a second signal would stop them unsaved).
+last checkpoint. Each run is in a process group of its own, so a terminal's Ctrl-C reaches it only
+through the sweep (once, not twice: a second signal would stop it unsaved).
 
 At the end, the summary table that ``plot.py`` and ``summarize.py`` print
 (:func:`reporting.stats.summarize_runs`: best, final and tail-mean accuracy, seconds per round,

@@ -181,7 +181,7 @@ def handle(signum, frame):
         sys.exit(130)
 signal.signal(signal.SIGINT, handle)
 signal.signal(signal.SIGTERM, handle)
-open(marker + ".ready", "w").write(str(os.getsid(0)))
+open(marker + ".ready", "w").write(str(os.getpgid(0)))
 while not got:
     time.sleep(0.01)
 time.sleep(float(os.environ.get("ROUND_LEFT_S", "1")))
@@ -214,13 +214,13 @@ def start_slow_run(tmp_path, monkeypatch, round_left_s):
 
 
 def test_a_stopped_sweep_waits_for_each_run_to_checkpoint(tmp_path, monkeypatch):
-    """Ctrl-C on a sweep: each run gets one signal (it is in its own session, so a terminal's Ctrl-C
-    does not reach it a second time) and the sweep waits while it finishes its round, however long."""
+    """Ctrl-C on a sweep: each run gets one signal (it is in a process group of its own, so a
+    terminal's Ctrl-C does not reach it a second time) and the sweep waits while it finishes its round, however long."""
     import os
     import time
 
-    runner, thread, results, marker, session, sigterm = start_slow_run(tmp_path, monkeypatch, round_left_s=1.5)
-    assert session != os.getsid(0)  # not in the terminal's session: its Ctrl-C reaches the run only via the sweep
+    runner, thread, results, marker, group, sigterm = start_slow_run(tmp_path, monkeypatch, round_left_s=1.5)
+    assert group != os.getpgrp()  # not in the caller's process group: a terminal's Ctrl-C reaches it via the sweep
     started = time.monotonic()
     runner.stop()
     assert time.monotonic() - started >= 1.4  # it waited for the round
