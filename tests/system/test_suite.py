@@ -314,7 +314,7 @@ def test_stored_runs_render_the_page_again_and_count_as_done(tmp_path, capsys, i
     out = tmp_path / "pages"
     assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
     page = (out / "tiny.md").read_text()
-    assert "behind every number below are in" in page and "## Machines" in page and "No machine record" not in page
+    assert "behind every number below were stored in" in page and "## Machines" in page and "No machine record" not in page
     with h5py.File(kept / "tiny-digits_FedAvg_full_0.h5", "r") as f:
         best = 100 * f["rs_test_acc"][:].max()
     assert page_row(page, "FedAvg")[2] == f"{best:.2f} ± 0.00"
