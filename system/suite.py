@@ -534,11 +534,11 @@ def _mean_per_round(runs: list[RunResult], key: str) -> float | None:
     return float(np.mean(totals)) / 1e6 if totals else None
 
 
-def _pm(stat, percent: bool = True, digits: int = 2) -> str:
+def _pm(stat, percent: bool = True, digits: int = 2, signed: bool = False) -> str:
     if stat is None or not np.isfinite(stat.mean):
         return "–"
     scale = 100.0 if percent else 1.0
-    return f"{scale * stat.mean:.{digits}f} ± {scale * stat.std:.{digits}f}"
+    return f"{scale * stat.mean:{'+' if signed else ''}.{digits}f} ± {scale * stat.std:.{digits}f}"
 
 
 def _num(value: float | None, digits: int = 2) -> str:
@@ -591,7 +591,7 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
         if not any(cell for _, cell in rows):
             continue
         header = ["algorithm", "seeds", *[f"{h}{tag}" for h in shown.values()], "reference", "difference",
-                  f"rounds{target}", f"uploads{target}", f"virtual s{target}", "s/round", "MB up / down a round",
+                  f"last 10 gain{tag}", f"rounds{target}", f"uploads{target}", f"virtual s{target}", "s/round", "MB up / down a round",
                   "scored"]
         lines += [f"### {setting.label}{tag}", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
         for entry, cell in rows:
@@ -606,6 +606,7 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
             diff = "–" if reference is None or ours is None else f"{100 * ours.mean - reference:+.2f}"
             reached = setting.target is not None
             row = [entry.id, str(s.n_runs), *[_pm(s.stats.get(key)) for key in shown], ref_text, diff,
+                   _pm(s.stats.get("gain_last_n"), signed=True),
                    _to_target(s.stats.get("rounds_to_target"), s.n_runs, 1) if reached else "–",
                    _to_target(cell.uploads, s.n_runs, 0) if reached else "–",
                    _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1) if reached else "–",
@@ -680,7 +681,10 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
              "round; *mean of last 10*: the mean of the last 10 evaluations of trained models"
              + ("; *mean of last 10%*: the mean of the last 10% of them (at least one)" if suite.metric == "last10pct"
                 else "") + ". "
-             f"The reference column is compared with *{FIGURE_HEADERS[METRICS[suite.metric]]}*. *uploads*: the models "
+             f"The reference column is compared with *{FIGURE_HEADERS[METRICS[suite.metric]]}*. *last 10 gain*: the mean of "
+             "the last 10 evaluations minus the mean of the 10 before them, in points (– under 20 evaluations): about 0 "
+             "where the runs had converged when they stopped, a gain where they were still learning, so a difference "
+             "from the reference at fewer rounds than it ran would shrink. *uploads*: the models "
              "the clients sent in the training rounds before the target is first reached; *virtual s*: the virtual "
              "clock's reading then; *s/round*: wall seconds a round on the machine below, with the intra-op threads of "
              "the run where it set them (`run --jobs N` runs N at a time, one thread each); *MB up / down a round*: all "

@@ -170,6 +170,16 @@ def tail_means(acc: np.ndarray, eval_rounds: np.ndarray, avg_last: int) -> tuple
     return float(trained[-tail:].mean()), last_n
 
 
+def tail_gain(acc: np.ndarray, eval_rounds: np.ndarray, n: int) -> float | None:
+    """The mean over the last ``n`` evaluations of trained models minus the mean over the ``n``
+    before them: about 0 for a run that had converged when it stopped, a gain for one still
+    learning; None when the run has fewer than ``2 n`` such evaluations (or ``n`` <= 0)."""
+    trained = trained_evaluations(acc, eval_rounds)
+    if n <= 0 or trained.size < 2 * n:
+        return None
+    return float(trained[-n:].mean() - trained[-2 * n:-n].mean())
+
+
 def reach_target(acc: np.ndarray, eval_rounds: np.ndarray, bytes_up: np.ndarray | list,
                  target_acc: float) -> tuple[int, int] | None:
     """(first evaluated round whose accuracy is >= ``target_acc``, bytes uploaded by the training

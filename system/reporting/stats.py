@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from reporting.loading import RunResult, measured_metric
-from reporting.results import reach_target, tail_means
+from reporting.results import reach_target, tail_gain, tail_means
 
 MISSING = "–"  # a figure the files do not allow to compute (PFLlib's files lack most series)
 
@@ -77,7 +77,8 @@ class SummaryColumn:
     Attributes:
         key: Name in :attr:`AlgorithmSummary.stats` and in the CSV (``<key>_mean``, ...).
         header: Column header; ``{n}`` and ``{target}`` are filled in.
-        kind: ``"acc"`` (a fraction shown in percent), ``"count"`` or ``"number"``.
+        kind: ``"acc"`` (a fraction shown in percent), ``"gain"`` (a difference of fractions shown
+            in signed percentage points), ``"count"`` or ``"number"``.
         note: Exactly how the figure is computed (printed under Markdown tables, in reports).
         always: Shown even when no row has the figure (then as "–").
         none_text: Shown when the runs have what the figure needs but none gives a value (a
@@ -106,6 +107,10 @@ SUMMARY_COLUMNS: tuple[SummaryColumn, ...] = (
     SummaryColumn("last_n", "last {n} (%)", "acc",
                   "mean rs_test_acc over the last N evaluations of trained models (all of them "
                   "when fewer than N; round 0 never counted)", always=True),
+    SummaryColumn("gain_last_n", "last {n} gain (points)", "gain",
+                  "mean rs_test_acc over the last N evaluations of trained models minus the mean over "
+                  "the N before them, in percentage points: about 0 when a run had converged where it "
+                  "stopped, a gain when it was still learning (runs with at least 2N such evaluations)"),
     SummaryColumn("global_best", "global best (%)", "acc",
                   "for personalised algorithms with a shared model: the best of "
                   "rs_test_acc_global, the shared model evaluated on every client's test data"),
@@ -189,6 +194,7 @@ def run_figures(run: RunResult, avg_last: int = 10, target_acc: float | None = N
         "final": float(acc[-1]),
         "last_10pct": last_10pct,
         "last_n": last_n,
+        "gain_last_n": tail_gain(acc, run.eval_rounds, avg_last),
         "peak_rss_mb": _attr_number(run, "peak_rss_mb"),
         "peak_gpu_mb": _attr_number(run, "peak_gpu_mb"),
         "dp_epsilon": _last(run, "rs_dp_epsilon"),

@@ -28,6 +28,8 @@ def format_cell(summary: AlgorithmSummary, column: SummaryColumn) -> str:
         return f"{column.none_text} (0/{summary.n_runs})" if column.none_text != MISSING else MISSING
     if column.kind == "acc":
         text = f"{100 * stat.mean:.2f} ± {100 * stat.std:.2f}"
+    elif column.kind == "gain":
+        text = f"{100 * stat.mean:+.2f} ± {100 * stat.std:.2f}"
     elif column.kind == "count":
         text = f"{stat.mean:.1f} ± {stat.std:.1f}"
     else:

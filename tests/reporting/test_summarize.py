@@ -19,7 +19,7 @@ from resultfiles import DITTO, DITTO_GLOBAL, FEDAVG, FEDPROX, write_folder, writ
 from toydata import make_dataset
 from reporting.loading import find_all_runs, load_algorithm_runs
 from reporting.stats import summarize_runs
-from reporting.results import RunHistory, tail_means
+from reporting.results import RunHistory, tail_gain, tail_means
 from reporting.results import summarize as summarize_history
 
 SYSTEM = Path(__file__).resolve().parents[2] / "system"
@@ -50,6 +50,16 @@ def test_tail_means_never_count_the_untrained_round_0() -> None:
     assert stored["rounds_to_target"] == 2 and stored["bytes_up_to_target"] == 10
 
 
+def test_tail_gain_says_whether_a_run_was_still_learning() -> None:
+    """The last N trained evaluations' mean minus the N before: a climbing run gains, a flat one not;
+    round 0 never counts, and fewer than 2N trained evaluations give none."""
+    climbing = np.array([0.1, 0.2, 0.4, 0.5, 0.7])  # round 0, then four trained evaluations
+    assert tail_gain(climbing, np.arange(5), 2) == pytest.approx(0.6 - 0.3)
+    assert tail_gain(np.array([0.1, 0.8, 0.8, 0.8, 0.8]), np.arange(5), 2) == pytest.approx(0.0)
+    assert tail_gain(climbing, np.arange(5), 3) is None  # 4 trained evaluations < 2 x 3
+    assert tail_gain(climbing, np.arange(5), 0) is None
+
+
 def test_figures_of_our_files(results: Path) -> None:
     runs = load_algorithm_runs(results, "MNIST", "FedAvg", "test")
     row = summarize_runs(runs, avg_last=3, target_acc=0.8)
@@ -63,6 +73,9 @@ def test_figures_of_our_files(results: Path) -> None:
     assert row.stats["last_10pct"].mean == pytest.approx(final.mean())
     assert row.stats["last_n"].mean == pytest.approx(acc[:, -3:].mean(axis=1).mean())
     assert row.stats["last_n"].std == pytest.approx(acc[:, -3:].mean(axis=1).std())
+    gain = acc[:, -3:].mean(axis=1) - acc[:, -6:-3].mean(axis=1)
+    assert row.stats["gain_last_n"].mean == pytest.approx(gain.mean())
+    assert row.stats["gain_last_n"].std == pytest.approx(gain.std())
     # Each run first reaches 0.80 at round 7, after 7 rounds of 1, 2 and 3 MB uploads.
     assert row.stats["rounds_to_target"].mean == 7 and row.stats["rounds_to_target"].count == 3
     assert row.stats["mb_to_target"].mean == pytest.approx(14.0)
@@ -112,9 +125,11 @@ def test_cli_tables_csv_and_markdown(results: Path, tmp_path: Path, capsys: pyte
     # The PFLlib file: accuracies from its rs_test_acc, "–" for what it does not store.
     prox = 100 * np.max(FEDPROX, axis=1)
     assert f"{prox.mean():.2f} ± {prox.std():.2f}" in fedprox
-    # global best and final, MB and virtual seconds to the target (no traffic or clock recorded),
-    # s/round, peak RSS, DP ε, virtual time
-    assert fedprox.count("–") == 8 and "not reached (0/2)" in fedprox  # rounds: computable
+    # the last 3 gain (3 trained evaluations, fewer than 2 x 3), global best and final, MB and
+    # virtual seconds to the target (no traffic or clock recorded), s/round, peak RSS, DP ε, virtual time
+    assert fedprox.count("–") == 9 and "not reached (0/2)" in fedprox  # rounds: computable
+    gain = 100 * (np.mean(FEDAVG, axis=0)[-3:].mean() - np.mean(FEDAVG, axis=0)[-6:-3].mean())
+    assert "last 3 gain (points)" in out and f"+{gain:.2f} ± " in " ".join(fedavg)
     assert "20 ± 0" in fedavg and "virtual time (s)" in out  # the clock's reading at the end
     assert "personal models" in ditto and "global model" in fedavg
     # The unfinished run is marked.

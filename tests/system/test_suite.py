@@ -172,12 +172,13 @@ def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process
         assert cells[2] == f"{100 * acc.max():.2f} ± 0.00"
         assert cells[3] == f"{100 * acc[-1]:.2f} ± 0.00"
         assert cells[4] == f"{100 * acc[1:].mean():.2f} ± 0.00"  # mean of the (fewer than 10) trained evaluations
-        assert cells[7] == f"{reached:.1f}"
-        assert cells[8] == f"{3 * reached:.0f}"  # 3 clients upload in every round before it
+        assert cells[7] == "–"  # fewer than 20 evaluations: no gain over the last 10
+        assert cells[8] == f"{reached:.1f}"
+        assert cells[9] == f"{3 * reached:.0f}"  # 3 clients upload in every round before it
         threads = max(1, os.cpu_count() or 1)  # run --jobs 1: one run on every core
-        assert cells[10] == f"{seconds.mean():.2f} ({threads} thread{'' if threads == 1 else 's'})"
-        assert cells[11].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
-        assert "global model" in cells[12]
+        assert cells[11] == f"{seconds.mean():.2f} ({threads} thread{'' if threads == 1 else 's'})"
+        assert cells[12].startswith(f"{up.sum() / len(up) / 1e6:.3f} / ")
+        assert "global model" in cells[13]
     fedavg = page_row(page, "FedAvg")
     with h5py.File(tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5", "r") as f:
         best = 100 * f["rs_test_acc"][:].max()
@@ -278,7 +279,7 @@ def test_last10pct_metric_uploads_to_target_and_the_published_figures(tmp_path, 
     assert cells[5] == f"{100 * acc[-1]:.2f} ± 0.00"  # 2 trained evaluations: the last 10% is the last one
     assert cells[6] == "40.00" and cells[7] == f"{100 * acc[-1] - 40.0:+.2f}"
     reached = rounds[np.argmax(acc >= 0.2)]
-    assert cells[9] == f"{clients[:reached].sum():.0f}"
+    assert cells[10] == f"{clients[:reached].sum():.0f}"
     assert page_row(page, "FedNova")[2] == "not run"
 
 
@@ -350,3 +351,27 @@ def test_seconds_per_round_name_the_threads_the_runs_had():
     assert suite.seconds_per_round(cell(0, 0)) == "12.35"  # PyTorch's default: one per core
     assert suite.seconds_per_round(suite.Cell([SimpleNamespace(config={"num_threads": 1})],
                                               SimpleNamespace(stats={}))) == "–"
+
+
+def test_last_10_gain_shows_a_run_still_learning_where_it_stopped(tmp_path):
+    """The gain column: the last 10 evaluations' mean minus the 10 before, in signed points, mean ±
+    std over the seeds; a run stopped while climbing shows it, a converged one about 0."""
+    loaded = suite.load_suite(write_suite(tmp_path))
+    setting, entries = loaded.settings[0], loaded.algorithms
+    rounds = np.arange(21)
+    climbing = [np.concatenate([[0.1], np.linspace(0.5, 0.69, 20)]),
+                np.concatenate([[0.1], np.linspace(0.5, 0.71, 20)])]
+    flat = [np.concatenate([[0.1], np.full(20, 0.8)])]
+
+    def cell(series):
+        runs = [suite.RunResult(suite.ROOT, "d", "FedAvg", "g", i, {"rs_test_acc": acc}, rounds,
+                                config={"num_clients": 3}) for i, acc in enumerate(series)]
+        return suite.Cell(runs, suite.summarize_runs(runs, avg_last=10))
+    lines = suite.render_profile(loaded, "full", {(setting.id, entries[0].id): cell(climbing),
+                                                  (setting.id, entries[1].id): cell(flat)})
+    page = "\n".join(["## Profile", *lines])
+    header = next(line for line in lines if line.startswith("| algorithm | seeds"))
+    column = [c.strip() for c in header.strip("|").split("|")].index("last 10 gain")
+    gains = [acc[-10:].mean() - acc[-20:-10].mean() for acc in climbing]
+    assert page_row(page, entries[0].id)[column] == f"{100 * np.mean(gains):+.2f} ± {100 * np.std(gains):.2f}"
+    assert page_row(page, entries[1].id)[column] == "+0.00 ± 0.00"
