@@ -586,13 +586,14 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
     metric = METRICS[suite.metric]
     shown = {**SHOWN, metric: FIGURE_HEADERS[metric]}  # the metric's figure is always a column
     for setting in suite.settings:
-        target = f" to {100 * setting.target:.0f}%" if setting.target is not None else ""
+        reached = setting.target is not None  # the to-target columns: only a setting with a target has them
+        target = f" to {100 * setting.target:.0f}%" if reached else ""
         rows = [(entry, cells.get((setting.id, entry.id))) for entry in suite.algorithms]
         if not any(cell for _, cell in rows):
             continue
         header = ["algorithm", "seeds", *[f"{h}{tag}" for h in shown.values()], "reference", "difference",
-                  f"last 10 gain{tag}", f"rounds{target}", f"uploads{target}", f"virtual s{target}", "s/round", "MB up / down a round",
-                  "scored"]
+                  f"last 10 gain{tag}", *([f"rounds{target}", f"uploads{target}", f"virtual s{target}"] if reached
+                                          else []), "s/round", "MB up / down a round", "scored"]
         lines += [f"### {setting.label}{tag}", "", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
         for entry, cell in rows:
             reference = suite.reference.get(setting.id, {}).get(entry.id)
@@ -604,13 +605,11 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
             s = cell.summary
             ours = s.stats.get(metric)
             diff = "–" if reference is None or ours is None else f"{100 * ours.mean - reference:+.2f}"
-            reached = setting.target is not None
+            to_target = [_to_target(s.stats.get("rounds_to_target"), s.n_runs, 1),
+                         _to_target(cell.uploads, s.n_runs, 0),
+                         _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1)] if reached else []
             row = [entry.id, str(s.n_runs), *[_pm(s.stats.get(key)) for key in shown], ref_text, diff,
-                   _pm(s.stats.get("gain_last_n"), signed=True),
-                   _to_target(s.stats.get("rounds_to_target"), s.n_runs, 1) if reached else "–",
-                   _to_target(cell.uploads, s.n_runs, 0) if reached else "–",
-                   _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1) if reached else "–",
-                   seconds_per_round(cell),
+                   _pm(s.stats.get("gain_last_n"), signed=True), *to_target, seconds_per_round(cell),
                    f"{_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)}", scored(cell)]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
@@ -683,10 +682,12 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
                 else "") + ". "
              f"The reference column is compared with *{FIGURE_HEADERS[METRICS[suite.metric]]}*. *last 10 gain*: the mean of "
              "the last 10 evaluations minus the mean of the 10 before them, in points (– under 20 evaluations): about 0 "
-             "where the runs had converged when they stopped, a gain where they were still learning, so a difference "
-             "from the reference at fewer rounds than it ran would shrink. *uploads*: the models "
-             "the clients sent in the training rounds before the target is first reached; *virtual s*: the virtual "
-             "clock's reading then; *s/round*: wall seconds a round on the machine below, with the intra-op threads of "
+             "where the runs had converged when they stopped, a gain where they were still learning (then a difference "
+             "from a reference that ran more rounds is in part the rounds). "
+             + ("*rounds*, *uploads*, *virtual s* to a target: the first evaluated round at the target, the models the "
+                "clients sent in the training rounds before it, the virtual clock's reading then. "
+                if any(setting.target is not None for setting in suite.settings) else "")
+             + "*s/round*: wall seconds a round on the machine below, with the intra-op threads of "
              "the run where it set them (`run --jobs N` runs N at a time, one thread each); *MB up / down a round*: all "
              "clients' traffic per training round.", ""]
     if suite.notes:

@@ -353,10 +353,12 @@ def test_seconds_per_round_name_the_threads_the_runs_had():
                                               SimpleNamespace(stats={}))) == "–"
 
 
-def test_last_10_gain_shows_a_run_still_learning_where_it_stopped(tmp_path):
+@pytest.mark.parametrize("target", [True, False])
+def test_last_10_gain_shows_a_run_still_learning_where_it_stopped(tmp_path, target):
     """The gain column: the last 10 evaluations' mean minus the 10 before, in signed points, mean ±
-    std over the seeds; a run stopped while climbing shows it, a converged one about 0."""
-    loaded = suite.load_suite(write_suite(tmp_path))
+    std over the seeds; a run stopped while climbing shows it, a converged one about 0. A setting
+    without a target has no to-target columns."""
+    loaded = suite.load_suite(write_suite(tmp_path, TINY if target else TINY.replace("target = 0.2\n", "")))
     setting, entries = loaded.settings[0], loaded.algorithms
     rounds = np.arange(21)
     climbing = [np.concatenate([[0.1], np.linspace(0.5, 0.69, 20)]),
@@ -375,3 +377,5 @@ def test_last_10_gain_shows_a_run_still_learning_where_it_stopped(tmp_path):
     gains = [acc[-10:].mean() - acc[-20:-10].mean() for acc in climbing]
     assert page_row(page, entries[0].id)[column] == f"{100 * np.mean(gains):+.2f} ± {100 * np.std(gains):.2f}"
     assert page_row(page, entries[1].id)[column] == "+0.00 ± 0.00"
+    assert ("uploads to 20%" in header) == target and ("rounds" in header) == target
+    assert len(page_row(page, entries[0].id)) == header.count("|") - 1  # every row fills the header
