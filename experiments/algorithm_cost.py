@@ -47,7 +47,8 @@ from flcore.servers.serverbase import Server
 #: flags an algorithm cannot run without, on top of the common ones
 NEEDS = {"KT-pFL": ["--public_data", "0.05"], "Sageflow": ["--public_data", "0.05"]}
 #: extra rows: name -> (algorithm, its flags)
-VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"]), "FedNTD -bt 1": ("FedNTD", ["-bt", "1"])}
+VARIANTS = {"APPLE -dlr 0.01": ("APPLE", ["-dlr", "0.01"]), "FedNTD -bt 1": ("FedNTD", ["-bt", "1"]),
+            "FedRep -pls 5": ("FedRep", ["-pls", "5"])}
 
 
 def round_seconds(row: str, data: Path, args: argparse.Namespace) -> float:

@@ -33,7 +33,8 @@ class Capabilities:
 
     @classmethod
     def of(cls, subclass: type, base: type, hooks: tuple[str, ...]) -> "Capabilities":
-        overrides = frozenset(name for name in hooks if getattr(subclass, name) is not getattr(base, name))
+        overrides = frozenset(name for name in hooks if getattr(subclass, name) is not getattr(base, name)
+                              and not is_base_step_shortcut(subclass, name))
         rng_free = hasattr(base, "hooks_draw_no_rng") and keeps_rng_free_sequence(subclass, base)
         return cls(overrides, bool(getattr(subclass, "vectorisable", True)), bool(getattr(subclass, "vmappable_loss", False)),
                    rng_free)
@@ -55,6 +56,8 @@ class Capabilities:
 
 #: client hooks that replace the local procedure itself (not just a term of it)
 LOCAL_PROCEDURE = ("train_job", "local_train", "sgd", "step_gradient", "compute_gradient", "batch_gradient")
+#: the hooks a class may override with a shortcut of the base step (``base_step_shortcuts``)
+SHORTCUT_HOOKS = ("compute_gradient",)
 #: client hooks on the working model around the base SGD (an engine runs them per client)
 AROUND_SGD = ("pre_training", "post_training")
 #: every client hook whose override ``Capabilities`` records
@@ -90,3 +93,18 @@ def promise_covers(cls: type) -> bool:
     that replaces a hook (FedRep's ``begin_round`` over FedBABU's) does not vouch for the new one."""
     maker = next(k for k in cls.__mro__ if "hooks_draw_no_rng" in vars(k))  # the base client at the latest
     return bool(maker.hooks_draw_no_rng) and all(getattr(cls, name) is getattr(maker, name) for name in RNG_PROMISABLE)
+
+
+def is_base_step_shortcut(cls: type, name: str) -> bool:
+    """Whether ``cls``'s hook ``name`` is a shortcut of the base step that a class of its MRO declared
+    in ``base_step_shortcuts``: the same gradient of the same loss, computed faster (FedRep's head
+    steps on the frozen body's features). Such an override is not recorded, so engines and features
+    that compute the base step their own way (threads, the batched engine's vmap, DP-SGD, data
+    attacks) still take the class; it covers the declaring class's version only, as a promise does."""
+    maker = next((k for k in cls.__mro__ if name in vars(k).get("base_step_shortcuts", ())), None)
+    if maker is None:
+        return False
+    if name not in SHORTCUT_HOOKS:
+        raise TypeError(f"{maker.__name__}.base_step_shortcuts names {name!r}; only {', '.join(SHORTCUT_HOOKS)} "
+                        "may be a shortcut of the base step")
+    return getattr(cls, name) is getattr(maker, name)

@@ -94,6 +94,10 @@ class Client:
     #: declaring class has: a subclass that overrides one of them is not covered until it declares the
     #: promise again (``Capabilities.rng_free_sequence``, flcore/capabilities.py)
     hooks_draw_no_rng: ClassVar[bool] = False
+    #: hooks of ``SHORTCUT_HOOKS`` this class overrides with a faster way to the base step's gradient
+    #: (the same loss, the same gradient up to float rounding), which engines and features that compute
+    #: the base step their own way may ignore (``is_base_step_shortcut``, flcore/capabilities.py)
+    base_step_shortcuts: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
