@@ -31,7 +31,6 @@ from argparse import ArgumentParser
 from typing import ClassVar
 
 import torch
-
 from torch import nn
 
 from flcore.protocol import ClientUpdate, RoundPackage
