@@ -76,7 +76,7 @@ import main  # noqa: E402
 import sweep  # noqa: E402
 from reporting.cli import one_line_errors  # noqa: E402
 from reporting.loading import RunResult, load_run  # noqa: E402
-from reporting.results import reach_target, write_atomically  # noqa: E402
+from reporting.results import machine_record, reach_target, write_atomically  # noqa: E402
 from reporting.stats import AlgorithmSummary, Stat, summarize_runs  # noqa: E402
 from cli.flags import IGNORED_DEST  # noqa: E402
 from cli.config_file import find_flag, flag_tokens, read_toml  # noqa: E402
@@ -392,30 +392,12 @@ def generate(suite: Suite, setting: Setting, raw_dirs: dict[str, str]) -> None:
                       + ("" if setting.generator in raw_dirs else f" (offline: --raw-dir {setting.generator}=DIR)"))
 
 
-def machine() -> dict[str, Any]:
-    """The machine and library versions a run is made with (recorded beside the results)."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    record = {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform(), "python": platform.python_version(),
-              "torch": torch.__version__, "numpy": np.__version__}
-    if torch.cuda.is_available():
-        record["gpu"] = torch.cuda.get_device_name(0)
-    return record
-
-
 def record_machine(results_dir: Path) -> None:
     """Add this machine to ``machines.json`` in the results folder (one entry per host)."""
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / "machines.json"
     machines = json.loads(path.read_text()) if path.is_file() else {}
-    machines[platform.node() or "host"] = machine()
+    machines[platform.node() or "host"] = machine_record()
     write_machines(results_dir, machines)
 
 
@@ -556,16 +538,20 @@ def _to_target(stat: Stat | None, runs: int, digits: int) -> str:
     return text if stat.count == runs else f"{text} ({stat.count}/{runs})"
 
 
-def seconds_per_round(cell: Cell) -> str:
+def seconds_per_round(cell: Cell, machines: dict[Path, str] | None = None) -> str:
     """The runs' mean wall seconds a round, with the intra-op threads they ran on where a run set
-    ``--num_threads`` (``run --jobs N`` runs N at a time on one thread each; 0 is one per core)."""
+    ``--num_threads`` (``run --jobs N`` runs N at a time on one thread each; 0 is one per core), and
+    the machines they ran on where ``machines`` (run file -> letter) names more than one."""
     stat = cell.summary.stats.get("s_per_round") if cell.summary else None
     text = _num(stat.mean if stat is not None else None)
-    threads = sorted({int(r.config.get("num_threads") or 0) for r in cell.runs})
-    if text == "–" or threads == [0]:
+    if text == "–":
         return text
-    shown = "/".join("one per core" if t == 0 else str(t) for t in threads)
-    return f"{text} ({shown} thread{'' if threads == [1] else 's'})"
+    threads = sorted({int(r.config.get("num_threads") or 0) for r in cell.runs})
+    notes = [] if threads == [0] else [
+        "/".join("one per core" if t == 0 else str(t) for t in threads) + f" thread{'' if threads == [1] else 's'}"]
+    if machines and len(set(machines.values())) > 1:
+        notes.append("on " + "/".join(sorted({machines[r.path] for r in cell.runs})))
+    return f"{text} ({', '.join(notes)})" if notes else text
 
 
 def scored(cell: Cell) -> str:
@@ -577,7 +563,8 @@ def scored(cell: Cell) -> str:
             + ("after every round" if gap == 1 else f"every {gap} rounds"))
 
 
-def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell]) -> list[str]:
+def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell],
+                   machines: dict[Path, str] | None = None) -> list[str]:
     flags = suite.profiles[profile]
     changed = ", ".join(f"`{k} = {v}`" for k, v in flags.items()) or "none"
     tag = "" if profile == "full" else f" ({profile})"
@@ -610,7 +597,7 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
                          _to_target(cell.uploads, s.n_runs, 0),
                          _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1)] if reached else []
             row = [entry.id, str(s.n_runs), *[_pm(s.stats.get(key)) for key in shown], ref_text, diff,
-                   _pm(s.stats.get("gain_last_n"), signed=True), *to_target, seconds_per_round(cell),
+                   _pm(s.stats.get("gain_last_n"), signed=True), *to_target, seconds_per_round(cell, machines),
                    f"{_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)}", scored(cell)]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
@@ -647,13 +634,33 @@ def machines_of(*folders: Path) -> dict[str, Any]:
     return machines
 
 
-def machines_lines(*folders: Path) -> list[str]:
-    machines = machines_of(*folders)
-    if not machines:
-        return ["No machine record (`machines.json`) beside the results."]
-    return [f"- `{host}`: {m.get('cpu')} ({m.get('cores')} cores{', ' + m['gpu'] if m.get('gpu') else ''}), "
-            f"{m.get('os')}; Python {m.get('python')}, torch {m.get('torch')}, numpy {m.get('numpy')}"
-            for host, m in sorted(machines.items())]
+def _described(m: dict[str, Any]) -> str:
+    return (f"{m.get('cpu')} ({m.get('cores')} cores{', ' + m['gpu'] if m.get('gpu') else ''}), "
+            f"{m.get('os')}; Python {m.get('python')}, torch {m.get('torch')}, numpy {m.get('numpy')}")
+
+
+def machine_labels(runs: list[RunResult], *folders: Path) -> tuple[dict[Path, str], list[str]]:
+    """Each run's machine as a letter, and the page's lines naming them. A run's machine is its
+    file's own record (attribute ``machine``); a file without one is taken to come from the machine
+    of the folders' ``machines.json`` when that names a single one (else ``?``)."""
+    hosts = machines_of(*folders)
+    fallback = json.dumps(next(iter(hosts.values())), sort_keys=True) if len(hosts) == 1 else None
+    keys: dict[Path, str | None] = {}
+    for run in runs:
+        own = run.attrs.get("machine")
+        keys[run.path] = json.dumps(json.loads(own), sort_keys=True) if own else fallback
+    letters: dict[str, str] = {}
+    for key in keys.values():
+        if key is not None and key not in letters:
+            letters[key] = chr(ord("A") + len(letters)) if len(letters) < 26 else f"M{len(letters) + 1}"
+    labels = {path: letters[key] if key is not None else "?" for path, key in keys.items()}
+    count = {label: sum(1 for v in labels.values() if v == label) for label in set(labels.values())}
+    lines = [f"- `{letter}` ({count[letter]} run{'s' * (count[letter] != 1)}): {_described(json.loads(key))}"
+             for key, letter in letters.items()]
+    if "?" in count:
+        lines.append(f"- `?` ({count['?']} run{'s' * (count['?'] != 1)}): no machine record in the result file "
+                     + (f"and several in machines.json ({', '.join(sorted(hosts))})" if hosts else "or beside it"))
+    return labels, lines or ["No finished run."]
 
 
 def _shown_path(path: Path) -> str:
@@ -688,8 +695,8 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
              + ("*rounds*, *uploads*, *virtual s* to a target: the first evaluated round at the target, the models the "
                 "clients sent in the training rounds before it, the virtual clock's reading then. "
                 if any(setting.target is not None for setting in suite.settings) else "")
-             + "*s/round*: wall seconds a round on the machine below, with the intra-op threads of "
-             "the run where it set them (`run --jobs N` runs N at a time, one thread each); *MB up / down a round*: all "
+             + "*s/round*: wall seconds a round on the machine under Machines (named beside the figure where the "
+             "page's runs come from several), with the intra-op threads of the run where it set them (`run --jobs N` runs N at a time, one thread each); *MB up / down a round*: all "
              "clients' traffic per training round.", ""]
     if suite.notes:
         lines += [*[f"- {note}" for note in suite.notes], ""]
@@ -699,19 +706,17 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
         lines += [f"The result files behind every number below are in `{_shown_path(suite.stored_dir)}/` "
                   "(h5, in git beside this page; `python system/summarize.py` and `python system/report.py` read "
                   "them); `run` counts them as done (`--no-stored` reruns them).", ""]
-    lines += ["## Machines", "", *machines_lines(*([suite.stored_dir] if stored else []), results_dir), ""]
+    profiles = {profile: cells for profile in suite.profiles if (cells := collect(suite, profile, results_dir, stored))}
+    if not profiles:
+        raise FLError(f"{suite.path}: no finished run in {results_dir}; run it first: python system/suite.py run {rel}")
+    runs = [run for cells in profiles.values() for cell in cells.values() for run in cell.runs]
+    machines, machine_lines = machine_labels(runs, *([suite.stored_dir] if stored else []), results_dir)
+    lines += ["## Machines", "", *machine_lines, ""]
     out_dir.mkdir(parents=True, exist_ok=True)
-    rendered = False
-    for profile in suite.profiles:
-        cells = collect(suite, profile, results_dir, stored)
-        if not cells:
-            continue
-        rendered = True
-        lines += render_profile(suite, profile, cells)
+    for profile, cells in profiles.items():
+        lines += render_profile(suite, profile, cells, machines)
         figure = draw(suite, profile, cells, out_dir / f"{suite.name}-{profile}.png")
         lines += [f"![test accuracy over rounds, profile {profile}]({figure.name})", ""]
-    if not rendered:
-        raise FLError(f"{suite.path}: no finished run in {results_dir}; run it first: python system/suite.py run {rel}")
     page = out_dir / f"{suite.name}.md"
     page.write_text("\n".join(lines).rstrip() + "\n")
     return page

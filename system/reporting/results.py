@@ -111,6 +111,27 @@ def write_atomically(path: Path, write) -> None:
         raise
 
 
+def machine_record() -> dict[str, Any]:
+    """The machine and library versions a run is made on: stored in every result file (attribute
+    ``machine``), so a page that sets runs from several machines side by side says which ran where."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    record = {"cpu": cpu, "cores": os.cpu_count(), "os": platform.platform(), "python": platform.python_version(),
+              "torch": torch.__version__, "numpy": np.__version__}
+    if torch.cuda.is_available():
+        record["gpu"] = torch.cuda.get_device_name(0)
+    return record
+
+
 def save_results(path: Path, history: RunHistory, attrs: dict[str, Any], summary: dict[str, Any]) -> Path:
     """Write the h5 file to a temporary name, then rename: readers never see a partial file."""
 

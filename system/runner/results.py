@@ -20,7 +20,7 @@ from utils.interrupts import INTERRUPTS
 from utils.live import live_callbacks
 from utils.mem_utils import peak_gpu_mb, peak_rss_mb
 from flcore.features import run_summary
-from reporting.results import save_results, write_atomically
+from reporting.results import machine_record, save_results, write_atomically
 from runner.run_control import Claim, RunInterrupted, StopOnSignal, is_finished
 
 log = logging.getLogger("fl")
@@ -63,6 +63,7 @@ def train_one(server, run_args: argparse.Namespace, run_index: int, claimed: Cla
             "algorithm": run_args.algorithm, "dataset": Path(run_args.dataset).name, "goal": run_args.goal,
             "run": run_index, "seed": run_args.seed, "model": run_args.model, "device": str(device),
             "config": json.dumps(vars(run_args), default=str), "torch_version": torch.__version__,
+            "machine": json.dumps(machine_record(), sort_keys=True),
             "finished": finished, "personalized": bool(server.personalized), **extra,  # read by reporting/
         }
         return summary, save_results(to or claimed.result, history, attrs, summary)

@@ -354,6 +354,37 @@ def test_seconds_per_round_name_the_threads_the_runs_had():
                                               SimpleNamespace(stats={}))) == "–"
 
 
+def test_each_run_names_its_machine_and_a_page_from_several_says_which_ran_where(tmp_path, capsys, in_process):
+    """Every result file records the machine it was made on; a page whose runs come from two machines
+    (stored runs add up across machines) lists both and names them beside each row's s/round; a
+    file without a record is taken from the folder's single machines.json entry."""
+    path = write_suite(tmp_path)
+    assert cli(tmp_path, "run", str(path)) == 0
+    files = {algo: tmp_path / "res" / f"tiny-digits_{algo}_full_0.h5" for algo in ("FedAvg", "FedNova")}
+    with h5py.File(files["FedAvg"], "r") as f:
+        here = json.loads(f.attrs["machine"])
+    assert here == suite.machine_record() and here["torch"] and here["cores"] == os.cpu_count()
+    out = tmp_path / "pages"
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    page = (out / "tiny.md").read_text()
+    assert "- `A` (2 runs): " + here["cpu"] in page and "`B`" not in page
+    assert "on A" not in page_row(page, "FedAvg")[11]  # one machine: nothing to tell apart
+
+    other = {**here, "cpu": "Another CPU", "cores": 64}
+    with h5py.File(files["FedNova"], "a") as f:
+        f.attrs["machine"] = json.dumps(other)
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    page = (out / "tiny.md").read_text()
+    assert "- `A` (1 run): " + here["cpu"] in page and "- `B` (1 run): Another CPU (64 cores" in page
+    assert page_row(page, "FedAvg")[11].endswith(", on A)") and page_row(page, "FedNova")[11].endswith(", on B)")
+
+    with h5py.File(files["FedNova"], "a") as f:  # a file written before files named their machine
+        del f.attrs["machine"]
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    assert "- `A` (2 runs): " in (out / "tiny.md").read_text()  # machines.json names this machine alone
+    capsys.readouterr()
+
+
 @pytest.mark.parametrize("target", [True, False])
 def test_last_10_gain_shows_a_run_still_learning_where_it_stopped(tmp_path, target):
     """The gain column: the last 10 evaluations' mean minus the 10 before, in signed points, mean ±
