@@ -6,6 +6,7 @@ Run from the repository root (or anywhere)::
     python system/suite.py render suites/niid_bench.toml     # -> docs/results/niid_bench.md (+ a figure)
     python system/suite.py check suites/ci.toml              # stored curves, within the suite's tolerance
     python system/suite.py store suites/niid_bench.toml      # keep the finished runs behind the page
+    python system/suite.py status suites/niid_bench.toml     # seeds done per cell, failures, the time left
 
 A suite names its settings (a dataset generator call each), the algorithms with their flags, the
 seeds and the published figures to compare with::
@@ -757,6 +758,77 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
 
 
 # --------------------------------------------------------------------------------------------
+# What is done and what is left
+# --------------------------------------------------------------------------------------------
+
+def _seconds_a_round(path: Path) -> float | None:
+    times = load_run(path).series.get("rs_round_time")
+    return float(np.mean(times)) if times is not None and len(times) else None
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def show_status(suite: Suite, profiles: Sequence[str], results_dir: Path, stored: bool = True) -> int:
+    """Print, per profile, each (setting, algorithm)'s finished seeds, the runs that failed or
+    conflict, and what the runs left would take one at a time, estimated from the seconds a round
+    of the finished runs (the same setting and algorithm, else the same algorithm, else the same
+    setting, else any). Nothing runs."""
+    for profile in profiles:
+        runs = plan(suite, profile, results_dir, stored=stored)
+        timed: dict[tuple[str, str], list[float]] = {}
+        for run in runs:
+            if run.job.state == "done" and (seconds := _seconds_a_round(run.job.path)) is not None:
+                timed.setdefault((run.setting.id, run.entry.id), []).append(seconds)
+
+        def estimate(run: Planned) -> float | None:
+            for match in (lambda k: k == (run.setting.id, run.entry.id), lambda k: k[1] == run.entry.id,
+                          lambda k: k[0] == run.setting.id, lambda k: True):
+                values = [v for key, seconds in timed.items() if match(key) for v in seconds]
+                if values:
+                    return float(np.mean(values)) * int(run.job.settings.get("global_rounds") or 0)
+            return None
+
+        done = [r for r in runs if r.job.state == "done"]
+        todo = [r for r in runs if r.job.state == "todo"]
+        bad = [r for r in runs if r.job.state not in ("todo", "done")]
+        print(f"{suite.name} ({profile}): {len(done)} of {len(runs)} runs done"
+              + (f" ({sum(r.stored for r in done)} stored)" if stored else "")
+              + f", {len(todo)} to run" + (f", {len(bad)} failed or in conflict" if bad else ""))
+        settings = [s.id for s in suite.settings_of(profile)]
+        algorithms = [e.id for e in suite.algorithms]
+        count = {}
+        for run in runs:
+            done_, total, flagged = count.get((run.setting.id, run.entry.id), (0, 0, ""))
+            count[(run.setting.id, run.entry.id)] = (done_ + (run.job.state == "done"), total + 1,
+                                                     flagged or "!" * (run.job.state not in ("todo", "done")))
+        by_algorithm = len(algorithms) > len(settings)  # the longer list down the side
+        rows, cols = (algorithms, settings) if by_algorithm else (settings, algorithms)
+        width = max(map(len, rows))
+        print("  " + " " * width + "  " + "  ".join(cols))
+        for row in rows:
+            cells = []
+            for col in cols:
+                d, t, flagged = count[(col, row) if by_algorithm else (row, col)]
+                cells.append(f"{d}/{t}{flagged}".ljust(len(col)))
+            print(f"  {row.ljust(width)}  " + "  ".join(cells).rstrip())
+        for run in bad:
+            print(f"  {run.key}: {run.job.state}")
+        if todo:
+            left = [estimate(run) for run in todo]
+            if all(v is None for v in left):
+                print("  left: no finished run to estimate the time from")
+            else:
+                unknown = sum(v is None for v in left)
+                print(f"  left: about {_duration(sum(v for v in left if v is not None))} one run at a time, "
+                      "at the finished runs' seconds a round "
+                      f"where they ran{f' ({unknown} runs not estimated)' if unknown else ''}; "
+                      f"run --jobs N on N cores or --shard i/n on n machines divides it")
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
 # Keeping the runs behind a page
 # --------------------------------------------------------------------------------------------
 
@@ -858,14 +930,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     for name, text in (("run", "run the suite's runs that are not done"), ("render", "write docs/results/<suite>.md"),
                        ("check", "compare the runs' curves with the stored ones"),
-                       ("store", "keep the finished runs in runs/<suite>/ beside the suite file")):
+                       ("store", "keep the finished runs in runs/<suite>/ beside the suite file"),
+                       ("status", "what is done, what failed and what is left, with the time it would take")):
         sub = commands.add_parser(name, help=text, allow_abbrev=False)
         sub.add_argument("suite", help="the suite file, e.g. suites/niid_bench.toml")
         sub.add_argument("--results_dir", "--results-dir", default=None,
                          help="where the suite's results are (default results/<suite>)")
         sub.add_argument("--data_dir", "--data-dir", default=None,
                          help="where the suite's data folders are (default dataset/)")
-        if name in ("run", "render"):
+        if name in ("run", "render", "status"):
             sub.add_argument("--no-stored", "--no_stored", dest="stored", action="store_false",
                              help="ignore the runs kept in runs/<suite>/ beside the suite file")
         if name == "store":
@@ -879,6 +952,9 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--only", action="append", default=[], metavar="PATTERN",
                              help="only the runs whose SETTING/ALGORITHM/SEED matches (shell pattern, e.g. 'MNIST-*/FedAvg/0')")
             sub.add_argument("--check", action="store_true", help="then compare with the stored curves (check)")
+        if name == "status":
+            sub.add_argument("--profile", action="append", default=None,
+                             help="only this profile (repeatable; default every profile)")
         if name == "render":
             sub.add_argument("--out", default=str(ROOT / "docs" / "results"), help="page folder (default docs/results)")
         if name == "check":
@@ -914,6 +990,11 @@ def command(args: argparse.Namespace) -> int:
         return 0
     if args.command == "store":
         return store(suite, results_dir, args.replace)
+    if args.command == "status":
+        unknown = [p for p in args.profile or [] if p not in suite.profiles]
+        if unknown:
+            raise FLError(f"--profile {unknown[0]}: {suite.path} has profiles {', '.join(suite.profiles)}")
+        return show_status(suite, args.profile or list(suite.profiles), results_dir, args.stored)
     return check(suite, results_dir, args.update)
 
 

@@ -385,6 +385,33 @@ def test_each_run_names_its_machine_and_a_page_from_several_says_which_ran_where
     capsys.readouterr()
 
 
+def test_status_counts_the_seeds_done_and_estimates_what_is_left(tmp_path, capsys, in_process):
+    """``status`` runs nothing; it counts each cell's finished seeds (stored ones included), names a
+    failed run, and estimates the runs left from the finished runs' seconds a round times their rounds."""
+    ran, _ = in_process
+    path = write_suite(tmp_path)
+    assert cli(tmp_path, "status", str(path), "--profile", "full") == 0
+    out = capsys.readouterr().out
+    assert "tiny (full): 0 of 2 runs done (0 stored), 2 to run" in out
+    assert re.search(r"FedAvg\s+0/1\n  FedNova\s+0/1\n", out) and "no finished run to estimate the time from" in out
+    assert cli(tmp_path, "status", str(path), "--profile", "nope") == 2
+    assert "has profiles full, cpu" in capsys.readouterr().err
+
+    assert cli(tmp_path, "run", str(path), "--only", "digits/FedAvg/*") == 0 and ran == ["FedAvg"]
+    capsys.readouterr()
+    assert cli(tmp_path, "status", str(path)) == 0 and ran == ["FedAvg"]  # nothing ran
+    out = capsys.readouterr().out
+    assert "tiny (full): 1 of 2 runs done (0 stored), 1 to run" in out and "tiny (cpu): 0 of 2" in out
+    assert re.search(r"FedAvg\s+1/1\n  FedNova\s+0/1\n", out)
+    with h5py.File(tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5", "r") as f:
+        seconds = 2 * f["rs_round_time"][:].mean()  # FedNova's 2 rounds at FedAvg's seconds (same setting)
+    assert f"left: about {seconds:.0f} s one run at a time" in out.split("tiny (cpu)")[0]
+    write_suite(tmp_path, TINY.replace("lr = 0.05", "lr = 0.06"))  # the file FedAvg made no longer matches
+    assert cli(tmp_path, "status", str(path), "--profile", "full") == 0
+    out = capsys.readouterr().out
+    assert re.search(r"FedAvg\s+0/1!\n", out) and "digits/FedAvg/0: conflict" in out and "1 failed or in conflict" in out
+
+
 @pytest.mark.parametrize("target", [True, False])
 def test_last_10_gain_shows_a_run_still_learning_where_it_stopped(tmp_path, target):
     """The gain column: the last 10 evaluations' mean minus the 10 before, in signed points, mean ±
