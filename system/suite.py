@@ -794,7 +794,8 @@ def show_status(suite: Suite, profiles: Sequence[str], results_dir: Path, stored
         todo = [r for r in runs if r.job.state == "todo"]
         bad = [r for r in runs if r.job.state not in ("todo", "done")]
         print(f"{suite.name} ({profile}): {len(done)} of {len(runs)} runs done"
-              + (f" ({sum(r.stored for r in done)} stored)" if stored else "")
+              + (f" ({sum((suite.stored_dir / r.job.path.name).is_file() for r in done)} of them stored in "
+                 f"{_shown_path(suite.stored_dir)})" if stored else "")
               + f", {len(todo)} to run" + (f", {len(bad)} failed or in conflict" if bad else ""))
         settings = [s.id for s in suite.settings_of(profile)]
         algorithms = [e.id for e in suite.algorithms]

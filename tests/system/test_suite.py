@@ -392,7 +392,7 @@ def test_status_counts_the_seeds_done_and_estimates_what_is_left(tmp_path, capsy
     path = write_suite(tmp_path)
     assert cli(tmp_path, "status", str(path), "--profile", "full") == 0
     out = capsys.readouterr().out
-    assert "tiny (full): 0 of 2 runs done (0 stored), 2 to run" in out
+    assert "tiny (full): 0 of 2 runs done (0 of them stored in " in out
     assert re.search(r"FedAvg\s+0/1\n  FedNova\s+0/1\n", out) and "no finished run to estimate the time from" in out
     assert cli(tmp_path, "status", str(path), "--profile", "nope") == 2
     assert "has profiles full, cpu" in capsys.readouterr().err
@@ -401,11 +401,15 @@ def test_status_counts_the_seeds_done_and_estimates_what_is_left(tmp_path, capsy
     capsys.readouterr()
     assert cli(tmp_path, "status", str(path)) == 0 and ran == ["FedAvg"]  # nothing ran
     out = capsys.readouterr().out
-    assert "tiny (full): 1 of 2 runs done (0 stored), 1 to run" in out and "tiny (cpu): 0 of 2" in out
+    assert "tiny (full): 1 of 2 runs done (0 of them stored in " in out and "), 1 to run" in out and "tiny (cpu): 0 of 2" in out
     assert re.search(r"FedAvg\s+1/1\n  FedNova\s+0/1\n", out)
     with h5py.File(tmp_path / "res" / "tiny-digits_FedAvg_full_0.h5", "r") as f:
         seconds = 2 * f["rs_round_time"][:].mean()  # FedNova's 2 rounds at FedAvg's seconds (same setting)
     assert f"left: about {seconds:.0f} s one run at a time" in out.split("tiny (cpu)")[0]
+    assert cli(tmp_path, "store", str(path)) == 0
+    capsys.readouterr()
+    assert cli(tmp_path, "status", str(path), "--profile", "full") == 0
+    assert "1 of 2 runs done (1 of them stored in " in capsys.readouterr().out
     write_suite(tmp_path, TINY.replace("lr = 0.05", "lr = 0.06"))  # the file FedAvg made no longer matches
     assert cli(tmp_path, "status", str(path), "--profile", "full") == 0
     out = capsys.readouterr().out
