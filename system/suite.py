@@ -38,11 +38,10 @@ results to ``results/<suite>/`` (``--results_dir``), with the machines that ran 
 
 The runs behind a page are kept apart from scratch results: ``store`` copies every finished run
 (its h5 file) and the machine record from the results folder into ``runs/<suite>/`` beside the
-suite file (``suites/runs/niid_bench/``, kept in git beside the page they make, unlike scratch
-results: a clone renders the page again from them and adds runs to them). ``run`` and ``render``
-count a stored run as done, so a page is rendered again from the files its numbers came from, and
-runs made on other machines or days, stored and committed, add up; ``--no-stored`` ignores them
-(an independent rerun:
+suite file (``suites/runs/niid_bench/``, ignored by git like every result: copy the folder to
+carry it to another machine or checkout). ``run`` and ``render`` count a stored run as done, so
+a page is rendered again from the files its numbers came from and runs made on other machines
+or days, copied into that folder, add up; ``--no-stored`` ignores them (an independent rerun:
 ``run --no-stored --results_dir results/mine``, then ``render --no-stored --results_dir
 results/mine --out DIR``). ``check`` never reads them: it compares the runs made here.
 Exit status: 0; 1 when a run failed or conflicted, or ``check`` found a changed number; 2 on a bad
@@ -704,9 +703,9 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
     lines += published_lines(suite)
     stored = stored and suite.stored_dir.is_dir()
     if stored:
-        lines += [f"The result files behind every number below are in `{_shown_path(suite.stored_dir)}/` "
-                  "(h5, in git beside this page; `python system/summarize.py` and `python system/report.py` read "
-                  "them); `run` counts them as done (`--no-stored` reruns them).", ""]
+        lines += [f"The result files behind every number below were stored in `{_shown_path(suite.stored_dir)}/` "
+                  "where this page was rendered (h5, not in git; `python system/summarize.py` and `python "
+                  "system/report.py` read them); `run` counts them as done (`--no-stored` reruns them).", ""]
     profiles = {profile: cells for profile in suite.profiles if (cells := collect(suite, profile, results_dir, stored))}
     if not profiles:
         raise FLError(f"{suite.path}: no finished run in {results_dir}; run it first: python system/suite.py run {rel}")
