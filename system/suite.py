@@ -991,9 +991,8 @@ def command(args: argparse.Namespace) -> int:
     if args.command == "store":
         return store(suite, results_dir, args.replace)
     if args.command == "status":
-        unknown = [p for p in args.profile or [] if p not in suite.profiles]
-        if unknown:
-            raise FLError(f"--profile {unknown[0]}: {suite.path} has profiles {', '.join(suite.profiles)}")
+        for profile in args.profile or []:
+            profile_flags(suite, profile)  # an unknown profile: one line, before anything is printed
         return show_status(suite, args.profile or list(suite.profiles), results_dir, args.stored)
     return check(suite, results_dir, args.update)
 

@@ -395,7 +395,7 @@ def test_status_counts_the_seeds_done_and_estimates_what_is_left(tmp_path, capsy
     assert "tiny (full): 0 of 2 runs done (0 of them stored in " in out
     assert re.search(r"FedAvg\s+0/1\n  FedNova\s+0/1\n", out) and "no finished run to estimate the time from" in out
     assert cli(tmp_path, "status", str(path), "--profile", "nope") == 2
-    assert "has profiles full, cpu" in capsys.readouterr().err
+    assert "no profile 'nope'; profiles: full, cpu" in capsys.readouterr().err
 
     assert cli(tmp_path, "run", str(path), "--only", "digits/FedAvg/*") == 0 and ran == ["FedAvg"]
     capsys.readouterr()
