@@ -25,7 +25,8 @@ seconds per round between the first sample and the last, and the wall time; each
 printed on stderr as it is taken, so a run stopped early still shows the rounds it reached.
 ``--json`` also writes every sample. The growth that
 ``tests/experiments/test_soak.py`` tolerates on a few hundred toy rounds is
-:data:`GROWTH_BOUND_KB_PER_ROUND`.
+:data:`GROWTH_BOUND_KB_PER_ROUND`, measured there by :func:`typical_growth_per_round`, the median of the
+growth between consecutive samples, which a single step of the resident set does not move.
 """
 from __future__ import annotations
 
@@ -110,6 +111,18 @@ def growth_per_round(samples: Sequence[dict[str, float | None]], key: str) -> fl
         return None
     rounds, values = np.array(points, dtype=float).T
     return float(np.polyfit(rounds, values, 1)[0])
+
+
+def typical_growth_per_round(samples: Sequence[dict[str, float | None]], key: str) -> float | None:
+    """The median over consecutive samples of ``key``'s growth (MiB) per round between them, in MiB
+    per round (None: fewer than two samples or no value). A leak grows in every interval and shows
+    here in full; a one-off step (the allocator taking a new arena, a cache filled once) falls in one
+    interval and does not, where it tilts the least-squares slope of :func:`growth_per_round`."""
+    points = [(s["round"], s[key]) for s in samples if s[key] is not None]
+    if len(points) < 2:
+        return None
+    rounds, values = np.array(points, dtype=float).T
+    return float(np.median(np.diff(values) / np.diff(rounds)))
 
 
 def generate_digits(folder: Path) -> Path:
