@@ -44,6 +44,8 @@ a page is rendered again from the files its numbers came from and runs made on o
 or days, copied into that folder, add up; ``--no-stored`` ignores them (an independent rerun:
 ``run --no-stored --results_dir results/mine``, then ``render --no-stored --results_dir
 results/mine --out DIR``). ``check`` never reads them: it compares the runs made here.
+``render`` does not replace a page with one that shows fewer runs of any of its rows (a checkout
+that lacks some of the files behind it; ``--drop`` writes it all the same).
 Exit status: 0; 1 when a run failed or conflicted, or ``check`` found a changed number; 2 on a bad
 suite file or command line; 130 when interrupted.
 """
@@ -671,9 +673,38 @@ def _shown_path(path: Path) -> str:
         return str(path)
 
 
-def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) -> Path:
+def page_rows(lines: Sequence[str]) -> dict[tuple[str, str, str], int]:
+    """The seeds behind each row of a rendered page's tables, keyed (profile, setting, algorithm)."""
+    rows: dict[tuple[str, str, str], int] = {}
+    profile = heading = None
+    for line in lines:
+        if line.startswith("## "):
+            profile = line.split("`")[1] if line.startswith("## Profile `") else None
+            heading = None
+        elif line.startswith("### "):
+            heading = line[4:]
+        elif profile and heading and line.startswith("| "):
+            cells = [cell.strip() for cell in line.strip("|").split("|")]
+            if len(cells) > 1 and cells[1].isdigit():
+                rows[(profile, heading, cells[0])] = int(cells[1])
+    return rows
+
+
+def dropped_rows(page: Path, lines: Sequence[str]) -> list[str]:
+    """The rows of the page already at ``page`` that ``lines`` would show with fewer seeds or not at all."""
+    if not page.is_file():
+        return []
+    new = page_rows(lines)
+    return [f"{heading} / {algorithm} ({seeds} seed{'s' * (seeds > 1)} -> {new.get((profile, heading, algorithm), 0)}"
+            f", profile {profile})" for (profile, heading, algorithm), seeds in
+            page_rows(page.read_text().splitlines()).items() if seeds > new.get((profile, heading, algorithm), 0)]
+
+
+def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True, drop: bool = False) -> Path:
     """Write ``<out_dir>/<suite>.md`` (and a figure per profile with results); returns the page.
-    With ``stored``, the suite's stored runs count where ``results_dir`` has no run of their own."""
+    With ``stored``, the suite's stored runs count where ``results_dir`` has no run of their own.
+    A page already there is not replaced by one showing fewer runs of any row (their files are
+    elsewhere: result files are not in git) unless ``drop``."""
     rel = os.path.relpath(suite.path.resolve(), ROOT)
     runs = [f"python system/suite.py run {rel}" + ("" if p == "full" else f" --profile {p}") for p in suite.profiles]
     lines = [f"# {suite.title}", "", suite.about, "", f"Source of the setting and the reference column: {suite.source}", "",
@@ -712,12 +743,18 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True) 
     runs = [run for cells in profiles.values() for cell in cells.values() for run in cell.runs]
     machines, machine_lines = machine_labels(runs, *([suite.stored_dir] if stored else []), results_dir)
     lines += ["## Machines", "", *machine_lines, ""]
-    out_dir.mkdir(parents=True, exist_ok=True)
     for profile, cells in profiles.items():
         lines += render_profile(suite, profile, cells, machines)
-        figure = draw(suite, profile, cells, out_dir / f"{suite.name}-{profile}.png")
-        lines += [f"![test accuracy over rounds, profile {profile}]({figure.name})", ""]
+        lines += [f"![test accuracy over rounds, profile {profile}]({suite.name}-{profile}.png)", ""]
     page = out_dir / f"{suite.name}.md"
+    if not drop and (lost := dropped_rows(page, lines)):
+        raise FLError(f"{_shown_path(page)} shows runs whose result files are in neither {_shown_path(results_dir)} nor "
+                      f"{_shown_path(suite.stored_dir)}: {'; '.join(lost[:3])}" + (f"; and {len(lost) - 3} more"
+                      if len(lost) > 3 else "") + "; copy their h5 files there (or rerun them), or pass --drop "
+                      "to write the page without them")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for profile, cells in profiles.items():
+        draw(suite, profile, cells, out_dir / f"{suite.name}-{profile}.png")
     page.write_text("\n".join(lines).rstrip() + "\n")
     return page
 
@@ -957,6 +994,8 @@ def build_parser() -> argparse.ArgumentParser:
                              help="only this profile (repeatable; default every profile)")
         if name == "render":
             sub.add_argument("--out", default=str(ROOT / "docs" / "results"), help="page folder (default docs/results)")
+            sub.add_argument("--drop", action="store_true",
+                             help="replace the page even where it would show fewer runs of a row than the page there")
         if name == "check":
             sub.add_argument("--update", action="store_true", help="store the current curves instead")
     return parser
@@ -986,7 +1025,7 @@ def command(args: argparse.Namespace) -> int:
                            args.only, args.stored and not args.check)
         return status or (check(suite, results_dir) if args.check else 0)
     if args.command == "render":
-        print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out), args.stored)}")
+        print(f"{PROG}: wrote {render(suite, results_dir, Path(args.out), args.stored, args.drop)}")
         return 0
     if args.command == "store":
         return store(suite, results_dir, args.replace)

@@ -340,6 +340,32 @@ def test_stored_runs_render_the_page_again_and_count_as_done(tmp_path, capsys, i
     assert ran[before:] == ["FedAvg", "FedNova"]
 
 
+def test_render_keeps_a_page_whose_runs_it_cannot_see_unless_told(tmp_path, capsys, in_process):
+    """A page is not replaced by one with fewer runs of a row (a checkout lacking some of the files
+    behind it): one line naming the rows, exit 2, page and figure untouched; ``--drop`` replaces it;
+    more runs, or the same, replace it."""
+    path = write_suite(tmp_path)
+    assert cli(tmp_path, "run", str(path)) == 0
+    out = tmp_path / "pages"
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0  # the same runs
+    page, figure = (out / "tiny.md").read_text(), (out / "tiny-full.png").read_bytes()
+    assert suite.page_rows(page.splitlines()) == {("full", "Digits, 3 clients", "FedAvg"): 1,
+                                                  ("full", "Digits, 3 clients", "FedNova"): 1}
+    (tmp_path / "res" / "tiny-digits_FedNova_full_0.h5").unlink()
+    capsys.readouterr()
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Digits, 3 clients / FedNova (1 seed -> 0, profile full)" in err
+    assert "--drop" in err and "FedAvg" not in err
+    assert (out / "tiny.md").read_text() == page and (out / "tiny-full.png").read_bytes() == figure
+    assert cli(tmp_path, "render", str(path), "--out", str(out), "--drop") == 0
+    assert page_row((out / "tiny.md").read_text(), "FedNova")[1:3] == ["0", "not run"]
+    assert cli(tmp_path, "run", str(path)) == 0  # FedNova again: a page with more runs replaces it
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    assert page_row((out / "tiny.md").read_text(), "FedNova")[1] == "1"
+
+
 def test_seconds_per_round_name_the_threads_the_runs_had():
     """A page's s/round says on how many intra-op threads the runs measured it (``run --jobs N``
     gives each of N runs one), so rows timed with other thread counts are not compared blindly."""
