@@ -103,13 +103,18 @@ def sampled_run(argv: Sequence[str], every: int,
     return samples
 
 
+def _series(samples: Sequence[dict[str, float | None]], key: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """The rounds and ``key``'s values of the samples that have one (None: fewer than two)."""
+    points = [(s["round"], s[key]) for s in samples if s[key] is not None]
+    return tuple(np.array(points, dtype=float).T) if len(points) >= 2 else None
+
+
 def growth_per_round(samples: Sequence[dict[str, float | None]], key: str) -> float | None:
     """Least-squares slope of ``key`` (MiB) against the round, in MiB per round (None: fewer than
     two samples or no value)."""
-    points = [(s["round"], s[key]) for s in samples if s[key] is not None]
-    if len(points) < 2:
+    if (series := _series(samples, key)) is None:
         return None
-    rounds, values = np.array(points, dtype=float).T
+    rounds, values = series
     return float(np.polyfit(rounds, values, 1)[0])
 
 
@@ -118,10 +123,9 @@ def typical_growth_per_round(samples: Sequence[dict[str, float | None]], key: st
     per round (None: fewer than two samples or no value). A leak grows in every interval and shows
     here in full; a one-off step (the allocator taking a new arena, a cache filled once) falls in one
     interval and does not, where it tilts the least-squares slope of :func:`growth_per_round`."""
-    points = [(s["round"], s[key]) for s in samples if s[key] is not None]
-    if len(points) < 2:
+    if (series := _series(samples, key)) is None:
         return None
-    rounds, values = np.array(points, dtype=float).T
+    rounds, values = series
     return float(np.median(np.diff(values) / np.diff(rounds)))
 
 
