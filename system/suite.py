@@ -556,6 +556,15 @@ def seconds_per_round(cell: Cell, machines: dict[Path, str] | None = None) -> st
     return f"{text} ({', '.join(notes)})" if notes else text
 
 
+def seeds_text(cell: Cell) -> str:
+    """How many runs a row has, and which of them diverged (``--record_divergence``: their figures are
+    those evaluated before the round that produced NaN/inf)."""
+    rounds = [int(r.attrs["diverged_round"]) for r in cell.runs if r.diverged]
+    if not rounds:
+        return str(len(cell.runs))
+    return f"{len(cell.runs)} ({len(rounds)} diverged, in round {'/'.join(map(str, sorted(rounds)))})"
+
+
 def scored(cell: Cell) -> str:
     """Which model is scored over which clients, from the files themselves."""
     config = cell.runs[0].config
@@ -598,7 +607,7 @@ def render_profile(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell
             to_target = [_to_target(s.stats.get("rounds_to_target"), s.n_runs, 1),
                          _to_target(cell.uploads, s.n_runs, 0),
                          _to_target(s.stats.get("virtual_to_target"), s.n_runs, 1)] if reached else []
-            row = [entry.id, str(s.n_runs), *[_pm(s.stats.get(key)) for key in shown], ref_text, diff,
+            row = [entry.id, seeds_text(cell), *[_pm(s.stats.get(key)) for key in shown], ref_text, diff,
                    _pm(s.stats.get("gain_last_n"), signed=True), *to_target, seconds_per_round(cell, machines),
                    f"{_num(cell.mb_up, 3)} / {_num(cell.mb_down, 3)}", scored(cell)]
             lines.append("| " + " | ".join(row) + " |")
@@ -685,8 +694,9 @@ def page_rows(lines: Sequence[str]) -> dict[tuple[str, str, str], int]:
             heading = line[4:]
         elif profile and heading and line.startswith("| "):
             cells = [cell.strip() for cell in line.strip("|").split("|")]
-            if len(cells) > 1 and cells[1].isdigit():
-                rows[(profile, heading, cells[0])] = int(cells[1])
+            seeds = re.match(r"\d+", cells[1]) if len(cells) > 1 else None  # "3", or "3 (1 diverged, ...)"
+            if seeds:
+                rows[(profile, heading, cells[0])] = int(seeds.group())
     return rows
 
 

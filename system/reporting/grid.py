@@ -40,7 +40,7 @@ UNSET = "none"
 @dataclass
 class Grid:
     """One metric over two flags: ``values[i, j]`` (NaN: no run) over ``counts[i, j]`` runs, and
-    ``collapsed[i, j]`` runs whose model diverged under their attack (left out of the value: their
+    ``collapsed[i, j]`` runs whose model diverged as they measured (left out of the value: their
     last accuracy is the one before the collapse)."""
 
     row_flag: str

@@ -77,8 +77,9 @@ class RunResult:
 
     @property
     def diverged(self) -> bool:
-        """Whether the run's model collapsed (NaN/inf) under an attack it faced: its file records the
-        round (``diverged_round``) and its accuracies are those before it."""
+        """Whether the run's model collapsed (NaN/inf) as the run measured (under an attack it faced,
+        or with ``--record_divergence``): its file records the round (``diverged_round``) and its
+        accuracies are those before it."""
         return "diverged_round" in self.attrs
 
     @property

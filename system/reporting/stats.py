@@ -46,7 +46,8 @@ class AlgorithmSummary:
             data (the shared model's is then in the ``global_*`` stats), None when the files do
             not say (:attr:`RunResult.personalized`).
         unfinished: Runs whose file says ``finished = False``.
-        collapsed: Runs whose model diverged under an attack they faced (``diverged_round``).
+        collapsed: Runs whose model diverged as they measured (an attack, ``--record_divergence``:
+            ``diverged_round``).
         stats: Figure key -> :class:`Stat`, for every figure of :data:`SUMMARY_COLUMNS` that at
             least one run has.
     """

@@ -86,8 +86,9 @@ def format_summary_table(summaries: Sequence[AlgorithmSummary], dataset: str, go
     if any(s.unfinished for s in summaries):
         lines.append("unfinished: runs interrupted before their last round (their file says finished = False)")
     if any(s.collapsed for s in summaries):
-        lines.append("collapsed: runs whose model diverged (NaN/inf) under the attack they faced; their figures "
-                     "are those before the collapse (the file's diverged_round)")
+        lines.append("collapsed: runs whose model diverged (NaN/inf) as the run measured (under the attack they "
+                     "faced, or with --record_divergence); their figures are those before the collapse (the "
+                     "file's diverged_round)")
     return "\n".join(lines)
 
 

@@ -16,6 +16,7 @@ import pytest
 import main
 import suite
 import sweep
+from reporting.results import read_results
 
 SUITES = sorted((suite.ROOT / "suites").glob("*.toml"))
 
@@ -364,6 +365,28 @@ def test_render_keeps_a_page_whose_runs_it_cannot_see_unless_told(tmp_path, caps
     assert cli(tmp_path, "run", str(path)) == 0  # FedNova again: a page with more runs replaces it
     assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
     assert page_row((out / "tiny.md").read_text(), "FedNova")[1] == "1"
+
+
+def test_a_suite_run_recorded_as_diverged_is_done_and_its_row_says_so(tmp_path, capsys, in_process):
+    """A suite whose setting diverges by design (``--record_divergence``): the diverged run is a
+    result, not a failure: done, never rerun, and its row names the round it diverged in."""
+    ran, _ = in_process
+    text = TINY.replace("[algorithms.FedNova]\nflags = { local_momentum = 0.5 }",
+                        "[algorithms.FedNova]\nflags = { lr = 1e30, record_divergence = true }")
+    path = write_suite(tmp_path, text)
+    assert cli(tmp_path, "run", str(path)) == 0 and ran == ["FedAvg", "FedNova"]
+    capsys.readouterr()
+    assert cli(tmp_path, "run", str(path)) == 0 and ran == ["FedAvg", "FedNova"]  # nothing rerun
+    assert "2 done earlier, 0 to run, 0 failed" in capsys.readouterr().out
+    out = tmp_path / "pages"
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0
+    (file,) = (tmp_path / "res").glob("*FedNova*.h5")
+    diverged = int(read_results(file)["attrs"]["diverged_round"])
+    page = (out / "tiny.md").read_text()
+    assert page_row(page, "FedNova")[1] == f"1 (1 diverged, in round {diverged})"
+    assert page_row(page, "FedAvg")[1] == "1"
+    assert suite.page_rows(page.splitlines())[("full", "Digits, 3 clients", "FedNova")] == 1
+    assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0  # the guard reads the row's seeds
 
 
 def test_seconds_per_round_name_the_threads_the_runs_had():
