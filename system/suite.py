@@ -770,7 +770,8 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True, 
 
 
 def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: Path) -> Path:
-    """Mean test accuracy over rounds, one panel per setting, one line per algorithm."""
+    """Mean test accuracy over rounds, one panel per setting, one line per algorithm (as long as all
+    its runs have evaluations), an x where a run diverged (its last evaluation before the NaN/inf)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -787,7 +788,9 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
                 continue
             length = min(r.n_evals for r in cell.runs)
             acc = np.mean([r.series["rs_test_acc"][:length] for r in cell.runs], axis=0)
-            ax.plot(cell.runs[0].eval_rounds[:length], 100 * acc, label=entry.id, linewidth=1.2)
+            (line,) = ax.plot(cell.runs[0].eval_rounds[:length], 100 * acc, label=entry.id, linewidth=1.2)
+            for run in (r for r in cell.runs if r.diverged):  # x: its last evaluation before the NaN/inf
+                ax.plot(run.eval_rounds[-1], 100 * run.series["rs_test_acc"][-1], "x", color=line.get_color())
         ax.set_title(textwrap.fill(setting.label, 48), fontsize=8)
         ax.set_xlabel("round", fontsize=8)
         ax.set_ylabel("test accuracy (%)", fontsize=8)
