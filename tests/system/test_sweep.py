@@ -232,13 +232,20 @@ def test_a_stopped_sweep_waits_for_each_run_to_checkpoint(tmp_path, monkeypatch)
 
 def test_a_second_ctrl_c_stops_the_runs_at_once(tmp_path, monkeypatch):
     import _thread
+    import signal
     import threading
     import time
 
     runner, thread, _, marker, _, sigterm = start_slow_run(tmp_path, monkeypatch, round_left_s=120)
-    threading.Timer(0.5, _thread.interrupt_main).start()  # the second Ctrl-C, while the sweep waits
-    started = time.monotonic()
-    runner.stop()
+    # sweep.py's process has Python's own SIGINT handler (Ctrl-C raises KeyboardInterrupt); an earlier
+    # test of this process may have left another, which interrupt_main would call instead
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        threading.Timer(0.5, _thread.interrupt_main).start()  # the second Ctrl-C, while the sweep waits
+        started = time.monotonic()
+        runner.stop()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert time.monotonic() - started < 30
     assert marker.read_text() == f"stopped at once after {int(sigterm)} {int(sigterm)}"
     thread.join(timeout=30)
