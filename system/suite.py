@@ -756,6 +756,9 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True, 
     for profile, cells in profiles.items():
         lines += render_profile(suite, profile, cells, machines)
         lines += [f"![test accuracy over rounds, profile {profile}]({suite.name}-{profile}.png)", ""]
+        if any(run.diverged for cell in cells.values() for run in cell.runs):
+            lines += ["Each line is the mean over a row's runs, dashed where only some of them go on (the others "
+                      "diverged earlier); an x marks a run's last evaluation before it diverged.", ""]
     page = out_dir / f"{suite.name}.md"
     if not drop and (lost := dropped_rows(page, lines)):
         raise FLError(f"{_shown_path(page)} shows runs whose result files are in neither {_shown_path(results_dir)} nor "
@@ -769,9 +772,22 @@ def render(suite: Suite, results_dir: Path, out_dir: Path, stored: bool = True, 
     return page
 
 
+def mean_curve(cell: Cell) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rounds of the cell's longest run, the mean test accuracy at each over the runs that have
+    that evaluation, and how many runs that is (a diverged run stops early: the mean goes on over
+    the runs still going)."""
+    longest = max(cell.runs, key=lambda r: r.n_evals)
+    sums, counts = np.zeros(longest.n_evals), np.zeros(longest.n_evals, dtype=int)
+    for run in cell.runs:
+        sums[:run.n_evals] += run.series["rs_test_acc"][:run.n_evals]
+        counts[:run.n_evals] += 1
+    return np.asarray(longest.eval_rounds[:longest.n_evals]), sums / counts, counts
+
+
 def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: Path) -> Path:
-    """Mean test accuracy over rounds, one panel per setting, one line per algorithm (as long as all
-    its runs have evaluations), an x where a run diverged (its last evaluation before the NaN/inf)."""
+    """Mean test accuracy over rounds, one panel per setting, one line per algorithm: solid while
+    every run of the row has the evaluation, dashed where only some do (the others diverged before);
+    an x where a run diverged (its last evaluation before the NaN/inf)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -786,9 +802,11 @@ def draw(suite: Suite, profile: str, cells: dict[tuple[str, str], Cell], path: P
             cell = cells.get((setting.id, entry.id))
             if cell is None:
                 continue
-            length = min(r.n_evals for r in cell.runs)
-            acc = np.mean([r.series["rs_test_acc"][:length] for r in cell.runs], axis=0)
-            (line,) = ax.plot(cell.runs[0].eval_rounds[:length], 100 * acc, label=entry.id, linewidth=1.2)
+            rounds, acc, counts = mean_curve(cell)
+            every = int(np.sum(counts == len(cell.runs)))
+            (line,) = ax.plot(rounds[:every], 100 * acc[:every], label=entry.id, linewidth=1.2)
+            if every < len(rounds):  # from the last evaluation of all runs on, over the runs still going
+                ax.plot(rounds[every - 1:], 100 * acc[every - 1:], "--", color=line.get_color(), linewidth=1.0)
             for run in (r for r in cell.runs if r.diverged):  # x: its last evaluation before the NaN/inf
                 ax.plot(run.eval_rounds[-1], 100 * run.series["rs_test_acc"][-1], "x", color=line.get_color())
         ax.set_title(textwrap.fill(setting.label, 48), fontsize=8)

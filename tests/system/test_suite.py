@@ -163,6 +163,7 @@ def test_tiny_suite_runs_resumes_renders_and_checks(tmp_path, capsys, in_process
     page = (out / "tiny.md").read_text()
     assert (out / "tiny-full.png").stat().st_size > 0
     assert "## Profile `cpu`" not in page  # no run of that profile yet
+    assert "an x marks" not in page  # no run diverged: the figure needs no key for it
     for algorithm in ("FedAvg", "FedNova"):
         with h5py.File(tmp_path / "res" / f"tiny-digits_{algorithm}_full_0.h5", "r") as f:
             acc = f["rs_test_acc"][:]
@@ -385,8 +386,21 @@ def test_a_suite_run_recorded_as_diverged_is_done_and_its_row_says_so(tmp_path, 
     page = (out / "tiny.md").read_text()
     assert page_row(page, "FedNova")[1] == f"1 (1 diverged, in round {diverged})"
     assert page_row(page, "FedAvg")[1] == "1"
+    assert "an x marks a run's last evaluation before it diverged" in page
     assert suite.page_rows(page.splitlines())[("full", "Digits, 3 clients", "FedNova")] == 1
     assert cli(tmp_path, "render", str(path), "--out", str(out)) == 0  # the guard reads the row's seeds
+
+
+def test_a_rows_curve_goes_on_over_the_runs_still_going_after_one_diverges():
+    """The figure's line of a row is the mean over the runs that have each evaluation: a seed that
+    diverged early does not cut the row's curve short (it is drawn dashed from there)."""
+    def run(acc):
+        return SimpleNamespace(n_evals=len(acc), eval_rounds=np.arange(len(acc)) * 2,
+                               series={"rs_test_acc": np.asarray(acc)})
+    rounds, acc, counts = suite.mean_curve(suite.Cell([run([0.1, 0.5, 0.7, 0.8]), run([0.1, 0.3]),
+                                                       run([0.1, 0.4, 0.6])]))
+    assert rounds.tolist() == [0, 2, 4, 6] and counts.tolist() == [3, 3, 2, 1]
+    assert np.allclose(acc, [0.1, 0.4, 0.65, 0.8])
 
 
 def test_seconds_per_round_name_the_threads_the_runs_had():
