@@ -1,7 +1,9 @@
 """Shared pytest set-up: import paths and locations of the offline data in ../shared."""
+import signal
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 # Test models are tiny: one thread avoids oversubscribing a small CI machine.
@@ -28,3 +30,19 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: builds or trains a model of tens of millions of parameters")
     # the Ray engine's tests start a local Ray instance (seconds): `pytest -m "not ray"` leaves them out
     config.addinivalue_line("markers", "ray: starts a Ray instance on 127.0.0.1 (needs ./prepare.sh --ray)")
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_left_as_found(request):
+    """A test that leaves a SIGINT or SIGTERM handler of its own behind fails (the handler is put
+    back): the stop tests of later files depend on the process's handlers (a simulated Ctrl-C calls
+    whatever handler is installed), so a leak shows where it happens, not as their failure."""
+    found = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    left = {signum: handler for signum, handler in found.items() if signal.getsignal(signum) != handler}
+    for signum, handler in left.items():
+        signal.signal(signum, handler)
+    if left:
+        pytest.fail(f"{request.node.nodeid} left its own handler for "
+                    + ", ".join(signal.Signals(signum).name for signum in left)
+                    + "; restore the one it found (later tests depend on it)", pytrace=False)

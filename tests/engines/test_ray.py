@@ -392,6 +392,7 @@ def test_a_packed_folder_trains_as_its_npz_twin(tmp_path):
 @pytest.mark.skipif(not HAVE_RAY, reason="ray is not installed (./prepare.sh --ray)")
 def test_two_node_cluster_on_loopback_gives_the_sequential_numbers(local_ray, tmp_path):
     from flcore.engines.ray import actor_path_env, use_loopback
+    from flcore.engines.ray.cluster import signal_handlers_kept
 
     ray = local_ray
     keep_actors_warm(False)  # the kept actors end with the module's instance,
@@ -399,21 +400,24 @@ def test_two_node_cluster_on_loopback_gives_the_sequential_numbers(local_ray, tm
     use_loopback()
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
-                                                             "object_store_memory": 96 * 1024**2})
-    try:
-        cluster.add_node(num_cpus=1, object_store_memory=96 * 1024**2)
-        ray.init(address=cluster.address, runtime_env=actor_path_env((HELPERS,)))
-        cluster.wait_for_nodes()
-        nodes = [n for n in ray.nodes() if n["Alive"]]
-        assert len(nodes) == 2 and {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
-        ref = engine_run("Ditto", "sequential")
-        out = engine_run("Ditto", "ray", ray_workers=2)
+    # the in-process head node and ray.init put Ray's SIGTERM handler in place of the process's and
+    # leave it after shutdown; the engine keeps the process's handlers, and so does this test
+    with signal_handlers_kept():
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False,
+                                                                 "object_store_memory": 96 * 1024**2})
         try:
-            assert len(set(out.engine.nodes)) == 2  # one actor per node (SPREAD)
-            assert_same_training(ref, out, exact=True)
+            cluster.add_node(num_cpus=1, object_store_memory=96 * 1024**2)
+            ray.init(address=cluster.address, runtime_env=actor_path_env((HELPERS,)))
+            cluster.wait_for_nodes()
+            nodes = [n for n in ray.nodes() if n["Alive"]]
+            assert len(nodes) == 2 and {n["NodeManagerAddress"] for n in nodes} == {"127.0.0.1"}
+            ref = engine_run("Ditto", "sequential")
+            out = engine_run("Ditto", "ray", ray_workers=2)
+            try:
+                assert len(set(out.engine.nodes)) == 2  # one actor per node (SPREAD)
+                assert_same_training(ref, out, exact=True)
+            finally:
+                out.close()
         finally:
-            out.close()
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
+            ray.shutdown()
+            cluster.shutdown()
